@@ -1,0 +1,270 @@
+#include "common/hostlist.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace rdzv {
+namespace {
+
+using Names = std::vector<std::string>;
+
+// Asserts that `status` is an InvalidArgumentError on one line quoting `input` and saying `why`.
+void ExpectError(const absl::Status& status, const std::string& input, const std::string& why) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  const std::string message(status.message());
+  EXPECT_TRUE(absl::StrContains(message, absl::StrCat("\"", input, "\""))) << message;
+  EXPECT_TRUE(absl::StrContains(message, why)) << message;
+  EXPECT_FALSE(absl::StrContains(message, "\n")) << message;
+}
+
+struct ExpandCase {
+  std::string input;
+  Names expected;
+};
+
+const ExpandCase kExpandCases[] = {
+    {"n1", {"n1"}},
+    {"n[1-3]", {"n1", "n2", "n3"}},
+    {"n[5]", {"n5"}},
+    {"n[0-0]", {"n0"}},
+    {"gpu[001-016]",
+     {"gpu001", "gpu002", "gpu003", "gpu004", "gpu005", "gpu006", "gpu007", "gpu008", "gpu009",
+      "gpu010", "gpu011", "gpu012", "gpu013", "gpu014", "gpu015", "gpu016"}},
+    {"i[00-05]", {"i00", "i01", "i02", "i03", "i04", "i05"}},
+    {"n[8-11]", {"n8", "n9", "n10", "n11"}},
+    {"n[098-101]", {"n098", "n099", "n100", "n101"}},
+    {"a[1-2,5,7-9]", {"a1", "a2", "a5", "a7", "a8", "a9"}},
+    {"n[3,1]", {"n3", "n1"}},
+    {"a[1-2],b3,c[7,9]", {"a1", "a2", "b3", "c7", "c9"}},
+    {"login1,n[1-2]", {"login1", "n1", "n2"}},
+    {"rack1-n[1-4]-ib", {"rack1-n1-ib", "rack1-n2-ib", "rack1-n3-ib", "rack1-n4-ib"}},
+    {"foo[1,3]-bar", {"foo1-bar", "foo3-bar"}},
+    {"r[1-2]n[1-2]", {"r1n1", "r1n2", "r2n1", "r2n2"}},
+    {"r[1-2]n[01-03]-ib", {"r1n01-ib", "r1n02-ib", "r1n03-ib", "r2n01-ib", "r2n02-ib", "r2n03-ib"}},
+    {"[1-2]", {"1", "2"}},
+    {"10.0.0.[1-2]", {"10.0.0.1", "10.0.0.2"}},
+};
+
+TEST(ExpandHostlistTest, Expands) {
+  for (const ExpandCase& c : kExpandCases) {
+    absl::StatusOr<Names> hosts = ExpandHostlist(c.input);
+    ASSERT_TRUE(hosts.ok()) << c.input << ": " << hosts.status();
+    EXPECT_EQ(*hosts, c.expected) << c.input;
+  }
+}
+
+struct ErrorCase {
+  std::string input;
+  std::string why;
+};
+
+const ErrorCase kExpandErrors[] = {
+    {"", "is empty"},
+    {"n[", "missing ']'"},
+    {"n[1-3", "missing ']'"},
+    {"a[1-2],n[", "missing ']' in \"n[\""},
+    {"n]", "']' without '['"},
+    {"n[1[2]]", "nested '['"},
+    {"n[x-y]", "\"x-y\" is not a number or a range"},
+    {"n[1-2,3--5]", "\"3--5\" is not a number or a range"},
+    {"foo[0-1,2--5]", "\"2--5\" is not a number or a range"},
+    {"n[-1]", "\"-1\" is not a number or a range"},
+    {"n[1-]", "\"1-\" is not a number or a range"},
+    {"n[+1]", "\"+1\" is not a number or a range"},
+    {"n[5-1]", "descending range \"5-1\"); expected ascending ranges e.g. [1-5]"},
+    {"n[]", "empty brackets"},
+    {"n[1,,2]", "empty item in \"[1,,2]\""},
+    {"a,,b", "empty host name"},
+    {",a", "empty host name"},
+    {"a,", "empty host name"},
+    {"n 1", "contains whitespace"},
+    {"n[1-99999999999999999999]", "over 18 digits"},
+    {"n[1-2000000]", "expands to over 1000000 names"},
+    {"n[0-999999999999999999]", "expands to over 1000000 names"},
+    {"r[1-1001]n[1-1000]", "expands to over 1000000 names"},
+    {"a[1-600000],b[1-600000]", "expands to over 1000000 names"},
+};
+
+TEST(ExpandHostlistTest, RefusesMalformedInput) {
+  for (const ErrorCase& c : kExpandErrors) {
+    SCOPED_TRACE(c.input);
+    ExpectError(ExpandHostlist(c.input).status(), c.input, c.why);
+  }
+}
+
+TEST(ExpandHostlistTest, MessageNamesTheProblemAndTheFix) {
+  EXPECT_EQ(ExpandHostlist("n[").status().message(),
+            "\"n[\" is malformed (missing ']'); expected e.g. n[1-3,5]");
+}
+
+TEST(ExpandHostlistTest, MessageEscapesControlCharactersAndShortensHugeInput) {
+  EXPECT_TRUE(absl::StrContains(ExpandHostlist("n\t1").status().message(), "\"n\\t1\""));
+  const std::string huge = absl::StrCat(std::string(100000, 'n'), "[");
+  const absl::Status status = ExpandHostlist(huge).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(status.message().size(), 400u) << status;
+}
+
+TEST(ExpandHostlistTest, AcceptsExactlyTheLimit) {
+  absl::StatusOr<Names> hosts = ExpandHostlist("n[1-1000000]");
+  ASSERT_TRUE(hosts.ok()) << hosts.status();
+  ASSERT_EQ(hosts->size(), kMaxHostlistExpansion);
+  EXPECT_EQ(hosts->front(), "n1");
+  EXPECT_EQ(hosts->back(), "n1000000");
+}
+
+struct CompressCase {
+  Names hosts;
+  std::string expected;
+};
+
+const CompressCase kCompressCases[] = {
+    {{}, ""},
+    {{"n1"}, "n1"},
+    {{"n1", "n2", "n3", "n5"}, "n[1-3,5]"},
+    {{"gpu001", "gpu002"}, "gpu[001-002]"},
+    {{"a", "b"}, "a,b"},
+    {{"n9", "n10", "n11"}, "n[9-11]"},
+    {{"n09", "n10"}, "n[09-10]"},
+    {{"n099", "n100"}, "n[099-100]"},
+    {{"n01", "n2"}, "n01,n2"},
+    {{"n1", "n02"}, "n1,n02"},
+    {{"n08", "n9"}, "n08,n9"},
+    {{"rack1-n1-ib", "rack1-n2-ib", "rack1-n3-ib", "rack1-n4-ib"}, "rack1-n[1-4]-ib"},
+    {{"n1-ib", "n2-ib", "n3"}, "n[1-2]-ib,n3"},
+    {{"r1n1", "r1n2", "r2n1", "r2n2"}, "r1n[1-2],r2n[1-2]"},
+    {{"login", "n1", "n2"}, "login,n[1-2]"},
+    {{"a1", "b1", "a2"}, "a1,b1,a2"},
+    {{"n3", "n1", "n2"}, "n[3,1-2]"},
+    {{"n1", "n1"}, "n[1,1]"},
+    {{"10.0.0.1", "10.0.0.2"}, "10.0.0.[1-2]"},
+    {{"n1234567890123456789", "n1234567890123456790"}, "n1234567890123456789,n1234567890123456790"},
+};
+
+TEST(CompressHostlistTest, Compresses) {
+  for (const CompressCase& c : kCompressCases) {
+    EXPECT_EQ(CompressHostlist(c.hosts), c.expected) << absl::StrCat(c.hosts.size(), " names");
+  }
+}
+
+TEST(CompressHostlistTest, RoundTripsEveryTableCase) {
+  for (const CompressCase& c : kCompressCases) {
+    if (c.hosts.empty()) continue;
+    absl::StatusOr<Names> hosts = ExpandHostlist(CompressHostlist(c.hosts));
+    ASSERT_TRUE(hosts.ok()) << hosts.status();
+    EXPECT_EQ(*hosts, c.hosts) << CompressHostlist(c.hosts);
+  }
+  for (const ExpandCase& c : kExpandCases) {
+    absl::StatusOr<Names> hosts = ExpandHostlist(CompressHostlist(c.expected));
+    ASSERT_TRUE(hosts.ok()) << hosts.status();
+    EXPECT_EQ(*hosts, c.expected) << c.input;
+  }
+}
+
+TEST(CompressHostlistTest, RoundTripsGeneratedLists) {
+  // A fixed linear congruential generator keeps the lists identical on every platform.
+  uint64_t state = 42;
+  auto next = [&state](uint64_t bound) {
+    state = state * 6364136223846793005u + 1442695040888963407u;
+    return (state >> 33) % bound;
+  };
+  const std::string prefixes[] = {"n", "gpu", "rack1-n", "x"};
+  const std::string suffixes[] = {"", "-ib"};
+  for (int round = 0; round < 200; ++round) {
+    Names hosts;
+    const int groups = 1 + static_cast<int>(next(3));
+    for (int g = 0; g < groups; ++g) {
+      const std::string& prefix = prefixes[next(4)];
+      const std::string& suffix = suffixes[next(2)];
+      const int width = next(2) == 0 ? 0 : 3;
+      uint64_t n = next(20);
+      const int count = 1 + static_cast<int>(next(30));
+      for (int i = 0; i < count; ++i) {
+        n += 1 + (next(3) == 0 ? next(5) : 0);
+        const std::string digits = std::to_string(n);
+        const std::string padded =
+            digits.size() < static_cast<std::size_t>(width)
+                ? absl::StrCat(std::string(width - digits.size(), '0'), digits)
+                : digits;
+        hosts.push_back(absl::StrCat(prefix, padded, suffix));
+      }
+    }
+    const std::string compressed = CompressHostlist(hosts);
+    absl::StatusOr<Names> expanded = ExpandHostlist(compressed);
+    ASSERT_TRUE(expanded.ok()) << compressed << ": " << expanded.status();
+    EXPECT_EQ(*expanded, hosts) << compressed;
+  }
+}
+
+TEST(CompressHostlistTest, InvertsExpand) {
+  for (const char* list : {"n[1-3,5]", "gpu[001-016],login1", "rack1-n[1-4]-ib"}) {
+    absl::StatusOr<Names> hosts = ExpandHostlist(list);
+    ASSERT_TRUE(hosts.ok()) << hosts.status();
+    EXPECT_EQ(CompressHostlist(*hosts), list);
+  }
+}
+
+struct TasksCase {
+  std::string input;
+  std::vector<int> expected;
+};
+
+const TasksCase kTasksCases[] = {
+    {"4", {4}},           {"2(x3),1", {2, 2, 2, 1}},  {"2,1", {2, 1}},
+    {"1(x3)", {1, 1, 1}}, {"8(x2),4(x1)", {8, 8, 4}}, {"3,2(x2),1", {3, 2, 2, 1}},
+};
+
+TEST(ExpandTasksPerNodeTest, Expands) {
+  for (const TasksCase& c : kTasksCases) {
+    absl::StatusOr<std::vector<int>> counts = ExpandTasksPerNode(c.input);
+    ASSERT_TRUE(counts.ok()) << c.input << ": " << counts.status();
+    EXPECT_EQ(*counts, c.expected) << c.input;
+  }
+}
+
+const ErrorCase kTasksErrors[] = {
+    {"", "is empty"},
+    {"2(x3", "missing ')'"},
+    {"2(x3,1", "missing ')'"},
+    {"2(3)", "missing 'x' in \"(3)\""},
+    {"x", "\"x\" is not a number"},
+    {" 2", "\" 2\" is not a number"},
+    {"2)", "\"2)\" is not a number"},
+    {"0", "task count 0"},
+    {"2,0", "task count 0"},
+    {"-1", "negative task count \"-1\""},
+    {"2(x0)", "repeat count 0"},
+    {"2(x-1)", "negative repeat count \"-1\""},
+    {"2(x)", "missing repeat count"},
+    {"(x3)", "missing task count"},
+    {"2,,1", "empty entry"},
+    {"2(x3),1,", "empty entry"},
+    {"2(x3)4", "unexpected \"4\" after ')'"},
+    {"2000000", "task count \"2000000\" is over 1000000"},
+    {"1(x2000000)", "repeat count \"2000000\" is over 1000000"},
+    {"1(x99999999999999999999)", "repeat count"},
+    {"1(x600000),1(x600000)", "over 1000000 nodes in all"},
+};
+
+TEST(ExpandTasksPerNodeTest, RefusesMalformedInput) {
+  for (const ErrorCase& c : kTasksErrors) {
+    SCOPED_TRACE(c.input);
+    ExpectError(ExpandTasksPerNode(c.input).status(), c.input, c.why);
+  }
+}
+
+TEST(ExpandTasksPerNodeTest, MessageCanBePrefixedWithTheVariable) {
+  EXPECT_EQ(absl::StrCat("SLURM_TASKS_PER_NODE=", ExpandTasksPerNode("2(x3").status().message()),
+            "SLURM_TASKS_PER_NODE=\"2(x3\" is malformed (missing ')'); expected e.g. 2(x3),1");
+}
+
+}  // namespace
+}  // namespace rdzv
