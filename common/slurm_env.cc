@@ -208,12 +208,4 @@ absl::StatusOr<std::optional<SlurmEnv>> ParseSlurmEnv(const EnvLookup& env) {
   return s;
 }
 
-EnvLookup ProcessEnv() {
-  return [](std::string_view name) -> std::optional<std::string> {
-    const char* value = std::getenv(std::string(name).c_str());
-    if (value == nullptr) return std::nullopt;
-    return std::string(value);
-  };
-}
-
 }  // namespace rdzv

@@ -16,11 +16,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/env.h"
 
 namespace rdzv {
-
-// Returns the value of the environment variable `name`, or std::nullopt when it is not set.
-using EnvLookup = std::function<std::optional<std::string>(std::string_view name)>;
 
 // The job and step as Slurm describes them to one process. Where a step variable exists it wins
 // over the job-wide one, since inside srun the step is what the process belongs to. Fields whose
@@ -53,10 +51,6 @@ struct SlurmEnv {
 // count, a node list or tasks-per-node list of the wrong length, SLURM_LOCALID not below this
 // node's task count, SLURM_PROCID not below the task count). Callers prefix the program name.
 absl::StatusOr<std::optional<SlurmEnv>> ParseSlurmEnv(const EnvLookup& env);
-
-// An EnvLookup over the real process environment (getenv), for main()s. Like getenv it must not
-// race with setenv in another thread.
-EnvLookup ProcessEnv();
 
 }  // namespace rdzv
 

@@ -1,0 +1,88 @@
+#include "common/flags.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/string_view.h"
+
+namespace rdzv {
+
+absl::StatusOr<bool> ParseBool(absl::string_view value) {
+  const std::string v = absl::AsciiStrToLower(value);
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  return absl::InvalidArgumentError(
+      absl::StrFormat("\"%s\" is not a switch value; expected true or false", value));
+}
+
+const Flag* FlagParser::Find(absl::string_view name) const {
+  const std::string normal = absl::StrReplaceAll(name, {{"_", "-"}});
+  for (const Flag& f : flags_) {
+    if (f.name == normal) return &f;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::vector<std::string>> FlagParser::Parse(const std::vector<std::string>& args,
+                                                           const EnvLookup& env) const {
+  for (const Flag& f : flags_) {
+    if (f.env.empty()) continue;
+    std::optional<std::string> v = env(f.env);
+    if (!v || v->empty()) continue;
+    if (absl::Status s = f.set(*v); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(f.env, "=\"", *v, "\": ", s.message()));
+    }
+  }
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (!arg.starts_with("-") || arg == "-") break;
+    absl::string_view body = arg;
+    body.remove_prefix(absl::StartsWith(body, "--") ? 2 : 1);
+    std::optional<std::string> value;
+    if (const size_t eq = body.find('='); eq != absl::string_view::npos) {
+      value = std::string(body.substr(eq + 1));
+      body = body.substr(0, eq);
+    }
+    const Flag* flag = Find(body);
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "unknown flag %s; see %s --help (put the training command after --)", arg, program_));
+    }
+    if (!value) {
+      if (flag->value_name.empty()) {
+        value = "true";
+      } else if (i + 1 < args.size()) {
+        value = args[++i];
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("--%s needs a value (%s)", flag->name, flag->value_name));
+      }
+    }
+    if (absl::Status s = flag->set(*value); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag->name, "=\"", *value, "\": ", s.message()));
+    }
+  }
+  return std::vector<std::string>(args.begin() + static_cast<long>(i), args.end());
+}
+
+std::string FlagParser::Help() const {
+  std::string out = absl::StrCat(usage_, "\n\nFlags (each also settable through its variable):\n");
+  for (const Flag& f : flags_) {
+    std::string head = absl::StrCat("  --", f.name);
+    if (!f.value_name.empty()) absl::StrAppend(&head, " ", f.value_name);
+    if (!f.env.empty()) absl::StrAppend(&head, "  [", f.env, "]");
+    absl::StrAppend(&out, head, "\n      ", absl::StrReplaceAll(f.help, {{"\n", "\n      "}}),
+                    "\n");
+  }
+  return out;
+}
+
+}  // namespace rdzv

@@ -1,0 +1,31 @@
+// Logging setup shared by rdzvd and rdzv-agent: one spdlog logger on stderr whose lines name
+// the program, so that interleaved output from srun stays attributable.
+#ifndef RDZV_COMMON_LOGGING_H_
+#define RDZV_COMMON_LOGGING_H_
+
+#include <spdlog/fmt/fmt.h>
+
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace rdzv {
+
+// Installs the default logger for `program` at `level` (trace, debug, info, warn, error, off).
+// InvalidArgument for an unknown level.
+absl::Status SetUpLogging(absl::string_view program, absl::string_view level);
+
+}  // namespace rdzv
+
+// Lets spdlog format absl::string_view (such as absl::Status::message()), which this abseil
+// build keeps as a type of its own.
+template <>
+struct fmt::formatter<absl::string_view> : fmt::formatter<fmt::string_view> {
+  template <typename Context>
+  auto format(absl::string_view s, Context& ctx) const {
+    return fmt::formatter<fmt::string_view>::format(fmt::string_view(s.data(), s.size()), ctx);
+  }
+};
+
+#endif  // RDZV_COMMON_LOGGING_H_

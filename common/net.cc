@@ -1,0 +1,175 @@
+#include "common/net.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+
+namespace rdzv {
+namespace {
+
+std::string AddressText(const sockaddr* sa) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (sa->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, buf, sizeof(buf));
+  } else if (sa->sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, buf, sizeof(buf));
+  }
+  return buf;
+}
+
+}  // namespace
+
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view text, int default_port) {
+  const auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "endpoint \"%s\" is malformed (%s); expected HOST:PORT, e.g. node1:29400", text, why));
+  };
+  if (text.empty()) return bad("empty");
+  HostPort hp;
+  absl::string_view port_text;
+  if (text.front() == '[') {
+    const size_t close = text.find(']');
+    if (close == absl::string_view::npos) return bad("missing ']'");
+    hp.host = std::string(text.substr(1, close - 1));
+    absl::string_view rest = text.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest.front() != ':') return bad("junk after ']'");
+      port_text = rest.substr(1);
+      if (port_text.empty()) return bad("missing port");
+    }
+  } else {
+    const size_t colon = text.rfind(':');
+    if (colon != absl::string_view::npos && text.find(':') != colon) {
+      return bad("IPv6 addresses need brackets");
+    }
+    hp.host = std::string(text.substr(0, colon));
+    if (colon != absl::string_view::npos) {
+      port_text = text.substr(colon + 1);
+      if (port_text.empty()) return bad("missing port");
+    }
+  }
+  if (hp.host.empty()) return bad("missing host");
+  hp.port = default_port;
+  if (!port_text.empty()) {
+    if (!absl::SimpleAtoi(port_text, &hp.port) || hp.port < 1 || hp.port > 65535) {
+      return bad("port is not a number in 1..65535");
+    }
+  }
+  if (hp.port < 1 || hp.port > 65535) return bad("missing port");
+  return hp;
+}
+
+std::string FormatHostPort(absl::string_view host, int port) {
+  if (host.find(':') != absl::string_view::npos) return absl::StrCat("[", host, "]:", port);
+  return absl::StrCat(host, ":", port);
+}
+
+absl::StatusOr<std::string> LocalAddressToward(absl::string_view host, int port) {
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  const std::string host_str(host);
+  const std::string port_str = absl::StrCat(port);
+  if (int rc = getaddrinfo(host_str.c_str(), port_str.c_str(), &hints, &found); rc != 0) {
+    return absl::UnavailableError(
+        absl::StrFormat("cannot resolve \"%s\": %s", host, gai_strerror(rc)));
+  }
+  absl::StatusOr<std::string> result =
+      absl::UnavailableError(absl::StrFormat("no route to \"%s\"", host));
+  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local = {};
+    socklen_t len = sizeof(local);
+    // Connecting a UDP socket sends nothing; it only makes the kernel pick the route.
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      result = AddressText(reinterpret_cast<sockaddr*>(&local));
+      close(fd);
+      break;
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return result;
+}
+
+std::vector<std::string> InterfaceAddresses() {
+  std::vector<std::string> v4, v6;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return {};
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || !(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) {
+      continue;
+    }
+    if (i->ifa_addr->sa_family == AF_INET) {
+      v4.push_back(AddressText(i->ifa_addr));
+    } else if (i->ifa_addr->sa_family == AF_INET6) {
+      const auto* a6 = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
+      if (!IN6_IS_ADDR_LINKLOCAL(&a6->sin6_addr)) v6.push_back(AddressText(i->ifa_addr));
+    }
+  }
+  freeifaddrs(list);
+  v4.insert(v4.end(), v6.begin(), v6.end());
+  return v4;
+}
+
+bool IsLoopbackAddress(absl::string_view address) {
+  return absl::StartsWith(address, "127.") || address == "::1" || address == "localhost";
+}
+
+absl::StatusOr<ReservedPort> ReservedPort::Reserve() {
+  const int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
+  const int on = 1;
+  const int off = 0;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
+  sockaddr_in6 addr = {};
+  addr.sin6_family = AF_INET6;
+  addr.sin6_addr = in6addr_any;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot reserve a free port: ", strerror(err)));
+  }
+  return ReservedPort(fd, ntohs(addr.sin6_port));
+}
+
+ReservedPort::ReservedPort(ReservedPort&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), port_(other.port_) {}
+
+ReservedPort& ReservedPort::operator=(ReservedPort&& other) noexcept {
+  if (this != &other) {
+    Release();
+    fd_ = std::exchange(other.fd_, -1);
+    port_ = other.port_;
+  }
+  return *this;
+}
+
+ReservedPort::~ReservedPort() { Release(); }
+
+void ReservedPort::Release() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
+}  // namespace rdzv

@@ -1,0 +1,59 @@
+// Small network helpers: endpoints, the local address other hosts can reach, free ports.
+// These touch sockets but send no traffic (a UDP connect only chooses a route).
+#ifndef RDZV_COMMON_NET_H_
+#define RDZV_COMMON_NET_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace rdzv {
+
+struct HostPort {
+  std::string host;  // without brackets for IPv6
+  int port = 0;
+};
+
+// Parses "host:port", "[v6addr]:port" or "host" (then `default_port`). InvalidArgument with
+// the expected form on anything else.
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view text, int default_port);
+
+// "host:port", bracketing IPv6 literals; what gRPC and MASTER_ADDR-style consumers expect.
+std::string FormatHostPort(absl::string_view host, int port);
+
+// The local address of the interface that routes to `host`: the address a peer reached
+// through that same network can use to reach us. Resolves `host` first.
+absl::StatusOr<std::string> LocalAddressToward(absl::string_view host, int port);
+
+// Non-loopback addresses of this host's interfaces that are up, IPv4 first.
+std::vector<std::string> InterfaceAddresses();
+
+bool IsLoopbackAddress(absl::string_view address);
+
+// A TCP port that is free on this host now, kept reserved until the object is destroyed
+// (the socket stays bound, with SO_REUSEADDR so a worker can bind it right after).
+class ReservedPort {
+ public:
+  static absl::StatusOr<ReservedPort> Reserve();
+  ReservedPort(ReservedPort&& other) noexcept;
+  ReservedPort& operator=(ReservedPort&& other) noexcept;
+  ReservedPort(const ReservedPort&) = delete;
+  ReservedPort& operator=(const ReservedPort&) = delete;
+  ~ReservedPort();
+
+  int port() const { return port_; }
+  // Lets the port go (before the workers that will bind it start).
+  void Release();
+
+ private:
+  ReservedPort(int fd, int port) : fd_(fd), port_(port) {}
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+}  // namespace rdzv
+
+#endif  // RDZV_COMMON_NET_H_

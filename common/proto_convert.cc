@@ -1,0 +1,147 @@
+#include "common/proto_convert.h"
+
+#include <type_traits>
+
+namespace rdzv {
+
+v1::JoinRequest ToProto(const JoinSpec& spec) {
+  v1::JoinRequest r;
+  r.set_job_id(spec.job_id);
+  r.set_agent_id(spec.agent.agent_id);
+  r.set_host(spec.agent.host);
+  r.set_node_index(spec.agent.node_index);
+  r.set_order(spec.agent.order);
+  r.set_nproc(spec.agent.nproc);
+  r.set_min_agents(spec.min_agents);
+  r.set_max_agents(spec.max_agents);
+  r.set_last_call_ms(spec.last_call / 1000);
+  for (const std::string& a : spec.addresses) r.add_addresses(a);
+  r.set_master_port(spec.master_port);
+  r.set_master_addr_override(spec.master_addr_override);
+  r.set_master_port_override(spec.master_port_override);
+  r.set_restart_count(spec.restart_count);
+  r.set_protocol_version(kProtocolVersion);
+  return r;
+}
+
+JoinSpec FromProto(const v1::JoinRequest& r) {
+  JoinSpec spec;
+  spec.job_id = r.job_id();
+  spec.agent.agent_id = r.agent_id();
+  spec.agent.host = r.host();
+  spec.agent.node_index = r.node_index();
+  spec.agent.order = r.order();
+  spec.agent.nproc = r.nproc();
+  spec.min_agents = r.min_agents();
+  spec.max_agents = r.max_agents();
+  spec.last_call = r.last_call_ms() * 1000;
+  spec.addresses.assign(r.addresses().begin(), r.addresses().end());
+  spec.master_port = r.master_port();
+  spec.master_addr_override = r.master_addr_override();
+  spec.master_port_override = r.master_port_override();
+  spec.restart_count = r.restart_count();
+  return spec;
+}
+
+v1::WorkerFailure ToProto(const FailureInfo& f) {
+  v1::WorkerFailure p;
+  p.set_host(f.host);
+  p.set_group_rank(f.group_rank);
+  p.set_rank(f.rank);
+  p.set_local_rank(f.local_rank);
+  p.set_exit_code(f.exit_code);
+  p.set_signal(f.signal);
+  p.set_stderr_tail(f.stderr_tail);
+  p.set_error_message(f.error_message);
+  p.set_time_us(f.time_us);
+  return p;
+}
+
+FailureInfo FromProto(const v1::WorkerFailure& p) {
+  FailureInfo f;
+  f.host = p.host();
+  f.group_rank = p.group_rank();
+  f.rank = p.rank();
+  f.local_rank = p.local_rank();
+  f.exit_code = p.exit_code();
+  f.signal = p.signal();
+  f.stderr_tail = p.stderr_tail();
+  f.error_message = p.error_message();
+  f.time_us = p.time_us();
+  return f;
+}
+
+v1::Abort ToProto(const AbortEvent& a) {
+  v1::Abort p;
+  if (a.first_failure) *p.mutable_first_failure() = ToProto(*a.first_failure);
+  p.set_reason(a.reason);
+  p.set_exit_code(a.exit_code);
+  return p;
+}
+
+AbortEvent FromProto(const v1::Abort& p) {
+  AbortEvent a;
+  if (p.has_first_failure()) a.first_failure = FromProto(p.first_failure());
+  a.reason = p.reason();
+  a.exit_code = p.exit_code();
+  return a;
+}
+
+ProgressEvent FromProto(const v1::Progress& p) {
+  ProgressEvent e;
+  e.joined = p.joined();
+  e.expected = p.expected();
+  e.joined_hosts.assign(p.joined_hosts().begin(), p.joined_hosts().end());
+  e.missing_node_indices.assign(p.missing_node_indices().begin(), p.missing_node_indices().end());
+  return e;
+}
+
+AssignmentEvent FromProto(const v1::Assignment& p) {
+  AssignmentEvent a;
+  a.round = p.round();
+  a.slot.rank_offset = p.rank_offset();
+  a.slot.group_rank = p.group_rank();
+  a.slot.local_rank_offset = p.local_rank_offset();
+  a.slot.local_world_size = p.local_world_size();
+  a.world_size = p.world_size();
+  a.group_world_size = p.group_world_size();
+  a.master_addr = p.master_addr();
+  a.master_port = p.master_port();
+  a.restart_count = p.restart_count();
+  a.agents = p.agents();
+  return a;
+}
+
+v1::JoinEvent ToProto(const Event& event) {
+  v1::JoinEvent out;
+  std::visit(
+      [&out](const auto& e) {
+        using T = std::decay_t<decltype(e)>;
+        if constexpr (std::is_same_v<T, ProgressEvent>) {
+          v1::Progress* p = out.mutable_progress();
+          p->set_joined(e.joined);
+          p->set_expected(e.expected);
+          for (const auto& h : e.joined_hosts) p->add_joined_hosts(h);
+          for (int64_t i : e.missing_node_indices) p->add_missing_node_indices(i);
+        } else if constexpr (std::is_same_v<T, AssignmentEvent>) {
+          v1::Assignment* a = out.mutable_assignment();
+          a->set_round(e.round);
+          a->set_rank_offset(e.slot.rank_offset);
+          a->set_world_size(e.world_size);
+          a->set_group_rank(e.slot.group_rank);
+          a->set_group_world_size(e.group_world_size);
+          a->set_local_rank_offset(e.slot.local_rank_offset);
+          a->set_local_world_size(e.slot.local_world_size);
+          a->set_master_addr(e.master_addr);
+          a->set_master_port(e.master_port);
+          a->set_restart_count(e.restart_count);
+          a->set_agents(e.agents);
+        } else {
+          *out.mutable_abort() = ToProto(e);
+        }
+      },
+      event);
+  return out;
+}
+
+}  // namespace rdzv

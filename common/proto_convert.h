@@ -1,0 +1,30 @@
+// Conversions between the core's plain structs and the rdzv.v1 protobuf messages, shared by
+// the server and the client so that each field is mapped in one place.
+#ifndef RDZV_COMMON_PROTO_CONVERT_H_
+#define RDZV_COMMON_PROTO_CONVERT_H_
+
+#include "common/rendezvous_state.h"
+#include "rdzv/v1/rdzv.pb.h"
+
+namespace rdzv {
+
+// The protocol revision this build speaks; a server refuses clients newer than itself.
+inline constexpr int32_t kProtocolVersion = 1;
+
+v1::JoinRequest ToProto(const JoinSpec& spec);
+JoinSpec FromProto(const v1::JoinRequest& request);
+
+v1::JoinEvent ToProto(const Event& event);
+
+ProgressEvent FromProto(const v1::Progress& progress);
+AssignmentEvent FromProto(const v1::Assignment& assignment);
+
+v1::WorkerFailure ToProto(const FailureInfo& failure);
+FailureInfo FromProto(const v1::WorkerFailure& failure);
+
+v1::Abort ToProto(const AbortEvent& abort);
+AbortEvent FromProto(const v1::Abort& abort);
+
+}  // namespace rdzv
+
+#endif  // RDZV_COMMON_PROTO_CONVERT_H_

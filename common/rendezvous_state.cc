@@ -1,0 +1,450 @@
+#include "common/rendezvous_state.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace rdzv {
+
+enum class Phase { kFilling, kRunning, kEnded };
+
+struct RendezvousState::Member {
+  JoinSpec spec;
+  StreamId stream = 0;  // 0: not attached
+  bool left = false;
+  Slot slot;
+};
+
+struct RendezvousState::Job {
+  std::string id;
+  Phase phase = Phase::kFilling;
+  int32_t round = 0;
+  int32_t restart_count = 0;
+  int32_t min_agents = 1;
+  int32_t max_agents = 1;
+  Micros last_call = 0;
+  Micros last_join = 0;
+  Micros last_progress = 0;
+  Micros ended_at = 0;
+  int32_t attached = 0;
+  int32_t world_size = 0;
+  absl::flat_hash_map<std::string, Member> members;
+  // Who holds each position (global order, else node index): refuses a second claim at once
+  // instead of failing the whole round when it completes.
+  absl::flat_hash_map<int64_t, std::string> claims;
+  AssignmentEvent assignment;  // the parts every member shares
+  std::optional<AbortEvent> abort;
+};
+
+namespace {
+
+constexpr size_t kProgressHosts = 8;
+constexpr size_t kProgressMissing = 16;
+
+const char* PhaseName(Phase p) {
+  switch (p) {
+    case Phase::kFilling:
+      return "filling";
+    case Phase::kRunning:
+      return "running";
+    case Phase::kEnded:
+      return "ended";
+  }
+  return "?";
+}
+
+int64_t ClaimKey(const AgentSpec& a) { return a.order >= 0 ? a.order : a.node_index; }
+
+absl::Status ValidateSpec(const JoinSpec& spec) {
+  if (spec.job_id.empty()) return absl::InvalidArgumentError("the job id is empty; pass --rdzv-id");
+  if (spec.agent.agent_id.empty()) return absl::InvalidArgumentError("the agent id is empty");
+  if (spec.agent.nproc < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--nproc-per-node is %d; expected at least 1", spec.agent.nproc));
+  }
+  if (spec.min_agents < 1 || spec.max_agents < spec.min_agents) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--nnodes %d:%d is not a valid range; expected 1 <= MIN <= MAX",
+                        spec.min_agents, spec.max_agents));
+  }
+  const int64_t claim = ClaimKey(spec.agent);
+  if (claim >= spec.max_agents) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s %d is out of range for %d %s; expected 0..%d",
+        spec.agent.order >= 0 ? "global position" : "--node-rank", claim, spec.max_agents,
+        spec.agent.order >= 0 ? "agents" : "nodes", spec.max_agents - 1));
+  }
+  return absl::OkStatus();
+}
+
+std::string SizeText(int32_t min, int32_t max) {
+  return min == max ? absl::StrFormat("%d", max) : absl::StrFormat("%d:%d", min, max);
+}
+
+}  // namespace
+
+RendezvousState::RendezvousState(StateOptions options) : options_(options) {}
+RendezvousState::~RendezvousState() = default;
+
+size_t RendezvousState::job_count() const { return jobs_.size(); }
+
+RendezvousState::Job* RendezvousState::FindJob(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+void RendezvousState::Detach(Job& job, Member& member) {
+  if (member.stream == 0) return;
+  streams_.erase(member.stream);
+  member.stream = 0;
+  --job.attached;
+}
+
+void RendezvousState::OpenRound(Job& job, const JoinSpec& spec) {
+  for (auto& [id, member] : job.members) Detach(job, member);
+  job.members.clear();
+  job.claims.clear();
+  job.phase = Phase::kFilling;
+  job.round += 1;
+  job.restart_count = spec.restart_count;
+  job.min_agents = spec.min_agents;
+  job.max_agents = spec.max_agents;
+  job.last_call = spec.last_call;
+  job.world_size = 0;
+  job.abort.reset();
+}
+
+void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec, Decisions& out) {
+  if (absl::Status s = ValidateSpec(spec); !s.ok()) {
+    out.closes.push_back({stream, s});
+    return;
+  }
+  Job* job = FindJob(spec.job_id);
+  if (job == nullptr) {
+    auto created = std::make_unique<Job>();
+    job = created.get();
+    job->id = spec.job_id;
+    jobs_.emplace(spec.job_id, std::move(created));
+    OpenRound(*job, spec);
+    job->last_progress = now;
+  }
+
+  auto member_it = job->members.find(spec.agent.agent_id);
+  const bool is_member = member_it != job->members.end();
+
+  if (job->phase == Phase::kEnded) {
+    const bool next_round = spec.restart_count > job->restart_count;
+    if (is_member && !next_round) {
+      // A reconnect after the end: tell it how the job ended.
+      Detach(*job, member_it->second);
+      member_it->second.stream = stream;
+      streams_[stream] = {job->id, spec.agent.agent_id};
+      ++job->attached;
+      out.sends.push_back({stream, *job->abort});
+      return;
+    }
+    if (!next_round && job->attached > 0) {
+      out.closes.push_back(
+          {stream, absl::UnavailableError(absl::StrFormat(
+                       "job %s is still ending its previous run; try again", job->id))});
+      return;
+    }
+    // A restart (next_round), or the same job id starting afresh (a requeued job).
+    for (auto& [id, member] : job->members) {
+      if (member.stream != 0) {
+        out.closes.push_back({member.stream, absl::AbortedError("a new round started")});
+      }
+    }
+    OpenRound(*job, spec);
+    job->last_progress = now;
+  } else if (job->min_agents != spec.min_agents || job->max_agents != spec.max_agents) {
+    out.closes.push_back(
+        {stream, absl::FailedPreconditionError(absl::StrFormat(
+                     "this agent expects --nnodes %s but job %s was started with --nnodes %s; "
+                     "give every agent the same --nnodes",
+                     SizeText(spec.min_agents, spec.max_agents), job->id,
+                     SizeText(job->min_agents, job->max_agents)))});
+    return;
+  }
+
+  member_it = job->members.find(spec.agent.agent_id);
+  if (member_it != job->members.end()) {
+    // The same agent again (a retried join): the new stream replaces the old one.
+    Member& member = member_it->second;
+    if (member.stream != 0 && member.stream != stream) {
+      out.closes.push_back({member.stream, absl::AbortedError("replaced by a newer join")});
+    }
+    Detach(*job, member);
+    member.stream = stream;
+    streams_[stream] = {job->id, spec.agent.agent_id};
+    ++job->attached;
+    if (job->phase == Phase::kRunning) {
+      AssignmentEvent a = job->assignment;
+      a.slot = member.slot;
+      out.sends.push_back({stream, a});
+    }
+    return;
+  }
+
+  if (job->phase == Phase::kRunning) {
+    out.closes.push_back(
+        {stream,
+         absl::FailedPreconditionError(absl::StrFormat(
+             "job %s already started (round %d, %d agents); this agent on %s came too "
+             "late: check --nnodes, and that the job id is not reused",
+             job->id, job->round, static_cast<int>(job->members.size()), spec.agent.host))});
+    return;
+  }
+
+  const int64_t claim = ClaimKey(spec.agent);
+  if (claim >= 0) {
+    auto [it, inserted] = job->claims.emplace(claim, spec.agent.agent_id);
+    if (!inserted) {
+      const Member& holder = job->members.at(it->second);
+      out.closes.push_back(
+          {stream,
+           absl::FailedPreconditionError(absl::StrFormat(
+               "%s %d of job %s is already taken by the agent on %s; give each %s its own",
+               spec.agent.order >= 0 ? "global position" : "node rank", claim, job->id,
+               holder.spec.agent.host, spec.agent.order >= 0 ? "agent" : "node --node-rank"))});
+      return;
+    }
+  }
+  if (static_cast<int32_t>(job->members.size()) >= job->max_agents) {
+    out.closes.push_back(
+        {stream, absl::FailedPreconditionError(absl::StrFormat(
+                     "job %s already has all %d agents; this agent on %s is one too many: "
+                     "check --nnodes",
+                     job->id, job->max_agents, spec.agent.host))});
+    return;
+  }
+
+  Member& member = job->members[spec.agent.agent_id];
+  member.spec = spec;
+  member.stream = stream;
+  streams_[stream] = {job->id, spec.agent.agent_id};
+  ++job->attached;
+  job->last_join = now;
+  if (static_cast<int32_t>(job->members.size()) == job->max_agents) CompleteRound(*job, out);
+}
+
+void RendezvousState::CompleteRound(Job& job, Decisions& out) {
+  std::vector<const Member*> members;
+  std::vector<AgentSpec> specs;
+  members.reserve(job.members.size());
+  specs.reserve(job.members.size());
+  for (const auto& [id, member] : job.members) {
+    members.push_back(&member);
+    specs.push_back(member.spec.agent);
+  }
+  absl::StatusOr<RankTable> table = AssignRanks(specs);
+  if (!table.ok()) {
+    for (const Member* m : members) {
+      if (m->stream != 0) out.closes.push_back({m->stream, table.status()});
+    }
+    // Nobody can use this round: forget it so that corrected agents can start over.
+    for (auto& [id, member] : job.members) Detach(job, member);
+    job.members.clear();
+    job.claims.clear();
+    return;
+  }
+
+  const JoinSpec& master = members[table->master_agent]->spec;
+  AssignmentEvent shared;
+  shared.round = job.round;
+  shared.world_size = table->world_size;
+  shared.group_world_size = table->group_world_size;
+  shared.restart_count = job.restart_count;
+  shared.agents = static_cast<int32_t>(members.size());
+  shared.master_addr = master.addresses.empty() ? "127.0.0.1" : master.addresses.front();
+  shared.master_port = master.master_port;
+  for (const Member* m : members) {
+    if (!m->spec.master_addr_override.empty()) shared.master_addr = m->spec.master_addr_override;
+    if (m->spec.master_port_override > 0) shared.master_port = m->spec.master_port_override;
+  }
+  job.assignment = shared;
+  job.world_size = table->world_size;
+  job.phase = Phase::kRunning;
+
+  for (size_t i = 0; i < members.size(); ++i) {
+    Member& m = job.members.at(members[i]->spec.agent.agent_id);
+    m.slot = table->slots[i];
+    if (m.stream == 0) continue;
+    AssignmentEvent a = shared;
+    a.slot = m.slot;
+    out.sends.push_back({m.stream, std::move(a)});
+  }
+}
+
+void RendezvousState::EndJob(Job& job, Micros now, AbortEvent abort, Decisions& out) {
+  job.phase = Phase::kEnded;
+  job.ended_at = now;
+  job.abort = std::move(abort);
+  for (auto& [id, member] : job.members) {
+    if (member.stream != 0 && !member.left) out.sends.push_back({member.stream, *job.abort});
+  }
+}
+
+void RendezvousState::StreamClosed(Micros now, StreamId stream, Decisions& out) {
+  auto owner_it = streams_.find(stream);
+  if (owner_it == streams_.end()) return;
+  const StreamOwner owner = owner_it->second;
+  Job* job = FindJob(owner.job_id);
+  if (job == nullptr) return;
+  auto member_it = job->members.find(owner.agent_id);
+  if (member_it == job->members.end()) return;
+  Member& member = member_it->second;
+  Detach(*job, member);
+
+  switch (job->phase) {
+    case Phase::kFilling:
+      // A waiter gave up (deadline, Ctrl-C): it is no longer part of the round.
+      job->claims.erase(ClaimKey(member.spec.agent));
+      job->members.erase(member_it);
+      break;
+    case Phase::kRunning:
+      if (!member.left) {
+        AbortEvent abort;
+        abort.reason =
+            absl::StrFormat("lost contact with the agent on %s (node %d, ranks %d-%d)",
+                            member.spec.agent.host, member.slot.group_rank, member.slot.rank_offset,
+                            member.slot.rank_offset + member.spec.agent.nproc - 1);
+        abort.exit_code = 1;
+        EndJob(*job, now, std::move(abort), out);
+      }
+      break;
+    case Phase::kEnded:
+      break;
+  }
+  EraseIfDone(owner.job_id);
+}
+
+absl::StatusOr<AbortEvent> RendezvousState::ReportFailure(Micros now, const std::string& job_id,
+                                                          const std::string& agent_id,
+                                                          const FailureInfo& failure,
+                                                          Decisions& out) {
+  Job* job = FindJob(job_id);
+  if (job == nullptr || !job->members.contains(agent_id)) {
+    return absl::NotFoundError(
+        absl::StrFormat("job %s has no agent %s (did the server restart?)", job_id, agent_id));
+  }
+  if (job->phase != Phase::kEnded) {
+    AbortEvent abort;
+    abort.first_failure = failure;
+    abort.exit_code = failure.exit_code;
+    abort.reason =
+        absl::StrFormat("rank %d (local rank %d) on %s failed with exit code %d", failure.rank,
+                        failure.local_rank, failure.host, failure.exit_code);
+    EndJob(*job, now, std::move(abort), out);
+  }
+  return *job->abort;
+}
+
+void RendezvousState::Leave(Micros now, const std::string& job_id, const std::string& agent_id,
+                            Decisions& out) {
+  (void)now;
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return;
+  auto it = job->members.find(agent_id);
+  if (it == job->members.end()) return;
+  Member& member = it->second;
+  if (member.stream != 0) out.closes.push_back({member.stream, absl::OkStatus()});
+  Detach(*job, member);
+  if (job->phase == Phase::kFilling) {
+    job->claims.erase(ClaimKey(member.spec.agent));
+    job->members.erase(it);
+  } else {
+    member.left = true;
+  }
+  EraseIfDone(job_id);
+}
+
+void RendezvousState::EraseIfDone(const std::string& job_id) {
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return;
+  const bool everyone_left = std::all_of(job->members.begin(), job->members.end(),
+                                         [](const auto& kv) { return kv.second.left; });
+  if (job->phase == Phase::kFilling ? job->members.empty() : everyone_left) jobs_.erase(job_id);
+}
+
+ProgressEvent RendezvousState::MakeProgress(const Job& job) const {
+  ProgressEvent p;
+  p.joined = static_cast<int32_t>(job.members.size());
+  p.expected = job.max_agents;
+  std::vector<std::string> hosts;
+  hosts.reserve(job.members.size());
+  for (const auto& [id, member] : job.members) hosts.push_back(member.spec.agent.host);
+  std::sort(hosts.begin(), hosts.end());
+  hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
+  if (hosts.size() > kProgressHosts) hosts.resize(kProgressHosts);
+  p.joined_hosts = std::move(hosts);
+  if (!job.claims.empty()) {
+    for (int64_t i = 0; i < job.max_agents && p.missing_node_indices.size() < kProgressMissing;
+         ++i) {
+      if (!job.claims.contains(i)) p.missing_node_indices.push_back(i);
+    }
+  }
+  return p;
+}
+
+void RendezvousState::Tick(Micros now, Decisions& out) {
+  std::vector<std::string> expired;
+  for (auto& [id, job_ptr] : jobs_) {
+    Job& job = *job_ptr;
+    if (job.phase == Phase::kFilling) {
+      const auto joined = static_cast<int32_t>(job.members.size());
+      if (joined >= job.min_agents && now - job.last_join >= job.last_call) {
+        CompleteRound(job, out);
+      } else if (now - job.last_progress >= options_.progress_interval) {
+        job.last_progress = now;
+        const ProgressEvent p = MakeProgress(job);
+        for (const auto& [agent, member] : job.members) {
+          if (member.stream != 0) out.sends.push_back({member.stream, p});
+        }
+      }
+    } else if (job.phase == Phase::kEnded && job.attached == 0 &&
+               now - job.ended_at >= options_.ended_job_ttl) {
+      expired.push_back(id);
+    }
+  }
+  for (const std::string& id : expired) jobs_.erase(id);
+}
+
+std::vector<JobStatusView> RendezvousState::Status(const std::string& job_id) const {
+  std::vector<JobStatusView> views;
+  for (const auto& [id, job_ptr] : jobs_) {
+    if (!job_id.empty() && id != job_id) continue;
+    const Job& job = *job_ptr;
+    JobStatusView v;
+    v.job_id = id;
+    v.round = job.round;
+    v.state = PhaseName(job.phase);
+    v.joined = static_cast<int32_t>(job.members.size());
+    v.min_agents = job.min_agents;
+    v.max_agents = job.max_agents;
+    v.world_size = job.world_size;
+    for (const auto& [agent_id, m] : job.members) {
+      AgentStatusView a;
+      a.agent_id = agent_id;
+      a.host = m.spec.agent.host;
+      a.node_index = m.spec.agent.node_index;
+      a.nproc = m.spec.agent.nproc;
+      a.rank_offset = job.phase == Phase::kFilling ? -1 : m.slot.rank_offset;
+      a.state = m.left ? "left" : (m.stream != 0 ? "attached" : "detached");
+      v.agents.push_back(std::move(a));
+    }
+    std::sort(v.agents.begin(), v.agents.end(),
+              [](const AgentStatusView& l, const AgentStatusView& r) {
+                return std::tie(l.rank_offset, l.host, l.agent_id) <
+                       std::tie(r.rank_offset, r.host, r.agent_id);
+              });
+    views.push_back(std::move(v));
+  }
+  std::sort(views.begin(), views.end(),
+            [](const JobStatusView& l, const JobStatusView& r) { return l.job_id < r.job_id; });
+  return views;
+}
+
+}  // namespace rdzv

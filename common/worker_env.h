@@ -1,0 +1,49 @@
+// The environment of one worker process: torchrun's variable names, so that training scripts
+// written for torchrun run unchanged, plus RDZV_* variables for scripts that want to reach the
+// rendezvous. Pure: the caller supplies the agent's own environment and gets back the merged
+// one and a note for every user value it had to replace.
+#ifndef RDZV_COMMON_WORKER_ENV_H_
+#define RDZV_COMMON_WORKER_ENV_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace rdzv {
+
+struct WorkerContext {
+  int32_t rank_offset = 0;
+  int32_t world_size = 1;
+  int32_t group_rank = 0;
+  int32_t group_world_size = 1;
+  int32_t local_rank_offset = 0;
+  int32_t local_world_size = 1;
+  int32_t nproc = 1;  // workers this agent runs
+  std::string master_addr;
+  int32_t master_port = 0;
+  int32_t restart_count = 0;
+  int32_t max_restarts = 0;
+  int32_t round = 0;
+  std::string run_id;
+  std::string role = "default";
+  std::string rdzv_endpoint;
+};
+
+using EnvList = std::vector<std::pair<std::string, std::string>>;
+
+// The variables rdzv sets for the worker with local index `local_index` (0..nproc-1).
+EnvList WorkerVariables(const WorkerContext& ctx, int32_t local_index);
+
+struct MergedEnv {
+  std::vector<std::string> entries;  // "NAME=value", ready for execve
+  std::vector<std::string> notes;    // one line per user value replaced or kept
+};
+
+// Merges `vars` over `base` (the agent's environment). Defaults (OMP_NUM_THREADS and the like)
+// yield to a user's own value; everything else replaces it, with a note when the value differs.
+MergedEnv MergeWorkerEnv(const EnvList& base, const EnvList& vars);
+
+}  // namespace rdzv
+
+#endif  // RDZV_COMMON_WORKER_ENV_H_
