@@ -1,0 +1,97 @@
+// rdzvd: the rendezvous server as a service (one per cluster head node, many jobs at once).
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/string_view.h"
+#include "common/flags.h"
+#include "common/logging.h"
+#include "server/server.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    R"(rdzvd: rendezvous server for rdzv-agent; serves many jobs at once, keyed by job id.
+
+Usage: rdzvd [--listen HOST:PORT] [--log-level LEVEL]
+Example: rdzvd --listen 0.0.0.0:29400    (agents then use --rdzv-endpoint head:29400)
+Stops cleanly on SIGTERM or SIGINT.)";
+
+absl::Status ParseMillis(absl::string_view v, int64_t* out) {
+  if (!absl::SimpleAtoi(v, out) || *out < 0) {
+    return absl::InvalidArgumentError("expected milliseconds, a whole number >= 0");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  rdzv::ServerOptions options;
+  std::string log_level = "info";
+  bool help = false;
+  int64_t progress_ms = options.state.progress_interval / 1000;
+
+  rdzv::FlagParser parser("rdzvd", kUsage);
+  parser.Add({"listen", "RDZV_LISTEN", "HOST:PORT", "address to serve on (default 0.0.0.0:29400)",
+              [&](absl::string_view v) {
+                options.listen = std::string(v);
+                return absl::OkStatus();
+              }});
+  parser.Add({"log-level", "RDZV_LOG_LEVEL", "LEVEL",
+              "trace, debug, info, warn, error or off (default info)", [&](absl::string_view v) {
+                log_level = std::string(v);
+                return absl::OkStatus();
+              }});
+  parser.Add({"progress-interval-ms", "RDZV_PROGRESS_INTERVAL_MS", "MS",
+              "how often waiting agents hear how their round fills (default 3000)",
+              [&](absl::string_view v) { return ParseMillis(v, &progress_ms); }});
+  parser.Add({"help", "", "", "print this help", [&](absl::string_view) {
+                help = true;
+                return absl::OkStatus();
+              }});
+
+  absl::StatusOr<std::vector<std::string>> rest =
+      parser.Parse(std::vector<std::string>(argv + 1, argv + argc), rdzv::ProcessEnv());
+  if (!rest.ok()) {
+    std::fprintf(stderr, "rdzvd: %s\n", std::string(rest.status().message()).c_str());
+    return 2;
+  }
+  if (help) {
+    std::printf("%s", parser.Help().c_str());
+    return 0;
+  }
+  if (!rest->empty()) {
+    std::fprintf(stderr, "rdzvd: unexpected argument \"%s\"; see rdzvd --help\n",
+                 rest->front().c_str());
+    return 2;
+  }
+  if (absl::Status s = rdzv::SetUpLogging("rdzvd", log_level); !s.ok()) {
+    std::fprintf(stderr, "rdzvd: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  options.state.progress_interval = progress_ms * 1000;
+
+  // Block the stop signals in every thread so that only sigwait below sees them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  absl::StatusOr<std::unique_ptr<rdzv::Server>> server = rdzv::Server::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "rdzvd: %s\n", std::string(server.status().message()).c_str());
+    return 1;
+  }
+  spdlog::info("serving on {} (port {})", options.listen, (*server)->port());
+  int sig = 0;
+  sigwait(&stop, &sig);
+  spdlog::info("{}: shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  (*server)->Shutdown();
+  return 0;
+}

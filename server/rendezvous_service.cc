@@ -1,0 +1,249 @@
+#include "server/rendezvous_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <deque>
+#include <optional>
+
+#include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/proto_convert.h"
+
+namespace rdzv {
+
+Clock SteadyClock() {
+  return [] {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+}
+
+// One agent's Join stream. gRPC allows one write in flight per stream, so events queue here
+// and go out one after another; a requested finish waits until the queue has drained.
+// Owned by gRPC: it deletes itself in OnDone, after telling the service.
+class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::JoinEvent> {
+ public:
+  JoinStream(RendezvousService* service, StreamId id) : service_(service), id_(id) {}
+
+  void Send(v1::JoinEvent event) {
+    absl::MutexLock lock(&mu_);
+    if (finishing_) return;
+    queue_.push_back(std::move(event));
+    if (queue_.size() == 1) StartWrite(&queue_.front());
+  }
+
+  void Close(const grpc::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (finishing_) return;
+    finishing_ = true;
+    if (queue_.empty()) {
+      Finish(status);
+    } else {
+      pending_finish_ = status;
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    queue_.pop_front();
+    if (!ok) {
+      // The client is gone; OnCancel/OnDone will follow.
+      queue_.clear();
+      if (!finishing_) {
+        finishing_ = true;
+        Finish(grpc::Status::CANCELLED);
+      } else if (pending_finish_) {
+        Finish(*pending_finish_);
+      }
+      pending_finish_.reset();
+      return;
+    }
+    if (!queue_.empty()) {
+      StartWrite(&queue_.front());
+    } else if (pending_finish_) {
+      Finish(*pending_finish_);
+      pending_finish_.reset();
+    }
+  }
+
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!finishing_) {
+        finishing_ = true;
+        if (queue_.empty()) {
+          Finish(grpc::Status::CANCELLED);
+        } else {
+          pending_finish_ = grpc::Status::CANCELLED;
+        }
+      }
+    }
+    service_->StreamDone(id_);
+  }
+
+  void OnDone() override {
+    service_->StreamDone(id_);
+    delete this;
+  }
+
+ private:
+  RendezvousService* const service_;
+  const StreamId id_;
+  absl::Mutex mu_;
+  std::deque<v1::JoinEvent> queue_ ABSL_GUARDED_BY(mu_);
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> pending_finish_ ABSL_GUARDED_BY(mu_);
+};
+
+RendezvousService::RendezvousService(Clock clock, StateOptions options, bool log_jobs)
+    : clock_(std::move(clock)), log_jobs_(log_jobs), state_(options) {}
+
+RendezvousService::~RendezvousService() = default;
+
+grpc::ServerWriteReactor<v1::JoinEvent>* RendezvousService::Join(
+    grpc::CallbackServerContext* /*context*/, const v1::JoinRequest* request) {
+  absl::MutexLock lock(&mu_);
+  const StreamId id = next_stream_++;
+  auto* stream = new JoinStream(this, id);
+  if (shut_down_) {
+    stream->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the rendezvous server is stopping"));
+    return stream;
+  }
+  if (request->protocol_version() > kProtocolVersion) {
+    stream->Close(grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrFormat("the client speaks protocol %d but this rdzvd only %d; upgrade rdzvd",
+                        request->protocol_version(), kProtocolVersion)));
+    return stream;
+  }
+  streams_.emplace(id, stream);
+  const JoinSpec spec = FromProto(*request);
+  SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", spec.job_id, spec.agent.agent_id,
+               spec.agent.host, spec.agent.node_index, spec.agent.nproc);
+  Decisions decisions;
+  state_.Join(clock_(), id, spec, decisions);
+  Apply(decisions);
+  return stream;
+}
+
+void RendezvousService::StreamDone(StreamId id) {
+  absl::MutexLock lock(&mu_);
+  if (streams_.erase(id) == 0) return;
+  Decisions decisions;
+  state_.StreamClosed(clock_(), id, decisions);
+  Apply(decisions);
+}
+
+void RendezvousService::Apply(Decisions& decisions) {
+  for (Decisions::Send& send : decisions.sends) {
+    auto it = streams_.find(send.stream);
+    if (it == streams_.end()) continue;
+    it->second->Send(ToProto(send.event));
+  }
+  for (const Decisions::Close& close : decisions.closes) {
+    auto it = streams_.find(close.stream);
+    if (it == streams_.end()) continue;
+    if (!close.status.ok() && close.status.code() != absl::StatusCode::kAborted) {
+      if (log_jobs_) spdlog::info("refused a join: {}", close.status.message());
+    }
+    it->second->Close(ToGrpcStatus(close.status));
+    // The stream is finished from our side: the state already forgot it.
+    streams_.erase(it);
+  }
+}
+
+grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerContext* context,
+                                                        const v1::ReportExitRequest* request,
+                                                        v1::ReportExitResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (request->has_failure()) {
+      Decisions decisions;
+      absl::StatusOr<AbortEvent> abort =
+          state_.ReportFailure(clock_(), request->job_id(), request->agent_id(),
+                               FromProto(request->failure()), decisions);
+      if (abort.ok()) {
+        if (log_jobs_) spdlog::info("job {}: {}", request->job_id(), abort->reason);
+        *response->mutable_abort() = ToProto(*abort);
+      }
+      status = abort.status();
+      Apply(decisions);
+    }
+  }
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RendezvousService::Leave(grpc::CallbackServerContext* context,
+                                                   const v1::LeaveRequest* request,
+                                                   v1::LeaveResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  {
+    absl::MutexLock lock(&mu_);
+    Decisions decisions;
+    state_.Leave(clock_(), request->job_id(), request->agent_id(), decisions);
+    Apply(decisions);
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RendezvousService::GetStatus(grpc::CallbackServerContext* context,
+                                                       const v1::StatusRequest* request,
+                                                       v1::StatusResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::vector<JobStatusView> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    jobs = state_.Status(request->job_id());
+  }
+  for (const JobStatusView& j : jobs) {
+    v1::JobStatus* p = response->add_jobs();
+    p->set_job_id(j.job_id);
+    p->set_round(j.round);
+    p->set_state(j.state);
+    p->set_joined(j.joined);
+    p->set_min_agents(j.min_agents);
+    p->set_max_agents(j.max_agents);
+    p->set_world_size(j.world_size);
+    for (const AgentStatusView& a : j.agents) {
+      v1::AgentStatus* ap = p->add_agents();
+      ap->set_agent_id(a.agent_id);
+      ap->set_host(a.host);
+      ap->set_node_index(a.node_index);
+      ap->set_nproc(a.nproc);
+      ap->set_rank_offset(a.rank_offset);
+      ap->set_state(a.state);
+    }
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+void RendezvousService::Tick() {
+  absl::MutexLock lock(&mu_);
+  Decisions decisions;
+  state_.Tick(clock_(), decisions);
+  Apply(decisions);
+}
+
+void RendezvousService::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shut_down_ = true;
+  for (auto& [id, stream] : streams_) {
+    stream->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the rendezvous server is stopping"));
+  }
+  streams_.clear();
+}
+
+size_t RendezvousService::open_streams() const {
+  absl::MutexLock lock(&mu_);
+  return streams_.size();
+}
+
+}  // namespace rdzv

@@ -1,0 +1,63 @@
+#include "server/server.h"
+
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "server/rendezvous_service.h"
+
+namespace rdzv {
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  std::unique_ptr<Server> server(new Server());
+  server->service_ =
+      std::make_unique<RendezvousService>(SteadyClock(), options.state, options.log_jobs);
+
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(server->service_.get());
+  // Agents keep one quiet stream open for the whole job; let them ping it to keep it alive.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  server->grpc_server_ = builder.BuildAndStart();
+  if (server->grpc_server_ == nullptr || server->port_ == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot listen on %s (address in use or not local); choose another --listen address",
+        options.listen));
+  }
+
+  server->tick_interval_ = options.tick_interval;
+  server->ArmTimer();
+  server->timer_thread_ = std::thread([io = &server->io_] { io->run(); });
+  return server;
+}
+
+void Server::ArmTimer() {
+  timer_.expires_after(absl::ToChronoMicroseconds(tick_interval_));
+  timer_.async_wait([this](const std::error_code& ec) {
+    if (ec) return;
+    service_->Tick();
+    ArmTimer();
+  });
+}
+
+Server::~Server() { Shutdown(); }
+
+size_t Server::open_streams() const { return service_->open_streams(); }
+
+void Server::Shutdown() {
+  if (stopped_) return;
+  stopped_ = true;
+  service_->Shutdown();
+  grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  grpc_server_->Wait();
+  io_.stop();
+  if (timer_thread_.joinable()) timer_thread_.join();
+}
+
+}  // namespace rdzv

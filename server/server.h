@@ -1,0 +1,70 @@
+// Server: rdzvd as an object. Listens on an address, serves the rendezvous service, and
+// drives its timers from an Asio steady_timer on a thread of its own. rdzvd's main() runs one;
+// rdzv-agent embeds one in the agent of node 0 (or with --standalone).
+//
+// Thread-safe. Shutdown() is idempotent and also runs from the destructor.
+#ifndef RDZV_SERVER_SERVER_H_
+#define RDZV_SERVER_SERVER_H_
+
+#include <grpcpp/server.h>
+
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/rendezvous_state.h"
+
+namespace rdzv {
+
+class RendezvousService;
+
+struct ServerOptions {
+  // "host:port"; port 0 picks a free one (see Server::port()).
+  std::string listen = "0.0.0.0:29400";
+  StateOptions state;
+  absl::Duration tick_interval = absl::Milliseconds(100);
+  // Log each job's failures at info level (rdzvd); an agent hosting the server reports them
+  // itself and leaves this off.
+  bool log_jobs = true;
+};
+
+class Server {
+ public:
+  // Starts listening and serving. FailedPrecondition (with the address) when the address
+  // cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // The port actually bound.
+  int port() const { return port_; }
+
+  // Closes every stream with UNAVAILABLE, stops accepting calls and waits (bounded) for the
+  // calls in flight to end.
+  void Shutdown();
+
+  // Join streams open now: agents still attached to some job.
+  size_t open_streams() const;
+
+ private:
+  Server() = default;
+  void ArmTimer();
+
+  std::unique_ptr<RendezvousService> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  asio::io_context io_;
+  asio::steady_timer timer_{io_};
+  absl::Duration tick_interval_;
+  std::thread timer_thread_;
+  int port_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace rdzv
+
+#endif  // RDZV_SERVER_SERVER_H_
