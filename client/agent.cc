@@ -1,0 +1,578 @@
+#include "client/agent.h"
+
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <array>
+#include <asio/io_context.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/post.hpp>
+#include <asio/signal_set.hpp>
+#include <asio/steady_timer.hpp>
+#include <deque>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "common/logging.h"
+#include "common/net.h"
+#include "common/worker_env.h"
+#include "server/server.h"
+
+namespace rdzv {
+namespace {
+
+constexpr size_t kTailLines = 20;
+
+std::string NewAgentId(const std::string& host) {
+  std::random_device rd;
+  return absl::StrFormat("%s:%d:%08x", host, getpid(), rd());
+}
+
+void WriteAll(int fd, absl::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // the terminal or pipe went away; output is best effort
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+std::string DescribeExit(int exit_code, int signal) {
+  if (signal != 0) {
+    return absl::StrFormat("was killed by %s (exit code %d)", SignalName(signal), exit_code);
+  }
+  return absl::StrFormat("exited with code %d", exit_code);
+}
+
+struct Worker {
+  int32_t local_index = 0;
+  int32_t rank = 0;
+  int32_t local_rank = 0;
+  pid_t pid = -1;
+  std::optional<ProcessExit> exit;
+  struct Pipe {
+    std::unique_ptr<asio::posix::stream_descriptor> stream;
+    std::array<char, 16384> buffer;
+    std::string partial;
+    int fd = 1;  // where its lines go
+  };
+  Pipe out, err;
+  std::deque<std::string> err_tail;
+  int open_pipes = 0;
+};
+
+}  // namespace
+
+class Agent::Impl {
+ public:
+  Impl(AgentConfig config, std::unique_ptr<ProcessLauncher> launcher)
+      : config_(std::move(config)), launcher_(std::move(launcher)) {}
+
+  ~Impl() {
+    if (client_) client_->Cancel();
+    if (join_thread_.joinable()) join_thread_.join();
+    if (report_thread_.joinable()) report_thread_.join();
+  }
+
+  int Run();
+
+ private:
+  enum class Phase { kJoining, kRunning, kStopping, kDone };
+
+  absl::Status Prepare();
+  void WaitSignal();
+  void OnSignal(int sig);
+  void OnJoined(absl::StatusOr<AssignmentEvent> result);
+  absl::Status StartWorkers();
+  void ReadPipe(Worker& w, Worker::Pipe& pipe);
+  void EmitLines(Worker& w, Worker::Pipe& pipe, absl::string_view data, bool eof);
+  void ReapWorkers();
+  void LocalFailure(Worker& w);
+  void ReportFailure(FailureInfo failure);
+  void OnAbort(const AbortEvent& abort);
+  void StopWorkers(absl::string_view why);
+  void MaybeFinish();
+  void AwaitOtherAgents(absl::Time until, int code);
+  void Finish(int code);
+  void PrintRootCause(const AbortEvent& abort) const;
+  std::string RankPrefix(const Worker& w) const;
+
+  AgentConfig config_;
+  std::unique_ptr<ProcessLauncher> launcher_;
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
+  asio::signal_set signals_{io_};
+  asio::steady_timer kill_timer_{io_};
+  asio::steady_timer wait_timer_{io_};
+
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<Client> client_;
+  std::string endpoint_;
+  JoinSpec spec_;
+  std::optional<ReservedPort> master_port_;
+  std::thread join_thread_;
+  std::thread report_thread_;
+
+  Phase phase_ = Phase::kJoining;
+  AssignmentEvent assignment_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::optional<AbortEvent> outcome_;  // why the job is ending, once it is
+  int exit_code_ = 0;
+  bool waiting_logged_ = false;
+};
+
+Agent::Agent(AgentConfig config, std::unique_ptr<ProcessLauncher> launcher)
+    : impl_(std::make_unique<Impl>(std::move(config), std::move(launcher))) {}
+Agent::~Agent() = default;
+int Agent::Run() { return impl_->Run(); }
+
+absl::Status Agent::Impl::Prepare() {
+  if (config_.embedded_server) {
+    ServerOptions options;
+    options.listen = config_.embedded_listen;
+    options.log_jobs = false;
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+    if (!server.ok()) return server.status();
+    server_ = std::move(*server);
+    absl::StatusOr<HostPort> listen = ParseHostPort(config_.embedded_listen, 0);
+    const std::string host = listen.ok() && listen->host != "0.0.0.0" && listen->host != "::"
+                                 ? listen->host
+                                 : "127.0.0.1";
+    endpoint_ = FormatHostPort(host, server_->port());
+    spdlog::debug("rendezvous server for job {} listening on {}", config_.job_id,
+                  config_.embedded_listen);
+  } else {
+    endpoint_ = config_.endpoint;
+  }
+
+  ClientOptions client_options;
+  client_options.endpoint = endpoint_;
+  client_options.join_timeout = config_.join_timeout;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(client_options);
+  if (!client.ok()) return client.status();
+  client_ = std::move(*client);
+
+  absl::StatusOr<ReservedPort> port = ReservedPort::Reserve();
+  if (!port.ok()) return port.status();
+  master_port_ = std::move(*port);
+
+  absl::StatusOr<HostPort> server_hp = ParseHostPort(endpoint_, 29400);
+  spec_.job_id = config_.job_id;
+  spec_.agent.host = config_.host;
+  spec_.agent.agent_id = NewAgentId(config_.host);
+  spec_.agent.node_index = config_.node_index;
+  spec_.agent.order = config_.order;
+  spec_.agent.nproc = config_.nproc;
+  spec_.min_agents = config_.min_agents;
+  spec_.max_agents = config_.max_agents;
+  spec_.last_call = absl::ToInt64Microseconds(config_.last_call);
+  // The address that routes to the rendezvous server is one the other nodes, which reach the
+  // same server, can use to reach us; the interfaces' addresses follow as fallbacks.
+  if (server_hp.ok()) {
+    if (absl::StatusOr<std::string> a = LocalAddressToward(server_hp->host, server_hp->port);
+        a.ok()) {
+      spec_.addresses.push_back(*a);
+    }
+  }
+  for (std::string& a : InterfaceAddresses()) spec_.addresses.push_back(std::move(a));
+  spec_.master_port = master_port_->port();
+  spec_.master_addr_override = config_.master_addr;
+  spec_.master_port_override = config_.master_port;
+  return absl::OkStatus();
+}
+
+int Agent::Impl::Run() {
+  signal(SIGPIPE, SIG_IGN);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGCHLD}) signals_.add(s);
+  WaitSignal();
+
+  if (absl::Status s = Prepare(); !s.ok()) {
+    spdlog::error("{}", s.message());
+    return 1;
+  }
+
+  Handlers handlers;
+  handlers.on_progress = [this](const ProgressEvent& p) {
+    asio::post(io_, [this, p] {
+      if (phase_ != Phase::kJoining) return;
+      std::string missing;
+      if (!p.missing_node_indices.empty()) {
+        missing = absl::StrCat(
+            "; missing node ranks ", absl::StrJoin(p.missing_node_indices, ","),
+            p.missing_node_indices.size() < static_cast<size_t>(p.expected - p.joined) ? ",..."
+                                                                                       : "");
+      }
+      spdlog::info("job {}: waiting for {} of {} agents (joined: {}{}{})", config_.job_id,
+                   p.expected - p.joined, p.expected, absl::StrJoin(p.joined_hosts, ","),
+                   p.joined > static_cast<int32_t>(p.joined_hosts.size()) ? ",..." : "", missing);
+    });
+  };
+  handlers.on_abort = [this](const AbortEvent& a) { asio::post(io_, [this, a] { OnAbort(a); }); };
+  handlers.on_lost = [this](const absl::Status& s) {
+    asio::post(io_, [this, s] {
+      if (phase_ != Phase::kRunning) return;
+      AbortEvent abort;
+      abort.reason =
+          absl::StrFormat("lost the rendezvous server at %s (%s)", endpoint_, s.message());
+      abort.exit_code = 1;
+      outcome_ = abort;
+      StopWorkers(abort.reason);
+    });
+  };
+
+  spdlog::debug("joining job {} at {} as {} ({} workers)", config_.job_id, endpoint_,
+                spec_.agent.agent_id, config_.nproc);
+  join_thread_ = std::thread([this, handlers] {
+    absl::StatusOr<AssignmentEvent> result = client_->Join(spec_, handlers);
+    asio::post(io_, [this, result] { OnJoined(result); });
+  });
+
+  io_.run();
+
+  if (join_thread_.joinable()) join_thread_.join();
+  if (report_thread_.joinable()) report_thread_.join();
+  client_.reset();
+  if (server_) server_->Shutdown();
+  return exit_code_;
+}
+
+void Agent::Impl::WaitSignal() {
+  signals_.async_wait([this](const std::error_code& ec, int sig) {
+    if (ec) return;
+    OnSignal(sig);
+    WaitSignal();
+  });
+}
+
+void Agent::Impl::OnSignal(int sig) {
+  if (sig == SIGCHLD) {
+    ReapWorkers();
+    return;
+  }
+  if (sig == SIGUSR1 || sig == SIGUSR2) {
+    int forwarded = 0;
+    for (auto& w : workers_) {
+      if (!w->exit && launcher_->SignalGroup(w->pid, sig).ok()) ++forwarded;
+    }
+    spdlog::info("forwarded {} to {} workers", SignalName(sig), forwarded);
+    return;
+  }
+  // SIGINT, SIGTERM, SIGHUP: stop the job, everywhere.
+  switch (phase_) {
+    case Phase::kJoining:
+      exit_code_ = 128 + sig;
+      phase_ = Phase::kStopping;
+      spdlog::warn("{} while joining; giving up", SignalName(sig));
+      client_->Cancel();
+      break;
+    case Phase::kRunning: {
+      FailureInfo f;
+      f.host = config_.host;
+      f.group_rank = assignment_.slot.group_rank;
+      f.signal = sig;
+      f.exit_code = 128 + sig;
+      f.time_us = absl::ToUnixMicros(absl::Now());
+      AbortEvent abort;
+      abort.first_failure = f;
+      abort.exit_code = f.exit_code;
+      abort.reason = absl::StrFormat("the agent on %s received %s", config_.host, SignalName(sig));
+      outcome_ = abort;
+      ReportFailure(f);
+      StopWorkers(abort.reason);
+      break;
+    }
+    case Phase::kStopping:
+      spdlog::warn("{} again: killing the workers now", SignalName(sig));
+      for (auto& w : workers_) {
+        if (!w->exit) (void)launcher_->SignalGroup(w->pid, SIGKILL);
+      }
+      break;
+    case Phase::kDone:
+      break;
+  }
+}
+
+void Agent::Impl::OnJoined(absl::StatusOr<AssignmentEvent> result) {
+  if (phase_ != Phase::kJoining) {
+    Finish(exit_code_);
+    return;
+  }
+  if (!result.ok()) {
+    spdlog::error("job {}: {}", config_.job_id, result.status().message());
+    Finish(1);
+    return;
+  }
+  assignment_ = *result;
+  const AssignmentEvent& a = assignment_;
+  spdlog::info("job {} round {}: node {} of {}, ranks {}-{} of {}, master {}", config_.job_id,
+               a.round, a.slot.group_rank, a.group_world_size, a.slot.rank_offset,
+               a.slot.rank_offset + config_.nproc - 1, a.world_size,
+               FormatHostPort(a.master_addr, a.master_port));
+  // Rank 0's first worker binds this port for its TCPStore.
+  master_port_.reset();
+  phase_ = Phase::kRunning;
+  if (absl::Status s = StartWorkers(); !s.ok()) {
+    FailureInfo f;
+    f.host = config_.host;
+    f.group_rank = a.slot.group_rank;
+    f.rank = a.slot.rank_offset;
+    f.local_rank = a.slot.local_rank_offset;
+    f.exit_code = 127;
+    f.error_message = std::string(s.message());
+    f.time_us = absl::ToUnixMicros(absl::Now());
+    AbortEvent abort;
+    abort.first_failure = f;
+    abort.exit_code = 127;
+    abort.reason = std::string(s.message());
+    outcome_ = abort;
+    ReportFailure(f);
+    StopWorkers(abort.reason);
+  }
+}
+
+absl::Status Agent::Impl::StartWorkers() {
+  WorkerContext ctx;
+  ctx.rank_offset = assignment_.slot.rank_offset;
+  ctx.world_size = assignment_.world_size;
+  ctx.group_rank = assignment_.slot.group_rank;
+  ctx.group_world_size = assignment_.group_world_size;
+  ctx.local_rank_offset = assignment_.slot.local_rank_offset;
+  ctx.local_world_size = assignment_.slot.local_world_size;
+  ctx.nproc = config_.nproc;
+  ctx.master_addr = assignment_.master_addr;
+  ctx.master_port = assignment_.master_port;
+  ctx.restart_count = assignment_.restart_count;
+  ctx.max_restarts = config_.max_restarts;
+  ctx.round = assignment_.round;
+  ctx.run_id = config_.job_id;
+  ctx.rdzv_endpoint = endpoint_;
+  const EnvList base = ProcessEnvList();
+
+  for (int32_t i = 0; i < config_.nproc; ++i) {
+    MergedEnv env = MergeWorkerEnv(base, WorkerVariables(ctx, i));
+    if (i == 0) {
+      for (const std::string& note : env.notes) spdlog::warn("{}", note);
+    }
+    absl::StatusOr<SpawnedProcess> spawned = launcher_->Spawn({config_.command, env.entries});
+    if (!spawned.ok()) return spawned.status();
+    auto w = std::make_unique<Worker>();
+    w->local_index = i;
+    w->rank = ctx.rank_offset + i;
+    w->local_rank = ctx.local_rank_offset + i;
+    w->pid = spawned->pid;
+    w->out.stream = std::make_unique<asio::posix::stream_descriptor>(io_, spawned->stdout_fd);
+    w->out.fd = STDOUT_FILENO;
+    w->err.stream = std::make_unique<asio::posix::stream_descriptor>(io_, spawned->stderr_fd);
+    w->err.fd = STDERR_FILENO;
+    w->open_pipes = 2;
+    Worker& ref = *w;
+    workers_.push_back(std::move(w));
+    ReadPipe(ref, ref.out);
+    ReadPipe(ref, ref.err);
+  }
+  // A worker may have ended before its SIGCHLD found it in the table.
+  ReapWorkers();
+  return absl::OkStatus();
+}
+
+std::string Agent::Impl::RankPrefix(const Worker& w) const {
+  return config_.rank_prefix ? absl::StrCat("[", w.rank, "]: ") : std::string();
+}
+
+void Agent::Impl::ReadPipe(Worker& w, Worker::Pipe& pipe) {
+  pipe.stream->async_read_some(
+      asio::buffer(pipe.buffer), [this, &w, &pipe](const std::error_code& ec, size_t n) {
+        EmitLines(w, pipe, absl::string_view(pipe.buffer.data(), n), ec.value() != 0);
+        if (!ec) {
+          ReadPipe(w, pipe);
+          return;
+        }
+        pipe.stream->close();
+        --w.open_pipes;
+        MaybeFinish();
+      });
+}
+
+void Agent::Impl::EmitLines(Worker& w, Worker::Pipe& pipe, absl::string_view data, bool eof) {
+  pipe.partial.append(data.data(), data.size());
+  const std::string prefix = RankPrefix(w);
+  std::string out;
+  size_t start = 0;
+  for (size_t nl; (nl = pipe.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+    absl::string_view line(pipe.partial.data() + start, nl - start);
+    absl::StrAppend(&out, prefix, line, "\n");
+    if (&pipe == &w.err) {
+      w.err_tail.emplace_back(line);
+      if (w.err_tail.size() > kTailLines) w.err_tail.pop_front();
+    }
+  }
+  pipe.partial.erase(0, start);
+  if (eof && !pipe.partial.empty()) {
+    absl::StrAppend(&out, prefix, pipe.partial, "\n");
+    if (&pipe == &w.err) w.err_tail.push_back(pipe.partial);
+    pipe.partial.clear();
+  }
+  WriteAll(pipe.fd, out);
+}
+
+void Agent::Impl::ReapWorkers() {
+  for (const ProcessExit& e : launcher_->Reap()) {
+    for (auto& w : workers_) {
+      if (w->pid != e.pid || w->exit) continue;
+      w->exit = e;
+      // Whatever the worker left behind in its group goes with it.
+      (void)launcher_->SignalGroup(w->pid, SIGKILL);
+      spdlog::debug("rank {} (pid {}) {}", w->rank, w->pid, DescribeExit(e.code(), e.signal));
+      if (e.code() != 0 && phase_ == Phase::kRunning) LocalFailure(*w);
+    }
+  }
+  MaybeFinish();
+}
+
+void Agent::Impl::LocalFailure(Worker& w) {
+  FailureInfo f;
+  f.host = config_.host;
+  f.group_rank = assignment_.slot.group_rank;
+  f.rank = w.rank;
+  f.local_rank = w.local_rank;
+  f.exit_code = w.exit->code();
+  f.signal = w.exit->signal;
+  f.stderr_tail = absl::StrJoin(w.err_tail, "\n");
+  f.time_us = absl::ToUnixMicros(absl::Now());
+  AbortEvent abort;
+  abort.first_failure = f;
+  abort.exit_code = f.exit_code;
+  abort.reason = absl::StrFormat("rank %d (local rank %d) on %s %s", f.rank, f.local_rank, f.host,
+                                 DescribeExit(f.exit_code, f.signal));
+  outcome_ = abort;
+  ReportFailure(f);
+  StopWorkers(abort.reason);
+}
+
+void Agent::Impl::ReportFailure(FailureInfo failure) {
+  if (report_thread_.joinable()) return;  // one report per agent: the first failure
+  report_thread_ = std::thread([this, failure] {
+    absl::StatusOr<AbortEvent> first = client_->ReportFailure(failure);
+    if (!first.ok()) {
+      spdlog::warn("could not report the failure to the rendezvous server: {}",
+                   first.status().message());
+      return;
+    }
+    // The server's answer names the job's first failure, which may be another node's.
+    asio::post(io_, [this, abort = *first] {
+      if (phase_ != Phase::kDone) outcome_ = abort;
+    });
+  });
+}
+
+void Agent::Impl::OnAbort(const AbortEvent& abort) {
+  if (phase_ == Phase::kDone) return;
+  outcome_ = abort;
+  if (phase_ == Phase::kRunning) StopWorkers(abort.reason);
+}
+
+void Agent::Impl::StopWorkers(absl::string_view why) {
+  phase_ = Phase::kStopping;
+  int signalled = 0;
+  for (auto& w : workers_) {
+    if (!w->exit && launcher_->SignalGroup(w->pid, SIGTERM).ok()) ++signalled;
+  }
+  if (signalled == 0) {
+    MaybeFinish();
+    return;
+  }
+  spdlog::info("stopping {} workers: {}", signalled, why);
+  kill_timer_.expires_after(absl::ToChronoMicroseconds(config_.term_timeout));
+  kill_timer_.async_wait([this](const std::error_code& ec) {
+    if (ec) return;
+    for (auto& w : workers_) {
+      if (w->exit) continue;
+      spdlog::warn("rank {} did not stop within {}; sending SIGKILL", w->rank,
+                   absl::FormatDuration(config_.term_timeout));
+      (void)launcher_->SignalGroup(w->pid, SIGKILL);
+    }
+  });
+}
+
+void Agent::Impl::MaybeFinish() {
+  if (phase_ != Phase::kRunning && phase_ != Phase::kStopping) return;
+  for (const auto& w : workers_) {
+    if (!w->exit || w->open_pipes > 0) return;
+  }
+  kill_timer_.cancel();
+  int code = 0;
+  if (outcome_) {
+    code = outcome_->exit_code;
+    PrintRootCause(*outcome_);
+  } else {
+    spdlog::info("job {}: all {} workers on {} succeeded", config_.job_id, workers_.size(),
+                 config_.host);
+  }
+  phase_ = Phase::kDone;
+  if (report_thread_.joinable()) report_thread_.join();
+  if (absl::Status s = client_->Leave(); !s.ok()) {
+    spdlog::debug("leave: {}", s.message());
+  }
+  if (server_) {
+    // The other agents reach the job's end through this process's server: keep it up until
+    // they have gone (after a failure, only as long as they need to stop their workers).
+    const absl::Time until =
+        outcome_ ? absl::Now() + config_.term_timeout + absl::Seconds(5) : absl::InfiniteFuture();
+    AwaitOtherAgents(until, code);
+    return;
+  }
+  Finish(code);
+}
+
+void Agent::Impl::AwaitOtherAgents(absl::Time until, int code) {
+  const size_t others = server_->open_streams();
+  if (others == 0 || absl::Now() >= until) {
+    Finish(code);
+    return;
+  }
+  if (!waiting_logged_) {
+    spdlog::info("waiting for {} other agents to finish before stopping the rendezvous server",
+                 others);
+    waiting_logged_ = true;
+  }
+  wait_timer_.expires_after(std::chrono::milliseconds(50));
+  wait_timer_.async_wait([this, until, code](const std::error_code& ec) {
+    if (!ec) AwaitOtherAgents(until, code);
+  });
+}
+
+void Agent::Impl::Finish(int code) {
+  exit_code_ = code;
+  phase_ = Phase::kDone;
+  signals_.cancel();
+  kill_timer_.cancel();
+  wait_timer_.cancel();
+  work_.reset();
+  io_.stop();
+}
+
+void Agent::Impl::PrintRootCause(const AbortEvent& abort) const {
+  std::string text = absl::StrFormat("job %s failed: %s", config_.job_id, abort.reason);
+  if (abort.first_failure && !abort.first_failure->error_message.empty() &&
+      abort.first_failure->error_message != abort.reason) {
+    absl::StrAppend(&text, "\n  error: ", abort.first_failure->error_message);
+  }
+  if (abort.first_failure && !abort.first_failure->stderr_tail.empty()) {
+    absl::StrAppend(&text, "\n  last lines of rank ", abort.first_failure->rank, "'s stderr:");
+    for (absl::string_view line : absl::StrSplit(abort.first_failure->stderr_tail, '\n')) {
+      absl::StrAppend(&text, "\n    ", line);
+    }
+  }
+  spdlog::error("{}", text);
+}
+
+}  // namespace rdzv

@@ -1,0 +1,51 @@
+// rdzv-agent: launched by srun (or by hand on each node); joins the rendezvous and runs the
+// training processes. See rdzv-agent --help.
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "client/agent.h"
+#include "client/agent_options.h"
+#include "common/logging.h"
+
+namespace {
+
+constexpr int kUsageError = 2;
+
+int Fail(absl::string_view message, int code) {
+  std::fprintf(stderr, "rdzv-agent: %.*s\n", static_cast<int>(message.size()), message.data());
+  return code;
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const rdzv::EnvLookup env = rdzv::ProcessEnv();
+  absl::StatusOr<rdzv::AgentFlags> flags =
+      rdzv::ParseAgentFlags(std::vector<std::string>(argv + 1, argv + argc), env);
+  if (!flags.ok()) return Fail(flags.status().message(), kUsageError);
+  if (flags->help) {
+    std::printf("%s", rdzv::AgentHelp().c_str());
+    return 0;
+  }
+  if (flags->version) {
+    std::printf("rdzv-agent %s\n", RDZV_VERSION);
+    return 0;
+  }
+  if (absl::Status s = rdzv::SetUpLogging("rdzv-agent", flags->log_level); !s.ok()) {
+    return Fail(s.message(), kUsageError);
+  }
+  absl::StatusOr<rdzv::AgentConfig> config = rdzv::ResolveAgentConfig(*flags, env, HostName());
+  if (!config.ok()) return Fail(config.status().message(), kUsageError);
+  rdzv::Agent agent(std::move(*config), rdzv::NewPosixProcessLauncher());
+  return agent.Run();
+}

@@ -1,0 +1,77 @@
+// rdzv-agent's configuration: the flags (each also an RDZV_* variable), parsed and then resolved
+// against the environment (Slurm's, when inside an allocation) into what the agent will do.
+// Parsing and resolution are pure: they take the arguments and an EnvLookup, and every problem
+// comes back as one line that names the flag or variable and the fix.
+#ifndef RDZV_CLIENT_AGENT_OPTIONS_H_
+#define RDZV_CLIENT_AGENT_OPTIONS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/env.h"
+
+namespace rdzv {
+
+// What the user asked for, before defaults are filled in from the environment.
+struct AgentFlags {
+  std::optional<int32_t> nnodes_min, nnodes_max;  // --nnodes N or MIN:MAX
+  std::optional<int32_t> nproc_per_node;          // --nproc-per-node
+  std::optional<int64_t> node_rank;               // --node-rank
+  std::string rdzv_endpoint;
+  std::string rdzv_id;
+  bool standalone = false;
+  int32_t max_restarts = 0;
+  std::string master_addr;
+  int32_t master_port = 0;
+  absl::Duration join_timeout = absl::Minutes(10);
+  absl::Duration last_call = absl::Seconds(1);
+  absl::Duration term_timeout = absl::Seconds(3);
+  std::string host_name;  // --host-name: how this node is named in the rendezvous
+  std::string log_level = "info";
+  std::string mode = "auto";  // auto, node or task (under Slurm)
+  bool rank_prefix = true;
+  bool help = false;
+  bool version = false;
+  std::vector<std::string> command;
+};
+
+// Parses argv (without argv[0]) and the RDZV_* variables.
+absl::StatusOr<AgentFlags> ParseAgentFlags(const std::vector<std::string>& args,
+                                           const EnvLookup& env);
+
+std::string AgentHelp();
+
+// What the agent does, all decided.
+struct AgentConfig {
+  std::string job_id;
+  std::string endpoint;  // empty: host the server in-process (see embedded_*)
+  bool embedded_server = false;
+  std::string embedded_listen;  // where the in-process server listens
+  int32_t min_agents = 1;
+  int32_t max_agents = 1;
+  int32_t nproc = 1;
+  int64_t node_index = -1;
+  int64_t order = -1;
+  std::string host;
+  int32_t max_restarts = 0;
+  std::string master_addr;
+  int32_t master_port = 0;
+  absl::Duration join_timeout;
+  absl::Duration last_call;
+  absl::Duration term_timeout;
+  bool rank_prefix = true;
+  std::vector<std::string> command;
+};
+
+// Fills in what the flags leave open: from --standalone, from RDZV_ENDPOINT, or from Slurm's
+// variables. `hostname` is this machine's name (used when nothing better is known).
+absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const EnvLookup& env,
+                                               const std::string& hostname);
+
+}  // namespace rdzv
+
+#endif  // RDZV_CLIENT_AGENT_OPTIONS_H_

@@ -1,0 +1,304 @@
+#include "client/client.h"
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <optional>
+#include <random>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "common/grpc_status.h"
+#include "common/net.h"
+#include "common/proto_convert.h"
+#include "rdzv/v1/rdzv.grpc.pb.h"
+
+namespace rdzv {
+
+// One Join stream. Lives until gRPC calls OnDone (it holds a reference to itself until then),
+// so the client may drop it at any time.
+class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
+                               public std::enable_shared_from_this<JoinCall> {
+ public:
+  explicit JoinCall(Handlers handlers) : handlers_(std::move(handlers)) {}
+
+  void Start(v1::Rendezvous::Stub* stub, const v1::JoinRequest& request) {
+    request_ = request;
+    // The stream lasts as long as the job; its deadline only bounds a forgotten stream.
+    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(24 * 30));
+    self_ = shared_from_this();
+    stub->async()->Join(&context_, &request_, this);
+    StartRead(&event_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows with the status.
+    switch (event_.event_case()) {
+      case v1::JoinEvent::kProgress:
+        if (handlers_.on_progress) handlers_.on_progress(FromProto(event_.progress()));
+        break;
+      case v1::JoinEvent::kAssignment: {
+        absl::MutexLock lock(&mu_);
+        assignment_ = FromProto(event_.assignment());
+        break;
+      }
+      case v1::JoinEvent::kAbort: {
+        const AbortEvent abort = FromProto(event_.abort());
+        bool assigned;
+        {
+          absl::MutexLock lock(&mu_);
+          assigned = assignment_.has_value();
+          if (!assigned) early_abort_ = abort;
+        }
+        if (assigned && handlers_.on_abort) handlers_.on_abort(abort);
+        break;
+      }
+      case v1::JoinEvent::EVENT_NOT_SET:
+        break;
+    }
+    StartRead(&event_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::shared_ptr<JoinCall> keep = std::move(self_);
+    bool report_lost;
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      status_ = FromGrpcStatus(status);
+      report_lost = assignment_.has_value() && !leaving_ && !status.ok();
+    }
+    if (report_lost && handlers_.on_lost) handlers_.on_lost(FromGrpcStatus(status));
+  }
+
+  // Waits until the assignment arrives, the stream ends, or `deadline`.
+  void Await(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithDeadline(absl::Condition(
+                              +[](JoinCall* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
+                                return c->done_ || c->assignment_.has_value();
+                              },
+                              this),
+                          deadline);
+  }
+
+  void AwaitDone() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+  }
+
+  std::optional<AssignmentEvent> assignment() {
+    absl::MutexLock lock(&mu_);
+    return assignment_;
+  }
+  std::optional<absl::Status> final_status() {
+    absl::MutexLock lock(&mu_);
+    if (!done_) return std::nullopt;
+    return status_;
+  }
+  std::optional<AbortEvent> early_abort() {
+    absl::MutexLock lock(&mu_);
+    return early_abort_;
+  }
+  void MarkLeaving() {
+    absl::MutexLock lock(&mu_);
+    leaving_ = true;
+  }
+  void Cancel() { context_.TryCancel(); }
+
+ private:
+  const Handlers handlers_;
+  grpc::ClientContext context_;
+  v1::JoinRequest request_;
+  v1::JoinEvent event_;
+  std::shared_ptr<JoinCall> self_;
+
+  absl::Mutex mu_;
+  std::optional<AssignmentEvent> assignment_ ABSL_GUARDED_BY(mu_);
+  std::optional<AbortEvent> early_abort_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool leaving_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+struct Client::Impl {
+  ClientOptions options;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Rendezvous::Stub> stub;
+
+  absl::Mutex mu;
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+  std::shared_ptr<JoinCall> call ABSL_GUARDED_BY(mu);
+  std::string job_id ABSL_GUARDED_BY(mu);
+  std::string agent_id ABSL_GUARDED_BY(mu);
+  std::mt19937_64 rng{std::random_device{}()};
+
+  void SetDeadline(grpc::ClientContext& ctx) const {
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.rpc_timeout));
+  }
+};
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
+  absl::StatusOr<HostPort> hp = ParseHostPort(options.endpoint, 29400);
+  if (!hp.ok()) return hp.status();
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  grpc::ChannelArguments args;
+  // Reconnect quickly once a server comes up: the default backoff can wait for minutes.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(impl->options.keepalive_time)));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(impl->options.keepalive_timeout)));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Each agent is its own client: never share a TCP connection with another Client object.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  impl->channel = grpc::CreateCustomChannel(FormatHostPort(hp->host, hp->port),
+                                            grpc::InsecureChannelCredentials(), args);
+  impl->stub = v1::Rendezvous::NewStub(impl->channel);
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Client::~Client() {
+  Cancel();
+  std::shared_ptr<JoinCall> call;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    call = impl_->call;
+  }
+  if (call) call->AwaitDone();
+}
+
+absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers handlers) {
+  const absl::Time deadline = absl::Now() + impl_->options.join_timeout;
+  const v1::JoinRequest request = ToProto(spec);
+  {
+    absl::MutexLock lock(&impl_->mu);
+    impl_->job_id = spec.job_id;
+    impl_->agent_id = spec.agent.agent_id;
+  }
+  absl::Status last = absl::UnavailableError("not tried");
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  for (int attempt = 0;; ++attempt) {
+    auto call = std::make_shared<JoinCall>(handlers);
+    {
+      absl::MutexLock lock(&impl_->mu);
+      if (impl_->cancelled) return absl::CancelledError("join cancelled");
+      impl_->call = call;
+    }
+    call->Start(impl_->stub.get(), request);
+    call->Await(deadline);
+    if (std::optional<AssignmentEvent> a = call->assignment()) return *a;
+    std::optional<absl::Status> status = call->final_status();
+    if (!status) {
+      // Still waiting at the deadline: the round did not fill in time.
+      call->Cancel();
+      call->AwaitDone();
+      return absl::DeadlineExceededError(
+          absl::StrFormat("the rendezvous did not complete within %s",
+                          absl::FormatDuration(impl_->options.join_timeout)));
+    }
+    if (std::optional<AbortEvent> abort = call->early_abort()) {
+      return absl::AbortedError(abort->reason);
+    }
+    {
+      absl::MutexLock lock(&impl_->mu);
+      if (impl_->cancelled) return absl::CancelledError("join cancelled");
+    }
+    if (status->code() != absl::StatusCode::kUnavailable) return *status;
+    last = *status;
+    const absl::Duration delay = BackoffDelay(impl_->options.backoff, attempt, unit(impl_->rng));
+    if (absl::Now() + delay >= deadline) {
+      return absl::UnavailableError(absl::StrFormat(
+          "cannot reach the rendezvous server at %s for %s (%s)", impl_->options.endpoint,
+          absl::FormatDuration(impl_->options.join_timeout), last.message()));
+    }
+    absl::MutexLock lock(&impl_->mu);
+    impl_->mu.AwaitWithTimeout(absl::Condition(&impl_->cancelled), delay);
+  }
+}
+
+absl::StatusOr<AbortEvent> Client::ReportFailure(const FailureInfo& failure) {
+  v1::ReportExitRequest request;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    request.set_job_id(impl_->job_id);
+    request.set_agent_id(impl_->agent_id);
+  }
+  *request.mutable_failure() = ToProto(failure);
+  v1::ReportExitResponse response;
+  grpc::ClientContext ctx;
+  impl_->SetDeadline(ctx);
+  grpc::Status s = impl_->stub->ReportExit(&ctx, request, &response);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return FromProto(response.abort());
+}
+
+absl::Status Client::Leave() {
+  v1::LeaveRequest request;
+  std::shared_ptr<JoinCall> call;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    request.set_job_id(impl_->job_id);
+    request.set_agent_id(impl_->agent_id);
+    call = impl_->call;
+  }
+  if (call) call->MarkLeaving();
+  v1::LeaveResponse response;
+  grpc::ClientContext ctx;
+  impl_->SetDeadline(ctx);
+  grpc::Status s = impl_->stub->Leave(&ctx, request, &response);
+  if (call) call->Cancel();
+  return FromGrpcStatus(s);
+}
+
+absl::StatusOr<std::vector<JobStatusView>> Client::Status(const std::string& job_id) {
+  v1::StatusRequest request;
+  request.set_job_id(job_id);
+  v1::StatusResponse response;
+  grpc::ClientContext ctx;
+  impl_->SetDeadline(ctx);
+  grpc::Status s = impl_->stub->GetStatus(&ctx, request, &response);
+  if (!s.ok()) return FromGrpcStatus(s);
+  std::vector<JobStatusView> jobs;
+  for (const v1::JobStatus& j : response.jobs()) {
+    JobStatusView v;
+    v.job_id = j.job_id();
+    v.round = j.round();
+    v.state = j.state();
+    v.joined = j.joined();
+    v.min_agents = j.min_agents();
+    v.max_agents = j.max_agents();
+    v.world_size = j.world_size();
+    for (const v1::AgentStatus& a : j.agents()) {
+      v.agents.push_back(
+          {a.agent_id(), a.host(), a.node_index(), a.nproc(), a.rank_offset(), a.state()});
+    }
+    jobs.push_back(std::move(v));
+  }
+  return jobs;
+}
+
+void Client::Cancel() {
+  std::shared_ptr<JoinCall> call;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    impl_->cancelled = true;
+    call = impl_->call;
+  }
+  if (call) {
+    call->MarkLeaving();
+    call->Cancel();
+  }
+}
+
+}  // namespace rdzv

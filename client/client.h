@@ -1,0 +1,88 @@
+// rdzv::Client — librdzv's entry point: join a rendezvous and get this process's place in the
+// job, for rdzv-agent and for custom launchers.
+//
+//   rdzv::ClientOptions opts{.endpoint = "head:29400"};
+//   auto client = rdzv::Client::Create(opts);            // no I/O yet
+//   rdzv::JoinSpec spec = ...;                           // job id, this node, worker count
+//   auto assignment = (*client)->Join(spec, handlers);   // blocks until the round completes
+//   ... start workers at assignment->slot.rank_offset ...
+//   (*client)->Leave();
+//
+// After Join returns, the client keeps the job's event stream open: the server uses it to see
+// that this agent is alive and to deliver an Abort when the job fails elsewhere (delivered to
+// Handlers::on_abort on a gRPC thread). Unreachable servers are retried with exponential
+// backoff and jitter until the join timeout.
+//
+// Thread-safe; Cancel() may be called from any thread to end a blocking Join early.
+#ifndef RDZV_CLIENT_CLIENT_H_
+#define RDZV_CLIENT_CLIENT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/backoff.h"
+#include "common/rendezvous_state.h"
+
+namespace rdzv {
+
+struct ClientOptions {
+  std::string endpoint;                             // "host:port" of rdzvd
+  absl::Duration join_timeout = absl::Minutes(10);  // how long Join may wait in total
+  absl::Duration rpc_timeout = absl::Seconds(10);   // deadline of each unary call
+  BackoffPolicy backoff;
+  // How often the client pings the server on the otherwise quiet event stream, and how long
+  // it waits for the answer before declaring the server lost.
+  absl::Duration keepalive_time = absl::Seconds(5);
+  absl::Duration keepalive_timeout = absl::Seconds(5);
+};
+
+struct Handlers {
+  // While waiting: how the round fills. Called on a gRPC thread; must not block.
+  std::function<void(const ProgressEvent&)> on_progress;
+  // After the assignment: the job ended elsewhere. Called on a gRPC thread; must not block.
+  std::function<void(const AbortEvent&)> on_abort;
+  // After the assignment: the event stream ended without Leave (server stopped or
+  // unreachable). Called on a gRPC thread; must not block.
+  std::function<void(const absl::Status&)> on_lost;
+};
+
+class Client {
+ public:
+  // InvalidArgument for a malformed endpoint. Connects lazily.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Joins `spec.job_id` and blocks until this agent's assignment arrives. Refusals come back
+  // as the server's status (InvalidArgument, FailedPrecondition: do not retry); an unreachable
+  // server as Unavailable and a round that did not fill in time as DeadlineExceeded, both after
+  // join_timeout; Cancelled after Cancel().
+  absl::StatusOr<AssignmentEvent> Join(const JoinSpec& spec, Handlers handlers);
+
+  // Reports a worker failure of this agent; returns the job's first failure.
+  absl::StatusOr<AbortEvent> ReportFailure(const FailureInfo& failure);
+
+  // Tells the server this agent is done and closes the event stream.
+  absl::Status Leave();
+
+  // A snapshot of one job (or all, for an empty id).
+  absl::StatusOr<std::vector<JobStatusView>> Status(const std::string& job_id);
+
+  // Ends a Join in progress (it returns Cancelled) and closes the event stream.
+  void Cancel();
+
+ private:
+  class JoinCall;
+  struct Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rdzv
+
+#endif  // RDZV_CLIENT_CLIENT_H_

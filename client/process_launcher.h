@@ -1,0 +1,62 @@
+// ProcessLauncher: every OS call the agent makes about worker processes goes through this
+// small interface (spawn, signal, reap), so that tests can inject faults and so that the
+// agent's logic reads without system-call noise.
+//
+// The POSIX implementation starts each worker in a process group of its own (so a signal to
+// the group also reaches the worker's children), asks the kernel to SIGKILL the worker if the
+// agent dies (PR_SET_PDEATHSIG), and hands back pipes for its stdout and stderr.
+#ifndef RDZV_CLIENT_PROCESS_LAUNCHER_H_
+#define RDZV_CLIENT_PROCESS_LAUNCHER_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace rdzv {
+
+struct ProcessSpec {
+  std::vector<std::string> argv;  // argv[0] is looked up in PATH when it has no '/'
+  std::vector<std::string> env;   // "NAME=value"
+};
+
+struct SpawnedProcess {
+  pid_t pid = -1;      // also the process group id
+  int stdout_fd = -1;  // read ends, owned by the caller
+  int stderr_fd = -1;
+};
+
+struct ProcessExit {
+  pid_t pid = -1;
+  int exit_status = 0;  // valid when signal == 0
+  int signal = 0;       // the signal that killed it, or 0
+  // The shell convention: the exit status, or 128 + signal.
+  int code() const { return signal != 0 ? 128 + signal : exit_status; }
+};
+
+class ProcessLauncher {
+ public:
+  virtual ~ProcessLauncher() = default;
+
+  // Starts a process. Fails (with the command and the reason) when the program cannot be found
+  // or executed; nothing is left running then.
+  virtual absl::StatusOr<SpawnedProcess> Spawn(const ProcessSpec& spec) = 0;
+
+  // Sends `sig` to the process group of `pid`. A group that is already gone is not an error.
+  virtual absl::Status SignalGroup(pid_t pid, int sig) = 0;
+
+  // Collects every child that has ended, without blocking.
+  virtual std::vector<ProcessExit> Reap() = 0;
+};
+
+std::unique_ptr<ProcessLauncher> NewPosixProcessLauncher();
+
+// "SIGSEGV" for 11, "signal 77" for what has no name.
+std::string SignalName(int sig);
+
+}  // namespace rdzv
+
+#endif  // RDZV_CLIENT_PROCESS_LAUNCHER_H_
