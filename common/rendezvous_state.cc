@@ -28,6 +28,7 @@ struct RendezvousState::Job {
   Micros last_join = 0;
   Micros last_progress = 0;
   Micros ended_at = 0;
+  Micros last_detach = 0;  // an ended job's TTL runs from the later of this and ended_at
   int32_t attached = 0;
   int32_t world_size = 0;
   absl::flat_hash_map<std::string, Member> members;
@@ -227,7 +228,10 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec, De
   streams_[stream] = {job->id, spec.agent.agent_id};
   ++job->attached;
   job->last_join = now;
-  if (static_cast<int32_t>(job->members.size()) == job->max_agents) CompleteRound(*job, out);
+  if (static_cast<int32_t>(job->members.size()) == job->max_agents) {
+    CompleteRound(*job, out);
+    EraseIfDone(spec.job_id);  // a round that could not be ranked leaves nobody
+  }
 }
 
 void RendezvousState::CompleteRound(Job& job, Decisions& out) {
@@ -297,6 +301,7 @@ void RendezvousState::StreamClosed(Micros now, StreamId stream, Decisions& out) 
   if (member_it == job->members.end()) return;
   Member& member = member_it->second;
   Detach(*job, member);
+  job->last_detach = now;
 
   switch (job->phase) {
     case Phase::kFilling:
@@ -344,7 +349,6 @@ absl::StatusOr<AbortEvent> RendezvousState::ReportFailure(Micros now, const std:
 
 void RendezvousState::Leave(Micros now, const std::string& job_id, const std::string& agent_id,
                             Decisions& out) {
-  (void)now;
   Job* job = FindJob(job_id);
   if (job == nullptr) return;
   auto it = job->members.find(agent_id);
@@ -352,6 +356,7 @@ void RendezvousState::Leave(Micros now, const std::string& job_id, const std::st
   Member& member = it->second;
   if (member.stream != 0) out.closes.push_back({member.stream, absl::OkStatus()});
   Detach(*job, member);
+  job->last_detach = now;
   if (job->phase == Phase::kFilling) {
     job->claims.erase(ClaimKey(member.spec.agent));
     job->members.erase(it);
@@ -397,6 +402,7 @@ void RendezvousState::Tick(Micros now, Decisions& out) {
       const auto joined = static_cast<int32_t>(job.members.size());
       if (joined >= job.min_agents && now - job.last_join >= job.last_call) {
         CompleteRound(job, out);
+        if (job.members.empty()) expired.push_back(id);  // the round could not be ranked
       } else if (now - job.last_progress >= options_.progress_interval) {
         job.last_progress = now;
         const ProgressEvent p = MakeProgress(job);
@@ -405,7 +411,7 @@ void RendezvousState::Tick(Micros now, Decisions& out) {
         }
       }
     } else if (job.phase == Phase::kEnded && job.attached == 0 &&
-               now - job.ended_at >= options_.ended_job_ttl) {
+               now - std::max(job.ended_at, job.last_detach) >= options_.ended_job_ttl) {
       expired.push_back(id);
     }
   }

@@ -1,0 +1,228 @@
+#include "client/agent_options.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/time/time.h"
+#include "common/env.h"
+
+namespace rdzv {
+namespace {
+
+constexpr char kHostname[] = "box7";
+
+// Parses and resolves as rdzv-agent's main() does, with `env` as the whole environment (no
+// SLURM_* variables: these tests cover what the flags alone decide).
+absl::StatusOr<AgentConfig> Resolve(const std::vector<std::string>& args, const EnvList& env = {}) {
+  const EnvLookup lookup = EnvFromList(env);
+  absl::StatusOr<AgentFlags> flags = ParseAgentFlags(args, lookup);
+  if (!flags.ok()) return flags.status();
+  return ResolveAgentConfig(*flags, lookup, kHostname);
+}
+
+TEST(AgentOptionsTest, StandaloneDefaults) {
+  absl::StatusOr<AgentConfig> c = Resolve({"--standalone", "--", "python", "train.py"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->embedded_server);
+  EXPECT_EQ(c->embedded_listen, "127.0.0.1:0");
+  EXPECT_EQ(c->endpoint, "");
+  EXPECT_TRUE(absl::StartsWith(c->job_id, "standalone-")) << c->job_id;
+  EXPECT_EQ(c->min_agents, 1);
+  EXPECT_EQ(c->max_agents, 1);
+  EXPECT_EQ(c->nproc, 1);
+  EXPECT_EQ(c->node_index, 0);
+  EXPECT_EQ(c->host, kHostname);
+  EXPECT_EQ(c->max_restarts, 0);
+  EXPECT_EQ(c->master_addr, "");
+  EXPECT_EQ(c->master_port, 0);
+  EXPECT_EQ(c->join_timeout, absl::Minutes(10));
+  EXPECT_EQ(c->last_call, absl::Seconds(1));
+  EXPECT_EQ(c->term_timeout, absl::Seconds(3));
+  EXPECT_TRUE(c->rank_prefix);
+  EXPECT_EQ(c->command, (std::vector<std::string>{"python", "train.py"}));
+}
+
+TEST(AgentOptionsTest, StandaloneWithFlags) {
+  absl::StatusOr<AgentConfig> c =
+      Resolve({"--standalone", "--nproc_per_node=4", "--rdzv-id", "mine", "--max-restarts", "2",
+               "--master-port", "29600", "--join-timeout", "90", "--term-timeout", "500ms",
+               "--rank-prefix=false", "--host-name", "node-a", "--", "torchrun-like", "--x"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->embedded_server);
+  EXPECT_EQ(c->job_id, "mine");
+  EXPECT_EQ(c->nproc, 4);
+  EXPECT_EQ(c->max_restarts, 2);
+  EXPECT_EQ(c->master_port, 29600);
+  EXPECT_EQ(c->join_timeout, absl::Seconds(90));
+  EXPECT_EQ(c->term_timeout, absl::Milliseconds(500));
+  EXPECT_FALSE(c->rank_prefix);
+  EXPECT_EQ(c->host, "node-a");
+  EXPECT_EQ(c->command, (std::vector<std::string>{"torchrun-like", "--x"}));
+}
+
+TEST(AgentOptionsTest, Endpoint) {
+  absl::StatusOr<AgentConfig> c =
+      Resolve({"--rdzv-endpoint", "head:29400", "--rdzv-id", "exp1", "--nnodes", "3", "--node-rank",
+               "2", "--nproc-per-node", "8", "--", "python", "train.py", "--lr", "1e-3"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->embedded_server);
+  EXPECT_EQ(c->endpoint, "head:29400");
+  EXPECT_EQ(c->job_id, "exp1");
+  EXPECT_EQ(c->min_agents, 3);
+  EXPECT_EQ(c->max_agents, 3);
+  EXPECT_EQ(c->node_index, 2);
+  EXPECT_EQ(c->nproc, 8);
+  EXPECT_EQ(c->host, kHostname);
+  EXPECT_EQ(c->command, (std::vector<std::string>{"python", "train.py", "--lr", "1e-3"}));
+}
+
+TEST(AgentOptionsTest, EndpointWithoutNodeRankLeavesOrderToHostNames) {
+  absl::StatusOr<AgentConfig> c =
+      Resolve({"--rdzv-endpoint=head:29400", "--rdzv-id=exp1", "--nnodes=2", "--", "./run"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->node_index, -1);
+}
+
+TEST(AgentOptionsTest, ElasticNnodes) {
+  absl::StatusOr<AgentConfig> c = Resolve({"--rdzv-endpoint", "head:29400", "--rdzv-id", "exp1",
+                                           "--nnodes", "2:4", "--last-call", "5s", "--", "./run"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->min_agents, 2);
+  EXPECT_EQ(c->max_agents, 4);
+  EXPECT_EQ(c->last_call, absl::Seconds(5));
+}
+
+TEST(AgentOptionsTest, VariablesApplyAndFlagsWin) {
+  const EnvList env = {{"RDZV_ENDPOINT", "head:29400"},
+                       {"RDZV_ID", "from-env"},
+                       {"RDZV_NNODES", "2"},
+                       {"RDZV_NPROC_PER_NODE", "4"}};
+  absl::StatusOr<AgentConfig> c = Resolve({"--nproc-per-node", "2", "--", "./run"}, env);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->endpoint, "head:29400");
+  EXPECT_EQ(c->job_id, "from-env");
+  EXPECT_EQ(c->max_agents, 2);
+  EXPECT_EQ(c->nproc, 2);
+}
+
+struct InterpreterCase {
+  std::string name;
+  std::vector<std::string> command;
+  EnvList env;
+  std::vector<std::string> want;
+};
+
+class InterpreterTest : public testing::TestWithParam<InterpreterCase> {};
+
+TEST_P(InterpreterTest, PythonScriptsGetAnInterpreter) {
+  const InterpreterCase& c = GetParam();
+  std::vector<std::string> args = {"--standalone", "--"};
+  args.insert(args.end(), c.command.begin(), c.command.end());
+  absl::StatusOr<AgentConfig> config = Resolve(args, c.env);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->command, c.want);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, InterpreterTest,
+    testing::Values(
+        InterpreterCase{"BareScript",
+                        {"train.py", "--epochs", "3"},
+                        {},
+                        {"python3", "train.py", "--epochs", "3"}},
+        InterpreterCase{
+            "ScriptWithPath", {"examples/train.py"}, {}, {"python3", "examples/train.py"}},
+        InterpreterCase{"RdzvPythonChoosesTheInterpreter",
+                        {"train.py"},
+                        {{"RDZV_PYTHON", "/opt/venv/bin/python"}},
+                        {"/opt/venv/bin/python", "train.py"}},
+        InterpreterCase{"InterpreterGiven", {"python", "train.py"}, {}, {"python", "train.py"}},
+        InterpreterCase{"NotAScript", {"./train.sh"}, {}, {"./train.sh"}}),
+    [](const testing::TestParamInfo<InterpreterCase>& info) { return info.param.name; });
+
+struct ErrorCase {
+  std::string name;
+  std::vector<std::string> args;
+  std::vector<std::string> message_has;
+};
+
+class AgentOptionsErrorTest : public testing::TestWithParam<ErrorCase> {};
+
+TEST_P(AgentOptionsErrorTest, RefusesWithAMessageThatSaysWhatToDo) {
+  const ErrorCase& c = GetParam();
+  absl::StatusOr<AgentConfig> config = Resolve(c.args);
+  ASSERT_FALSE(config.ok()) << "accepted; job " << config->job_id;
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << config.status();
+  for (const std::string& part : c.message_has) {
+    EXPECT_TRUE(absl::StrContains(config.status().message(), part))
+        << "missing \"" << part << "\" in: " << config.status().message();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, AgentOptionsErrorTest,
+    testing::Values(
+        ErrorCase{"EndpointWithoutNnodes",
+                  {"--rdzv-endpoint", "head:29400", "--rdzv-id", "exp1", "--", "./run"},
+                  {"--nnodes", "required", "--rdzv-endpoint"}},
+        ErrorCase{"EndpointWithoutId",
+                  {"--rdzv-endpoint", "head:29400", "--nnodes", "2", "--", "./run"},
+                  {"--rdzv-id", "required", "--rdzv-endpoint"}},
+        ErrorCase{"NodeRankOutOfRange",
+                  {"--rdzv-endpoint", "head:29400", "--rdzv-id", "exp1", "--nnodes", "2",
+                   "--node-rank", "2", "--", "./run"},
+                  {"--node-rank 2", "--nnodes 2", "0..1"}},
+        ErrorCase{"NodeRankOutOfElasticRange",
+                  {"--rdzv-endpoint", "head:29400", "--rdzv-id", "exp1", "--nnodes", "1:3",
+                   "--node-rank", "3", "--", "./run"},
+                  {"--node-rank 3", "0..2"}},
+        ErrorCase{"NegativeNodeRank",
+                  {"--node-rank", "-1", "--standalone", "--", "./run"},
+                  {"--node-rank", "-1"}},
+        ErrorCase{"NnodesMinAboveMax",
+                  {"--nnodes", "4:2", "--standalone", "--", "./run"},
+                  {"--nnodes", "4:2", "MIN:MAX"}},
+        ErrorCase{"NnodesZero", {"--nnodes", "0", "--", "./run"}, {"--nnodes", "\"0\""}},
+        ErrorCase{"NnodesThreeParts", {"--nnodes", "1:2:3", "--", "./run"}, {"--nnodes"}},
+        ErrorCase{"NnodesNotANumber", {"--nnodes=two", "--", "./run"}, {"--nnodes", "two"}},
+        ErrorCase{"NprocZero",
+                  {"--nproc-per-node", "0", "--standalone", "--", "./run"},
+                  {"--nproc-per-node"}},
+        ErrorCase{"BadMode",
+                  {"--mode", "cluster", "--standalone", "--", "./run"},
+                  {"--mode", "cluster", "auto, node or task"}},
+        ErrorCase{"BadDuration",
+                  {"--join-timeout", "soon", "--standalone", "--", "./run"},
+                  {"--join-timeout", "soon", "duration"}},
+        ErrorCase{
+            "UnknownFlag", {"--nproc", "2", "--standalone", "--", "./run"}, {"--nproc", "--help"}},
+        ErrorCase{"NoCommand", {"--standalone"}, {"no training command", "--"}},
+        ErrorCase{"NoCommandAfterDoubleDash", {"--standalone", "--"}, {"--"}},
+        ErrorCase{"StandaloneWithEndpoint",
+                  {"--standalone", "--rdzv-endpoint", "head:29400", "--", "./run"},
+                  {"--standalone", "--rdzv-endpoint"}},
+        ErrorCase{"StandaloneWithSeveralNodes",
+                  {"--standalone", "--nnodes", "2", "--", "./run"},
+                  {"--standalone", "--nnodes"}},
+        ErrorCase{"NowhereToMeet",
+                  {"--nproc-per-node", "2", "--", "./run"},
+                  {"--rdzv-endpoint", "--standalone"}}),
+    [](const testing::TestParamInfo<ErrorCase>& info) { return info.param.name; });
+
+TEST(AgentOptionsTest, HelpAndVersionParseWithoutACommand) {
+  absl::StatusOr<AgentFlags> help = ParseAgentFlags({"--help"}, EnvFromList({}));
+  ASSERT_TRUE(help.ok()) << help.status();
+  EXPECT_TRUE(help->help);
+  absl::StatusOr<AgentFlags> version = ParseAgentFlags({"--version"}, EnvFromList({}));
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_TRUE(version->version);
+  EXPECT_TRUE(absl::StrContains(AgentHelp(), "--nproc-per-node N  [RDZV_NPROC_PER_NODE]"));
+}
+
+}  // namespace
+}  // namespace rdzv

@@ -1,0 +1,874 @@
+#include "common/rendezvous_state.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace rdzv {
+namespace {
+
+constexpr Micros kSecond = 1'000'000;
+
+// One agent's join. Node index -1 leaves the order to host names.
+JoinSpec Spec(const std::string& job, const std::string& host, int64_t node_index, int32_t agents,
+              int32_t nproc = 1) {
+  JoinSpec s;
+  s.job_id = job;
+  s.agent.agent_id = absl::StrCat(host, "/agent");
+  s.agent.host = host;
+  s.agent.node_index = node_index;
+  s.agent.nproc = nproc;
+  s.min_agents = agents;
+  s.max_agents = agents;
+  s.addresses = {absl::StrCat("10.0.0.", node_index + 10), absl::StrCat(host, ".ib")};
+  s.master_port = static_cast<int32_t>(30000 + node_index + 1);
+  return s;
+}
+
+template <typename E>
+std::map<StreamId, E> EventsOf(const Decisions& d) {
+  std::map<StreamId, E> out;
+  for (const Decisions::Send& s : d.sends) {
+    if (const E* e = std::get_if<E>(&s.event)) {
+      EXPECT_TRUE(out.emplace(s.stream, *e).second)
+          << "two events of a kind on stream " << s.stream;
+    }
+  }
+  return out;
+}
+
+std::map<StreamId, absl::Status> ClosesOf(const Decisions& d) {
+  std::map<StreamId, absl::Status> out;
+  for (const Decisions::Close& c : d.closes) {
+    EXPECT_TRUE(out.emplace(c.stream, c.status).second) << "stream " << c.stream << " closed twice";
+  }
+  return out;
+}
+
+// Renders what a member's workers see, so that a mismatch shows every field.
+std::string Describe(const AssignmentEvent& a) {
+  return absl::StrCat("round=", a.round, " rank_offset=", a.slot.rank_offset,
+                      " group_rank=", a.slot.group_rank,
+                      " local_rank_offset=", a.slot.local_rank_offset,
+                      " local_world_size=", a.slot.local_world_size, " world_size=", a.world_size,
+                      " group_world_size=", a.group_world_size, " master=", a.master_addr, ":",
+                      a.master_port, " restart_count=", a.restart_count, " agents=", a.agents);
+}
+
+bool IsEmpty(const Decisions& d) { return d.sends.empty() && d.closes.empty(); }
+
+std::string Summary(const Decisions& d) {
+  std::vector<std::string> parts;
+  for (const Decisions::Send& s : d.sends) {
+    parts.push_back(absl::StrCat("send#", s.stream, ":", s.event.index()));
+  }
+  for (const Decisions::Close& c : d.closes) {
+    parts.push_back(absl::StrCat("close#", c.stream, ":", c.status.ToString()));
+  }
+  return absl::StrJoin(parts, " ");
+}
+
+class RendezvousStateTest : public testing::Test {
+ protected:
+  explicit RendezvousStateTest(StateOptions options = {}) : state_(options) {}
+
+  Decisions Join(Micros now, StreamId stream, const JoinSpec& spec) {
+    Decisions d;
+    state_.Join(now, stream, spec, d);
+    return d;
+  }
+  Decisions Closed(Micros now, StreamId stream) {
+    Decisions d;
+    state_.StreamClosed(now, stream, d);
+    return d;
+  }
+  Decisions Tick(Micros now) {
+    Decisions d;
+    state_.Tick(now, d);
+    return d;
+  }
+  Decisions Leave(Micros now, const std::string& job, const std::string& agent_id) {
+    Decisions d;
+    state_.Leave(now, job, agent_id, d);
+    return d;
+  }
+
+  // Joins `specs[i]` on stream first_stream + i; expects every join but the last to wait.
+  // Returns the last join's decisions.
+  Decisions JoinAll(Micros now, StreamId first_stream, const std::vector<JoinSpec>& specs) {
+    for (size_t i = 0; i + 1 < specs.size(); ++i) {
+      Decisions d = Join(now, first_stream + i, specs[i]);
+      EXPECT_TRUE(IsEmpty(d)) << specs[i].agent.host << ": " << Summary(d);
+    }
+    return Join(now, first_stream + specs.size() - 1, specs.back());
+  }
+
+  // The one refusal in `d`, for `stream`.
+  absl::Status RefusalOf(const Decisions& d, StreamId stream) {
+    EXPECT_TRUE(d.sends.empty()) << Summary(d);
+    std::map<StreamId, absl::Status> closes = ClosesOf(d);
+    EXPECT_EQ(closes.size(), 1u) << Summary(d);
+    auto it = closes.find(stream);
+    if (it == closes.end()) return absl::UnknownError("not closed");
+    return it->second;
+  }
+
+  RendezvousState state_;
+};
+
+// ---- Completing a round ----
+
+struct RoundCase {
+  std::string name;
+  std::vector<JoinSpec> specs;    // in join order, on streams 1, 2, ...
+  std::vector<std::string> want;  // Describe() of each stream's assignment, same order
+};
+
+class RoundTest : public RendezvousStateTest, public testing::WithParamInterface<RoundCase> {};
+
+TEST_P(RoundTest, CompletesWhenTheLastAgentJoins) {
+  const RoundCase& c = GetParam();
+  const Decisions last = JoinAll(10 * kSecond, 1, c.specs);
+  EXPECT_TRUE(last.closes.empty()) << Summary(last);
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(last);
+  ASSERT_EQ(got.size(), c.specs.size()) << Summary(last);
+  for (size_t i = 0; i < c.specs.size(); ++i) {
+    auto it = got.find(1 + i);
+    ASSERT_NE(it, got.end()) << "no assignment for " << c.specs[i].agent.host;
+    EXPECT_EQ(Describe(it->second), c.want[i]) << c.specs[i].agent.host;
+  }
+  EXPECT_EQ(state_.job_count(), 1u);
+}
+
+std::vector<RoundCase> RoundCases() {
+  std::vector<RoundCase> cases;
+  cases.push_back({"ThreeNodesOfTwoJoinedOutOfOrder",
+                   {Spec("j", "n2", 2, 3, 2), Spec("j", "n0", 0, 3, 2), Spec("j", "n1", 1, 3, 2)},
+                   {"round=1 rank_offset=4 group_rank=2 local_rank_offset=0 local_world_size=2 "
+                    "world_size=6 group_world_size=3 master=10.0.0.10:30001 restart_count=0 "
+                    "agents=3",
+                    "round=1 rank_offset=0 group_rank=0 local_rank_offset=0 local_world_size=2 "
+                    "world_size=6 group_world_size=3 master=10.0.0.10:30001 restart_count=0 "
+                    "agents=3",
+                    "round=1 rank_offset=2 group_rank=1 local_rank_offset=0 local_world_size=2 "
+                    "world_size=6 group_world_size=3 master=10.0.0.10:30001 restart_count=0 "
+                    "agents=3"}});
+  cases.push_back({"HeterogeneousWorkerCounts",
+                   {Spec("j", "n1", 1, 3, 2), Spec("j", "n2", 2, 3, 1), Spec("j", "n0", 0, 3, 4)},
+                   {"round=1 rank_offset=4 group_rank=1 local_rank_offset=0 local_world_size=2 "
+                    "world_size=7 group_world_size=3 master=10.0.0.10:30001 restart_count=0 "
+                    "agents=3",
+                    "round=1 rank_offset=6 group_rank=2 local_rank_offset=0 local_world_size=1 "
+                    "world_size=7 group_world_size=3 master=10.0.0.10:30001 restart_count=0 "
+                    "agents=3",
+                    "round=1 rank_offset=0 group_rank=0 local_rank_offset=0 local_world_size=4 "
+                    "world_size=7 group_world_size=3 master=10.0.0.10:30001 restart_count=0 "
+                    "agents=3"}});
+  // Without node indices the host names decide: "alpha" holds rank 0 and is the master.
+  JoinSpec beta = Spec("j", "beta", -1, 2);
+  JoinSpec alpha = Spec("j", "alpha", -1, 2);
+  alpha.addresses = {"192.168.1.5", "10.9.9.9"};
+  alpha.master_port = 41000;
+  cases.push_back({"OrderedByHostName",
+                   {beta, alpha},
+                   {"round=1 rank_offset=1 group_rank=1 local_rank_offset=0 local_world_size=1 "
+                    "world_size=2 group_world_size=2 master=192.168.1.5:41000 restart_count=0 "
+                    "agents=2",
+                    "round=1 rank_offset=0 group_rank=0 local_rank_offset=0 local_world_size=1 "
+                    "world_size=2 group_world_size=2 master=192.168.1.5:41000 restart_count=0 "
+                    "agents=2"}});
+  // An override from any agent (here not the master's) wins over the rank-0 agent's address.
+  JoinSpec n0 = Spec("j", "n0", 0, 2);
+  JoinSpec n1 = Spec("j", "n1", 1, 2);
+  n1.master_addr_override = "head-ib0";
+  n1.master_port_override = 12345;
+  cases.push_back({"OverridesWin",
+                   {n0, n1},
+                   {"round=1 rank_offset=0 group_rank=0 local_rank_offset=0 local_world_size=1 "
+                    "world_size=2 group_world_size=2 master=head-ib0:12345 restart_count=0 "
+                    "agents=2",
+                    "round=1 rank_offset=1 group_rank=1 local_rank_offset=0 local_world_size=1 "
+                    "world_size=2 group_world_size=2 master=head-ib0:12345 restart_count=0 "
+                    "agents=2"}});
+  // Per-task mode: order = SLURM_PROCID, node index = SLURM_NODEID, cyclic distribution.
+  std::vector<JoinSpec> tasks;
+  for (int64_t procid : {3, 0, 2, 1}) {
+    JoinSpec t = Spec("j", absl::StrCat("n", procid % 2), procid % 2, 4);
+    t.agent.agent_id = absl::StrCat("task", procid);
+    t.agent.order = procid;
+    tasks.push_back(t);
+  }
+  cases.push_back({"PerTaskCyclic",
+                   tasks,
+                   {"round=1 rank_offset=3 group_rank=1 local_rank_offset=1 local_world_size=2 "
+                    "world_size=4 group_world_size=2 master=10.0.0.10:30001 restart_count=0 "
+                    "agents=4",
+                    "round=1 rank_offset=0 group_rank=0 local_rank_offset=0 local_world_size=2 "
+                    "world_size=4 group_world_size=2 master=10.0.0.10:30001 restart_count=0 "
+                    "agents=4",
+                    "round=1 rank_offset=2 group_rank=0 local_rank_offset=1 local_world_size=2 "
+                    "world_size=4 group_world_size=2 master=10.0.0.10:30001 restart_count=0 "
+                    "agents=4",
+                    "round=1 rank_offset=1 group_rank=1 local_rank_offset=0 local_world_size=2 "
+                    "world_size=4 group_world_size=2 master=10.0.0.10:30001 restart_count=0 "
+                    "agents=4"}});
+  JoinSpec solo = Spec("j", "solo", -1, 1, 8);
+  solo.addresses.clear();
+  solo.master_port = 29500;
+  cases.push_back({"SingleAgentWithoutAddressesUsesLoopback",
+                   {solo},
+                   {"round=1 rank_offset=0 group_rank=0 local_rank_offset=0 local_world_size=8 "
+                    "world_size=8 group_world_size=1 master=127.0.0.1:29500 restart_count=0 "
+                    "agents=1"}});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, RoundTest, testing::ValuesIn(RoundCases()),
+                         [](const testing::TestParamInfo<RoundCase>& info) {
+                           return info.param.name;
+                         });
+
+TEST_F(RendezvousStateTest, NothingIsSentBeforeTheRoundCompletes) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Spec("j", "n0", 0, 3))));
+  EXPECT_TRUE(IsEmpty(Join(kSecond, 2, Spec("j", "n1", 1, 3))));
+  // Ticks within the progress interval say nothing either.
+  EXPECT_TRUE(IsEmpty(Tick(kSecond)));
+  EXPECT_TRUE(IsEmpty(Tick(2 * kSecond)));
+  EXPECT_EQ(EventsOf<AssignmentEvent>(Join(2 * kSecond, 3, Spec("j", "n2", 2, 3))).size(), 3u);
+}
+
+// ---- Refusals ----
+
+TEST_F(RendezvousStateTest, LateJoinerIsRefused) {
+  JoinAll(0, 1, {Spec("j", "n0", 0, 2), Spec("j", "n1", 1, 2)});
+  const absl::Status s = RefusalOf(Join(kSecond, 3, Spec("j", "n9", 1, 2)), 3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "too late")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "n9")) << s;
+}
+
+TEST_F(RendezvousStateTest, OneAgentTooManyIsRefused) {
+  JoinAll(0, 1, {Spec("j", "a", -1, 2), Spec("j", "b", -1, 2)});
+  const absl::Status s = RefusalOf(Join(kSecond, 3, Spec("j", "c", -1, 2)), 3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "--nnodes")) << s;
+  // The running job is untouched: the refused agent's stream closing aborts nobody.
+  EXPECT_TRUE(IsEmpty(Closed(2 * kSecond, 3)));
+  EXPECT_EQ(state_.Status("j").at(0).state, "running");
+}
+
+TEST_F(RendezvousStateTest, DuplicateNodeRankIsRefusedNamingTheOtherHost) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Spec("j", "gpu001", 0, 2))));
+  const absl::Status s = RefusalOf(Join(kSecond, 2, Spec("j", "gpu002", 0, 2)), 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "gpu001")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "node rank 0")) << s;
+  // The first agent still waits, and a correct second agent completes the round.
+  EXPECT_EQ(EventsOf<AssignmentEvent>(Join(2 * kSecond, 3, Spec("j", "gpu002", 1, 2))).size(), 2u);
+}
+
+TEST_F(RendezvousStateTest, DuplicateGlobalPositionIsRefused) {
+  JoinSpec a = Spec("j", "n0", 0, 2);
+  a.agent.agent_id = "task0";
+  a.agent.order = 0;
+  JoinSpec b = Spec("j", "n1", 1, 2);
+  b.agent.agent_id = "task0-again";
+  b.agent.order = 0;
+  EXPECT_TRUE(IsEmpty(Join(0, 1, a)));
+  const absl::Status s = RefusalOf(Join(0, 2, b), 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "global position 0")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "n0")) << s;
+}
+
+struct NnodesCase {
+  std::string name;
+  int32_t first_min, first_max;
+  int32_t second_min, second_max;
+  std::string second_text, first_text;
+};
+
+class NnodesMismatchTest : public RendezvousStateTest,
+                           public testing::WithParamInterface<NnodesCase> {};
+
+TEST_P(NnodesMismatchTest, IsRefusedMentioningNnodes) {
+  const NnodesCase& c = GetParam();
+  JoinSpec first = Spec("j", "n0", 0, 1);
+  first.min_agents = c.first_min;
+  first.max_agents = c.first_max;
+  JoinSpec second = Spec("j", "n1", 1, 1);
+  second.min_agents = c.second_min;
+  second.max_agents = c.second_max;
+  EXPECT_TRUE(IsEmpty(Join(0, 1, first)));
+  const absl::Status s = RefusalOf(Join(0, 2, second), 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("expects --nnodes ", c.second_text)))
+      << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("started with --nnodes ", c.first_text)))
+      << s;
+  EXPECT_EQ(state_.Status("j").at(0).joined, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, NnodesMismatchTest,
+                         testing::Values(NnodesCase{"Fixed", 3, 3, 2, 2, "2", "3"},
+                                         NnodesCase{"ElasticMax", 2, 4, 2, 3, "2:3", "2:4"},
+                                         NnodesCase{"ElasticMin", 2, 4, 1, 4, "1:4", "2:4"},
+                                         NnodesCase{"ElasticVsFixed", 2, 2, 2, 3, "2:3", "2"}),
+                         [](const testing::TestParamInfo<NnodesCase>& info) {
+                           return info.param.name;
+                         });
+
+struct InvalidCase {
+  std::string name;
+  JoinSpec spec;
+  std::string message_has;
+};
+
+class InvalidSpecTest : public RendezvousStateTest,
+                        public testing::WithParamInterface<InvalidCase> {};
+
+TEST_P(InvalidSpecTest, IsRefusedAsInvalidArgument) {
+  const InvalidCase& c = GetParam();
+  const absl::Status s = RefusalOf(Join(0, 7, c.spec), 7);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), c.message_has)) << s;
+  EXPECT_EQ(state_.job_count(), 0u);
+}
+
+std::vector<InvalidCase> InvalidCases() {
+  std::vector<InvalidCase> cases;
+  JoinSpec s = Spec("j", "n0", 0, 2, 0);
+  cases.push_back({"NoWorkers", s, "--nproc-per-node is 0"});
+  s = Spec("j", "n0", 0, 2, -4);
+  cases.push_back({"NegativeWorkers", s, "--nproc-per-node is -4"});
+  s = Spec("", "n0", 0, 2);
+  cases.push_back({"EmptyJobId", s, "--rdzv-id"});
+  s = Spec("j", "n0", 0, 2);
+  s.agent.agent_id.clear();
+  cases.push_back({"EmptyAgentId", s, "agent id"});
+  s = Spec("j", "n2", 2, 2);
+  cases.push_back({"NodeRankEqualToNnodes", s, "--node-rank 2 is out of range"});
+  s = Spec("j", "n9", 9, 2);
+  cases.push_back({"NodeRankAboveNnodes", s, "expected 0..1"});
+  s = Spec("j", "n0", 0, 2);
+  s.agent.order = 2;
+  cases.push_back({"GlobalPositionOutOfRange", s, "global position 2"});
+  s = Spec("j", "n0", 0, 0);
+  cases.push_back({"ZeroAgents", s, "--nnodes"});
+  s = Spec("j", "n0", 0, 3);
+  s.max_agents = 2;
+  cases.push_back({"MinAboveMax", s, "--nnodes 3:2"});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, InvalidSpecTest, testing::ValuesIn(InvalidCases()),
+                         [](const testing::TestParamInfo<InvalidCase>& info) {
+                           return info.param.name;
+                         });
+
+// Agents that disagree on whether --node-rank is given cannot be ranked: every waiter is told,
+// and the job is forgotten so that corrected agents can start over.
+TEST_F(RendezvousStateTest, MixedNodeRanksFailTheRoundAndForgetIt) {
+  const Decisions d = JoinAll(0, 1, {Spec("j", "n0", 0, 2), Spec("j", "loose", -1, 2)});
+  EXPECT_TRUE(d.sends.empty()) << Summary(d);
+  const std::map<StreamId, absl::Status> closes = ClosesOf(d);
+  ASSERT_EQ(closes.size(), 2u) << Summary(d);
+  for (const auto& [stream, status] : closes) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << stream << ": " << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), "--node-rank")) << status;
+  }
+  EXPECT_EQ(state_.job_count(), 0u);
+  EXPECT_TRUE(IsEmpty(Tick(100 * kSecond)));
+  EXPECT_EQ(EventsOf<AssignmentEvent>(
+                JoinAll(101 * kSecond, 3, {Spec("j", "n0", 0, 2), Spec("j", "n1", 1, 2)}))
+                .size(),
+            2u);
+}
+
+TEST_F(RendezvousStateTest, MixedNodeRanksFailAnElasticRoundAndForgetIt) {
+  JoinSpec n0 = Spec("j", "n0", 0, 3);
+  JoinSpec loose = Spec("j", "loose", -1, 3);
+  for (JoinSpec* s : {&n0, &loose}) {
+    s->min_agents = 2;
+    s->last_call = kSecond;
+  }
+  EXPECT_TRUE(IsEmpty(Join(0, 1, n0)));
+  EXPECT_TRUE(IsEmpty(Join(0, 2, loose)));
+  const Decisions d = Tick(kSecond);
+  EXPECT_TRUE(d.sends.empty()) << Summary(d);
+  const std::map<StreamId, absl::Status> closes = ClosesOf(d);
+  ASSERT_EQ(closes.size(), 2u) << Summary(d);
+  EXPECT_EQ(closes.at(1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(closes.at(2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_.job_count(), 0u);
+}
+
+// ---- Waiters coming and going ----
+
+TEST_F(RendezvousStateTest, WaiterThatGivesUpIsRemoved) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Spec("j", "n0", 0, 3))));
+  EXPECT_TRUE(IsEmpty(Join(0, 2, Spec("j", "n1", 1, 3))));
+  EXPECT_TRUE(IsEmpty(Closed(kSecond, 1)));
+  EXPECT_EQ(state_.Status("j").at(0).joined, 1);
+
+  // Another agent may take node rank 0 now, and the round still needs all three.
+  EXPECT_TRUE(IsEmpty(Join(2 * kSecond, 3, Spec("j", "n0-spare", 0, 3))));
+  const Decisions d = Join(3 * kSecond, 4, Spec("j", "n2", 2, 3));
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(d);
+  ASSERT_EQ(got.size(), 3u) << Summary(d);
+  EXPECT_FALSE(got.contains(1));
+  EXPECT_EQ(got.at(3).slot.rank_offset, 0);
+  EXPECT_EQ(got.at(2).slot.rank_offset, 1);
+  EXPECT_EQ(got.at(4).slot.rank_offset, 2);
+  EXPECT_EQ(got.at(3).world_size, 3);
+}
+
+TEST_F(RendezvousStateTest, LastWaiterGivingUpForgetsTheJob) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Spec("j", "n0", 0, 2))));
+  EXPECT_EQ(state_.job_count(), 1u);
+  EXPECT_TRUE(IsEmpty(Closed(kSecond, 1)));
+  EXPECT_EQ(state_.job_count(), 0u);
+}
+
+TEST_F(RendezvousStateTest, RetriedJoinReplacesTheOldStreamAndCountsOnce) {
+  const JoinSpec n0 = Spec("j", "n0", 0, 2);
+  EXPECT_TRUE(IsEmpty(Join(0, 1, n0)));
+  const absl::Status s = RefusalOf(Join(kSecond, 2, n0), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_EQ(state_.Status("j").at(0).joined, 1);
+
+  // The replaced stream closing later does not remove the agent.
+  EXPECT_TRUE(IsEmpty(Closed(2 * kSecond, 1)));
+  const Decisions d = Join(3 * kSecond, 3, Spec("j", "n1", 1, 2));
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(d);
+  ASSERT_EQ(got.size(), 2u) << Summary(d);
+  EXPECT_TRUE(got.contains(2));
+  EXPECT_TRUE(got.contains(3));
+  EXPECT_EQ(got.at(2).world_size, 2);
+}
+
+TEST_F(RendezvousStateTest, ReattachAfterCompletionResendsTheSameAssignment) {
+  const JoinSpec n1 = Spec("j", "n1", 1, 3, 2);
+  const Decisions first = JoinAll(0, 1, {Spec("j", "n0", 0, 3, 2), n1, Spec("j", "n2", 2, 3, 2)});
+  const AssignmentEvent original = EventsOf<AssignmentEvent>(first).at(2);
+
+  const Decisions again = Join(5 * kSecond, 10, n1);
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(again);
+  ASSERT_EQ(got.size(), 1u) << Summary(again);
+  EXPECT_EQ(Describe(got.at(10)), Describe(original));
+  EXPECT_TRUE(EventsOf<AbortEvent>(again).empty()) << Summary(again);
+  const std::map<StreamId, absl::Status> closes = ClosesOf(again);
+  ASSERT_EQ(closes.size(), 1u) << Summary(again);
+  EXPECT_EQ(closes.at(2).code(), absl::StatusCode::kAborted);
+
+  // The old stream going away is not a lost agent.
+  EXPECT_TRUE(IsEmpty(Closed(6 * kSecond, 2)));
+  EXPECT_EQ(state_.Status("j").at(0).state, "running");
+}
+
+// ---- Elastic rounds ----
+
+class ElasticTest : public RendezvousStateTest {
+ protected:
+  static JoinSpec Elastic(const std::string& host, int64_t node_index) {
+    JoinSpec s = Spec("e", host, node_index, 3);
+    s.min_agents = 2;
+    s.last_call = kSecond;
+    return s;
+  }
+};
+
+TEST_F(ElasticTest, CompletesWithMinAgentsOnceLastCallPasses) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Elastic("n0", 0))));
+  EXPECT_TRUE(IsEmpty(Join(0, 2, Elastic("n1", 1))));
+  EXPECT_TRUE(IsEmpty(Tick(kSecond / 2)));
+  const Decisions d = Tick(kSecond);
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(d);
+  ASSERT_EQ(got.size(), 2u) << Summary(d);
+  EXPECT_EQ(got.at(1).agents, 2);
+  EXPECT_EQ(got.at(1).world_size, 2);
+  EXPECT_EQ(got.at(2).group_world_size, 2);
+  EXPECT_EQ(got.at(2).slot.rank_offset, 1);
+
+  const absl::Status late = RefusalOf(Join(2 * kSecond, 3, Elastic("n2", 2)), 3);
+  EXPECT_TRUE(absl::StrContains(late.message(), "too late")) << late;
+}
+
+TEST_F(ElasticTest, LastCallCountsFromTheLatestJoin) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Elastic("n0", 0))));
+  EXPECT_TRUE(IsEmpty(Join(kSecond * 4 / 10, 2, Elastic("n1", 1))));
+  EXPECT_TRUE(IsEmpty(Tick(kSecond)));
+  EXPECT_TRUE(IsEmpty(Tick(kSecond * 13 / 10)));
+  EXPECT_EQ(EventsOf<AssignmentEvent>(Tick(kSecond * 14 / 10)).size(), 2u);
+}
+
+TEST_F(ElasticTest, NeverCompletesBelowMinAgents) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Elastic("n0", 0))));
+  for (Micros t = kSecond; t <= 20 * kSecond; t += kSecond) {
+    EXPECT_TRUE(EventsOf<AssignmentEvent>(Tick(t)).empty()) << "at " << t;
+  }
+}
+
+TEST_F(ElasticTest, CompletesAtOnceWithMaxAgents) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Elastic("n0", 0))));
+  EXPECT_TRUE(IsEmpty(Join(0, 2, Elastic("n1", 1))));
+  const Decisions d = Join(kSecond / 10, 3, Elastic("n2", 2));
+  EXPECT_EQ(EventsOf<AssignmentEvent>(d).size(), 3u) << Summary(d);
+}
+
+// ---- Progress ----
+
+TEST_F(RendezvousStateTest, ProgressGoesToWaitersOnly) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Spec("wait", "n0", 0, 4))));
+  EXPECT_TRUE(IsEmpty(Join(0, 2, Spec("wait", "n2", 2, 4))));
+  JoinAll(0, 10, {Spec("run", "m0", 0, 2), Spec("run", "m1", 1, 2)});
+
+  const Micros interval = StateOptions{}.progress_interval;
+  EXPECT_TRUE(IsEmpty(Tick(interval - 1)));
+  const Decisions d = Tick(interval);
+  EXPECT_TRUE(d.closes.empty()) << Summary(d);
+  const std::map<StreamId, ProgressEvent> got = EventsOf<ProgressEvent>(d);
+  ASSERT_EQ(got.size(), 2u) << Summary(d);
+  EXPECT_EQ(d.sends.size(), 2u) << Summary(d);
+  for (StreamId s : {1, 2}) {
+    const ProgressEvent& p = got.at(s);
+    EXPECT_EQ(p.joined, 2);
+    EXPECT_EQ(p.expected, 4);
+    EXPECT_EQ(p.missing_node_indices, (std::vector<int64_t>{1, 3}));
+    EXPECT_EQ(p.joined_hosts, (std::vector<std::string>{"n0", "n2"}));
+  }
+  // Not again until another interval has passed.
+  EXPECT_TRUE(IsEmpty(Tick(interval + interval / 2)));
+  EXPECT_EQ(EventsOf<ProgressEvent>(Tick(2 * interval)).size(), 2u);
+}
+
+TEST_F(RendezvousStateTest, ProgressWithoutNodeIndicesListsNoMissingOnes) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Spec("j", "b", -1, 3))));
+  const std::map<StreamId, ProgressEvent> got =
+      EventsOf<ProgressEvent>(Tick(StateOptions{}.progress_interval));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got.at(1).joined, 1);
+  EXPECT_EQ(got.at(1).expected, 3);
+  EXPECT_TRUE(got.at(1).missing_node_indices.empty());
+  EXPECT_EQ(got.at(1).joined_hosts, std::vector<std::string>{"b"});
+}
+
+// ---- Failures ----
+
+class RunningJobTest : public RendezvousStateTest {
+ protected:
+  void SetUp() override {
+    const Decisions d = JoinAll(
+        0, 1, {Spec("j", "n0", 0, 3, 2), Spec("j", "n1", 1, 3, 2), Spec("j", "n2", 2, 3, 2)});
+    ASSERT_EQ(EventsOf<AssignmentEvent>(d).size(), 3u) << Summary(d);
+  }
+
+  static FailureInfo Failure(const std::string& host, int32_t rank, int32_t exit_code) {
+    FailureInfo f;
+    f.host = host;
+    f.rank = rank;
+    f.local_rank = rank % 2;
+    f.group_rank = rank / 2;
+    f.exit_code = exit_code;
+    f.stderr_tail = "Traceback: boom";
+    return f;
+  }
+};
+
+TEST_F(RunningJobTest, FailureAbortsEveryOtherMember) {
+  Decisions d;
+  absl::StatusOr<AbortEvent> first =
+      state_.ReportFailure(5 * kSecond, "j", "n1/agent", Failure("n1", 3, 7), d);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(first->first_failure.has_value());
+  EXPECT_EQ(first->first_failure->host, "n1");
+  EXPECT_EQ(first->first_failure->rank, 3);
+  EXPECT_EQ(first->exit_code, 7);
+
+  const std::map<StreamId, AbortEvent> aborts = EventsOf<AbortEvent>(d);
+  for (StreamId other : {1, 3}) {
+    ASSERT_TRUE(aborts.contains(other)) << Summary(d);
+    const AbortEvent& a = aborts.at(other);
+    ASSERT_TRUE(a.first_failure.has_value());
+    EXPECT_EQ(a.first_failure->host, "n1");
+    EXPECT_EQ(a.first_failure->rank, 3);
+    EXPECT_EQ(a.first_failure->exit_code, 7);
+    EXPECT_EQ(a.first_failure->stderr_tail, "Traceback: boom");
+    EXPECT_EQ(a.exit_code, 7);
+    EXPECT_TRUE(absl::StrContains(a.reason, "n1")) << a.reason;
+  }
+  EXPECT_TRUE(EventsOf<AssignmentEvent>(d).empty());
+  EXPECT_EQ(state_.Status("j").at(0).state, "ended");
+}
+
+TEST_F(RunningJobTest, SecondFailureGetsTheFirstOne) {
+  Decisions d;
+  ASSERT_TRUE(state_.ReportFailure(5 * kSecond, "j", "n1/agent", Failure("n1", 3, 7), d).ok());
+  Decisions later;
+  absl::StatusOr<AbortEvent> second =
+      state_.ReportFailure(6 * kSecond, "j", "n2/agent", Failure("n2", 4, -9), later);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(second->first_failure.has_value());
+  EXPECT_EQ(second->first_failure->host, "n1");
+  EXPECT_EQ(second->first_failure->exit_code, 7);
+  EXPECT_EQ(second->exit_code, 7);
+  EXPECT_TRUE(EventsOf<AbortEvent>(later).empty()) << "aborted twice: " << Summary(later);
+}
+
+TEST_F(RunningJobTest, FailureFromAStrangerIsNotFound) {
+  Decisions d;
+  absl::StatusOr<AbortEvent> unknown_job =
+      state_.ReportFailure(kSecond, "other", "n1/agent", Failure("n1", 3, 1), d);
+  EXPECT_EQ(unknown_job.status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<AbortEvent> unknown_agent =
+      state_.ReportFailure(kSecond, "j", "n7/agent", Failure("n7", 3, 1), d);
+  EXPECT_EQ(unknown_agent.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(IsEmpty(d)) << Summary(d);
+  EXPECT_EQ(state_.Status("j").at(0).state, "running");
+}
+
+TEST_F(RunningJobTest, LostAgentAbortsTheOthersNamingItsHost) {
+  const Decisions d = Closed(5 * kSecond, 2);
+  const std::map<StreamId, AbortEvent> aborts = EventsOf<AbortEvent>(d);
+  ASSERT_EQ(aborts.size(), 2u) << Summary(d);
+  for (StreamId other : {1, 3}) {
+    const AbortEvent& a = aborts.at(other);
+    EXPECT_TRUE(absl::StrContains(a.reason, "n1")) << a.reason;
+    EXPECT_FALSE(a.first_failure.has_value());
+    EXPECT_NE(a.exit_code, 0);
+  }
+  // A failure reported afterwards learns how the job ended.
+  Decisions later;
+  absl::StatusOr<AbortEvent> report =
+      state_.ReportFailure(6 * kSecond, "j", "n2/agent", Failure("n2", 5, 3), later);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(absl::StrContains(report->reason, "n1")) << report->reason;
+  EXPECT_TRUE(EventsOf<AbortEvent>(later).empty()) << Summary(later);
+}
+
+TEST_F(RunningJobTest, LeaveByEveryMemberForgetsTheJob) {
+  Decisions d = Leave(5 * kSecond, "j", "n0/agent");
+  ASSERT_EQ(ClosesOf(d).size(), 1u) << Summary(d);
+  EXPECT_TRUE(ClosesOf(d).at(1).ok());
+  EXPECT_TRUE(d.sends.empty()) << Summary(d);
+  // A member that left disconnecting afterwards aborts nobody.
+  EXPECT_TRUE(IsEmpty(Closed(5 * kSecond, 1)));
+  EXPECT_EQ(state_.Status("j").at(0).state, "running");
+
+  Leave(6 * kSecond, "j", "n1/agent");
+  EXPECT_EQ(state_.job_count(), 1u);
+  d = Leave(7 * kSecond, "j", "n2/agent");
+  EXPECT_TRUE(ClosesOf(d).at(3).ok());
+  EXPECT_EQ(state_.job_count(), 0u);
+}
+
+TEST_F(RunningJobTest, MemberReconnectingAfterTheEndHearsHowItEnded) {
+  Decisions d;
+  ASSERT_TRUE(state_.ReportFailure(5 * kSecond, "j", "n1/agent", Failure("n1", 3, 7), d).ok());
+  EXPECT_TRUE(IsEmpty(Closed(6 * kSecond, 3)));
+  const Decisions again = Join(7 * kSecond, 30, Spec("j", "n2", 2, 3, 2));
+  const std::map<StreamId, AbortEvent> aborts = EventsOf<AbortEvent>(again);
+  ASSERT_EQ(aborts.size(), 1u) << Summary(again);
+  ASSERT_TRUE(aborts.at(30).first_failure.has_value());
+  EXPECT_EQ(aborts.at(30).first_failure->host, "n1");
+  EXPECT_EQ(aborts.at(30).exit_code, 7);
+}
+
+// ---- Ended jobs: forgetting, restarting, requeueing ----
+
+TEST_F(RunningJobTest, EndedJobIsForgottenAfterTheTtlOnceNothingIsAttached) {
+  const Micros ttl = StateOptions{}.ended_job_ttl;
+  Decisions d;
+  ASSERT_TRUE(state_.ReportFailure(10 * kSecond, "j", "n1/agent", Failure("n1", 3, 7), d).ok());
+  Closed(10 * kSecond, 1);
+  Closed(10 * kSecond, 2);
+  // n2 stays attached well past the TTL: the job is kept.
+  EXPECT_TRUE(IsEmpty(Tick(10 * kSecond + ttl)));
+  EXPECT_TRUE(IsEmpty(Tick(10 * kSecond + 3 * ttl)));
+  EXPECT_EQ(state_.job_count(), 1u);
+
+  // Once it goes, an agent reconnecting within the TTL still learns how the job ended.
+  const Micros gone = 10 * kSecond + 3 * ttl;
+  EXPECT_TRUE(IsEmpty(Closed(gone, 3)));
+  Tick(gone + ttl - 1);
+  EXPECT_EQ(state_.job_count(), 1u);
+  EXPECT_EQ(state_.Status("j").at(0).state, "ended");
+  Tick(gone + ttl);
+  EXPECT_EQ(state_.job_count(), 0u);
+}
+
+TEST_F(RunningJobTest, EndedJobWithNothingAttachedIsForgottenAfterTheTtl) {
+  const Micros ttl = StateOptions{}.ended_job_ttl;
+  Closed(10 * kSecond, 1);
+  Closed(10 * kSecond, 2);
+  Closed(10 * kSecond, 3);
+  Tick(10 * kSecond + ttl - 1);
+  EXPECT_EQ(state_.job_count(), 1u);
+  Tick(10 * kSecond + ttl);
+  EXPECT_EQ(state_.job_count(), 0u);
+}
+
+TEST_F(RunningJobTest, RestartOpensTheNextRound) {
+  Decisions d;
+  ASSERT_TRUE(state_.ReportFailure(5 * kSecond, "j", "n1/agent", Failure("n1", 3, 7), d).ok());
+
+  std::vector<JoinSpec> next = {Spec("j", "n1", 1, 3, 2), Spec("j", "n0", 0, 3, 2),
+                                Spec("j", "n2", 2, 3, 2)};
+  for (JoinSpec& s : next) s.restart_count = 1;
+  // The first agent back opens round 2; the others' old streams are closed as stale.
+  const Decisions opened = Join(6 * kSecond, 21, next[0]);
+  EXPECT_TRUE(opened.sends.empty()) << Summary(opened);
+  for (const auto& [stream, status] : ClosesOf(opened)) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << stream << ": " << status;
+  }
+  EXPECT_EQ(state_.Status("j").at(0).state, "filling");
+  EXPECT_EQ(state_.Status("j").at(0).round, 2);
+
+  EXPECT_TRUE(IsEmpty(Join(6 * kSecond, 22, next[1])));
+  const Decisions done = Join(7 * kSecond, 23, next[2]);
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(done);
+  ASSERT_EQ(got.size(), 3u) << Summary(done);
+  for (const auto& [stream, a] : got) {
+    EXPECT_EQ(a.round, 2) << stream;
+    EXPECT_EQ(a.restart_count, 1) << stream;
+    EXPECT_EQ(a.world_size, 6) << stream;
+  }
+  EXPECT_EQ(got.at(22).slot.rank_offset, 0);
+
+  // The old round's streams are no longer members: closing them aborts nobody.
+  EXPECT_TRUE(IsEmpty(Closed(8 * kSecond, 1)));
+  EXPECT_TRUE(IsEmpty(Closed(8 * kSecond, 3)));
+  EXPECT_EQ(state_.Status("j").at(0).state, "running");
+}
+
+TEST_F(RunningJobTest, NewAgentsStartAfreshOnceTheEndedJobIsDetached) {
+  Decisions d;
+  ASSERT_TRUE(state_.ReportFailure(5 * kSecond, "j", "n1/agent", Failure("n1", 3, 7), d).ok());
+  // A requeued job: same job id, new agents, nobody from the old run attached any more.
+  for (StreamId s : {1, 2, 3}) Closed(6 * kSecond, s);
+  JoinSpec a = Spec("j", "m0", 0, 2);
+  a.agent.agent_id = "requeued-0";
+  JoinSpec b = Spec("j", "m1", 1, 2);
+  b.agent.agent_id = "requeued-1";
+  const Decisions done = JoinAll(7 * kSecond, 40, {a, b});
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(done);
+  ASSERT_EQ(got.size(), 2u) << Summary(done);
+  EXPECT_EQ(got.at(40).world_size, 2);
+  EXPECT_EQ(got.at(40).agents, 2);
+  EXPECT_EQ(got.at(40).master_addr, "10.0.0.10");
+  EXPECT_EQ(got.at(40).restart_count, 0);
+  EXPECT_EQ(state_.Status("j").at(0).agents.size(), 2u);
+}
+
+TEST_F(RunningJobTest, NewAgentIsToldToRetryWhileTheEndedJobHasMembersAttached) {
+  Decisions d;
+  ASSERT_TRUE(state_.ReportFailure(5 * kSecond, "j", "n1/agent", Failure("n1", 3, 7), d).ok());
+  JoinSpec stranger = Spec("j", "m0", 0, 3);
+  stranger.agent.agent_id = "requeued-0";
+  const absl::Status s = RefusalOf(Join(6 * kSecond, 40, stranger), 40);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(state_.Status("j").at(0).state, "ended");
+  EXPECT_EQ(state_.Status("j").at(0).round, 1);
+}
+
+// ---- Several jobs ----
+
+TEST_F(RendezvousStateTest, JobsNeverMix) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Spec("a", "a0", 0, 2, 2))));
+  EXPECT_TRUE(IsEmpty(Join(0, 2, Spec("b", "b0", 0, 2, 3))));
+  const Decisions b_done = Join(0, 3, Spec("b", "b1", 1, 2, 3));
+  const std::map<StreamId, AssignmentEvent> b = EventsOf<AssignmentEvent>(b_done);
+  ASSERT_EQ(b.size(), 2u) << Summary(b_done);
+  EXPECT_TRUE(b.contains(2));
+  EXPECT_TRUE(b.contains(3));
+  EXPECT_EQ(b.at(2).world_size, 6);
+  EXPECT_EQ(b.at(3).master_addr, "10.0.0.10");
+  EXPECT_EQ(b.at(3).master_port, 30001);
+
+  const Decisions a_done = Join(0, 4, Spec("a", "a1", 1, 2, 2));
+  const std::map<StreamId, AssignmentEvent> a = EventsOf<AssignmentEvent>(a_done);
+  ASSERT_EQ(a.size(), 2u) << Summary(a_done);
+  EXPECT_TRUE(a.contains(1));
+  EXPECT_TRUE(a.contains(4));
+  EXPECT_EQ(a.at(4).world_size, 4);
+  EXPECT_EQ(a.at(4).slot.rank_offset, 2);
+  EXPECT_EQ(state_.job_count(), 2u);
+
+  // A failure in one job leaves the other running.
+  Decisions d;
+  ASSERT_TRUE(state_.ReportFailure(kSecond, "a", "a0/agent", FailureInfo{}, d).ok());
+  EXPECT_TRUE(EventsOf<AbortEvent>(d).contains(4)) << Summary(d);
+  for (const Decisions::Send& s : d.sends) {
+    EXPECT_TRUE(s.stream != 2 && s.stream != 3) << "job b heard of job a: " << Summary(d);
+  }
+  EXPECT_EQ(state_.Status("a").at(0).state, "ended");
+  EXPECT_EQ(state_.Status("b").at(0).state, "running");
+}
+
+// ---- Status ----
+
+TEST_F(RendezvousStateTest, StatusShowsEachJob) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Spec("waiting", "w1", 1, 3, 4))));
+  JoinAll(0, 10, {Spec("busy", "b1", 1, 2, 4), Spec("busy", "b0", 0, 2, 2)});
+  Leave(kSecond, "busy", "b1/agent");
+
+  const std::vector<JobStatusView> all = state_.Status("");
+  ASSERT_EQ(all.size(), 2u);
+  const JobStatusView& busy = all[0];
+  EXPECT_EQ(busy.job_id, "busy");
+  EXPECT_EQ(busy.state, "running");
+  EXPECT_EQ(busy.round, 1);
+  EXPECT_EQ(busy.joined, 2);
+  EXPECT_EQ(busy.min_agents, 2);
+  EXPECT_EQ(busy.max_agents, 2);
+  EXPECT_EQ(busy.world_size, 6);
+  ASSERT_EQ(busy.agents.size(), 2u);
+  EXPECT_EQ(busy.agents[0].host, "b0");
+  EXPECT_EQ(busy.agents[0].rank_offset, 0);
+  EXPECT_EQ(busy.agents[0].nproc, 2);
+  EXPECT_EQ(busy.agents[0].node_index, 0);
+  EXPECT_EQ(busy.agents[0].state, "attached");
+  EXPECT_EQ(busy.agents[1].host, "b1");
+  EXPECT_EQ(busy.agents[1].rank_offset, 2);
+  EXPECT_EQ(busy.agents[1].state, "left");
+
+  const JobStatusView& waiting = all[1];
+  EXPECT_EQ(waiting.job_id, "waiting");
+  EXPECT_EQ(waiting.state, "filling");
+  EXPECT_EQ(waiting.joined, 1);
+  EXPECT_EQ(waiting.max_agents, 3);
+  EXPECT_EQ(waiting.world_size, 0);
+  ASSERT_EQ(waiting.agents.size(), 1u);
+  EXPECT_EQ(waiting.agents[0].agent_id, "w1/agent");
+  EXPECT_EQ(waiting.agents[0].rank_offset, -1);
+  EXPECT_EQ(waiting.agents[0].state, "attached");
+
+  const std::vector<JobStatusView> one = state_.Status("waiting");
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].job_id, "waiting");
+  EXPECT_TRUE(state_.Status("nope").empty());
+}
+
+TEST_F(RunningJobTest, StatusShowsDetachedMembersOfAnEndedJob) {
+  Closed(5 * kSecond, 2);
+  const std::vector<JobStatusView> views = state_.Status("j");
+  ASSERT_EQ(views.size(), 1u);
+  EXPECT_EQ(views[0].state, "ended");
+  ASSERT_EQ(views[0].agents.size(), 3u);
+  EXPECT_EQ(views[0].agents[1].host, "n1");
+  EXPECT_EQ(views[0].agents[1].state, "detached");
+  EXPECT_EQ(views[0].agents[0].state, "attached");
+}
+
+}  // namespace
+}  // namespace rdzv
