@@ -46,13 +46,6 @@ void WriteAll(int fd, absl::string_view data) {
   }
 }
 
-std::string DescribeExit(int exit_code, int signal) {
-  if (signal != 0) {
-    return absl::StrFormat("was killed by %s (exit code %d)", SignalName(signal), exit_code);
-  }
-  return absl::StrFormat("exited with code %d", exit_code);
-}
-
 struct Worker {
   int32_t local_index = 0;
   int32_t rank = 0;
@@ -97,6 +90,9 @@ class Agent::Impl {
   void EmitLines(Worker& w, Worker::Pipe& pipe, absl::string_view data, bool eof);
   void ReapWorkers();
   void LocalFailure(Worker& w);
+  FailureInfo NewFailure() const;
+  // The job fails here: remember why, tell the server, stop the workers.
+  void Fail(const FailureInfo& failure);
   void ReportFailure(FailureInfo failure);
   void OnAbort(const AbortEvent& abort);
   void StopWorkers(absl::string_view why);
@@ -275,19 +271,10 @@ void Agent::Impl::OnSignal(int sig) {
       client_->Cancel();
       break;
     case Phase::kRunning: {
-      FailureInfo f;
-      f.host = config_.host;
-      f.group_rank = assignment_.slot.group_rank;
+      FailureInfo f = NewFailure();
       f.signal = sig;
       f.exit_code = 128 + sig;
-      f.time_us = absl::ToUnixMicros(absl::Now());
-      AbortEvent abort;
-      abort.first_failure = f;
-      abort.exit_code = f.exit_code;
-      abort.reason = absl::StrFormat("the agent on %s received %s", config_.host, SignalName(sig));
-      outcome_ = abort;
-      ReportFailure(f);
-      StopWorkers(abort.reason);
+      Fail(f);
       break;
     }
     case Phase::kStopping:
@@ -321,21 +308,12 @@ void Agent::Impl::OnJoined(absl::StatusOr<AssignmentEvent> result) {
   master_port_.reset();
   phase_ = Phase::kRunning;
   if (absl::Status s = StartWorkers(); !s.ok()) {
-    FailureInfo f;
-    f.host = config_.host;
-    f.group_rank = a.slot.group_rank;
+    FailureInfo f = NewFailure();
     f.rank = a.slot.rank_offset;
     f.local_rank = a.slot.local_rank_offset;
     f.exit_code = 127;
     f.error_message = std::string(s.message());
-    f.time_us = absl::ToUnixMicros(absl::Now());
-    AbortEvent abort;
-    abort.first_failure = f;
-    abort.exit_code = 127;
-    abort.reason = std::string(s.message());
-    outcome_ = abort;
-    ReportFailure(f);
-    StopWorkers(abort.reason);
+    Fail(f);
   }
 }
 
@@ -431,7 +409,7 @@ void Agent::Impl::ReapWorkers() {
       w->exit = e;
       // Whatever the worker left behind in its group goes with it.
       (void)launcher_->SignalGroup(w->pid, SIGKILL);
-      spdlog::debug("rank {} (pid {}) {}", w->rank, w->pid, DescribeExit(e.code(), e.signal));
+      spdlog::debug("rank {} (pid {}) ended with code {}", w->rank, w->pid, e.code());
       if (e.code() != 0 && phase_ == Phase::kRunning) LocalFailure(*w);
     }
   }
@@ -439,23 +417,27 @@ void Agent::Impl::ReapWorkers() {
 }
 
 void Agent::Impl::LocalFailure(Worker& w) {
-  FailureInfo f;
-  f.host = config_.host;
-  f.group_rank = assignment_.slot.group_rank;
+  FailureInfo f = NewFailure();
   f.rank = w.rank;
   f.local_rank = w.local_rank;
   f.exit_code = w.exit->code();
   f.signal = w.exit->signal;
   f.stderr_tail = absl::StrJoin(w.err_tail, "\n");
+  Fail(f);
+}
+
+FailureInfo Agent::Impl::NewFailure() const {
+  FailureInfo f;
+  f.host = config_.host;
+  f.group_rank = assignment_.slot.group_rank;
   f.time_us = absl::ToUnixMicros(absl::Now());
-  AbortEvent abort;
-  abort.first_failure = f;
-  abort.exit_code = f.exit_code;
-  abort.reason = absl::StrFormat("rank %d (local rank %d) on %s %s", f.rank, f.local_rank, f.host,
-                                 DescribeExit(f.exit_code, f.signal));
-  outcome_ = abort;
-  ReportFailure(f);
-  StopWorkers(abort.reason);
+  return f;
+}
+
+void Agent::Impl::Fail(const FailureInfo& failure) {
+  outcome_ = AbortFor(failure);
+  ReportFailure(failure);
+  StopWorkers(outcome_->reason);
 }
 
 void Agent::Impl::ReportFailure(FailureInfo failure) {

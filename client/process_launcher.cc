@@ -150,10 +150,4 @@ std::unique_ptr<ProcessLauncher> NewPosixProcessLauncher() {
   return std::make_unique<PosixProcessLauncher>();
 }
 
-std::string SignalName(int sig) {
-  const char* abbrev = sigabbrev_np(sig);
-  if (abbrev == nullptr) return absl::StrCat("signal ", sig);
-  return absl::StrCat("SIG", abbrev);
-}
-
 }  // namespace rdzv

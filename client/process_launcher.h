@@ -54,9 +54,6 @@ class ProcessLauncher {
 
 std::unique_ptr<ProcessLauncher> NewPosixProcessLauncher();
 
-// "SIGSEGV" for 11, "signal 77" for what has no name.
-std::string SignalName(int sig);
-
 }  // namespace rdzv
 
 #endif  // RDZV_CLIENT_PROCESS_LAUNCHER_H_

@@ -1,8 +1,11 @@
 #include "common/rendezvous_state.h"
 
+#include <string.h>
+
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
@@ -85,6 +88,38 @@ std::string SizeText(int32_t min, int32_t max) {
 }
 
 }  // namespace
+
+std::string SignalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  if (abbrev == nullptr) return absl::StrFormat("signal %d", sig);
+  return absl::StrCat("SIG", abbrev);
+}
+
+std::string DescribeFailure(const FailureInfo& f) {
+  if (f.rank < 0) {
+    return absl::StrFormat("the agent on %s (node %d) %s", f.host, f.group_rank,
+                           f.signal != 0 ? absl::StrCat("received ", SignalName(f.signal))
+                                         : absl::StrCat("failed: ", f.error_message));
+  }
+  std::string who = absl::StrFormat("rank %d (local rank %d, node %d) on %s", f.rank, f.local_rank,
+                                    f.group_rank, f.host);
+  if (f.signal != 0) {
+    return absl::StrFormat("%s was killed by %s (exit code %d)", who, SignalName(f.signal),
+                           f.exit_code);
+  }
+  if (f.exit_code == 127 && !f.error_message.empty()) {
+    return absl::StrFormat("%s could not start: %s", who, f.error_message);
+  }
+  return absl::StrFormat("%s exited with code %d", who, f.exit_code);
+}
+
+AbortEvent AbortFor(const FailureInfo& failure) {
+  AbortEvent abort;
+  abort.first_failure = failure;
+  abort.exit_code = failure.exit_code;
+  abort.reason = DescribeFailure(failure);
+  return abort;
+}
 
 RendezvousState::RendezvousState(StateOptions options) : options_(options) {}
 RendezvousState::~RendezvousState() = default;
@@ -336,13 +371,7 @@ absl::StatusOr<AbortEvent> RendezvousState::ReportFailure(Micros now, const std:
         absl::StrFormat("job %s has no agent %s (did the server restart?)", job_id, agent_id));
   }
   if (job->phase != Phase::kEnded) {
-    AbortEvent abort;
-    abort.first_failure = failure;
-    abort.exit_code = failure.exit_code;
-    abort.reason =
-        absl::StrFormat("rank %d (local rank %d) on %s failed with exit code %d", failure.rank,
-                        failure.local_rank, failure.host, failure.exit_code);
-    EndJob(*job, now, std::move(abort), out);
+    EndJob(*job, now, AbortFor(failure), out);
   }
   return *job->abort;
 }

@@ -75,11 +75,21 @@ struct FailureInfo {
   int64_t time_us = 0;
 };
 
+// "SIGSEGV" for 11; "signal 77" for a number without a name.
+std::string SignalName(int sig);
+
+// One line naming the failure for users: who (rank, local rank, node, host) and how (exit code
+// or signal), e.g. "rank 4 (local rank 0, node 2) on n3 exited with code 3".
+std::string DescribeFailure(const FailureInfo& failure);
+
 struct AbortEvent {
   std::optional<FailureInfo> first_failure;
   std::string reason;
   int32_t exit_code = 1;
 };
+
+// The abort that a failure causes: it names the failure, and its exit code is the failure's.
+AbortEvent AbortFor(const FailureInfo& failure);
 
 using Event = std::variant<ProgressEvent, AssignmentEvent, AbortEvent>;
 

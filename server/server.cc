@@ -20,6 +20,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
+  // gRPC shares ports by default (SO_REUSEPORT): a second server on a taken port would split
+  // a job's agents between two servers that each wait for the rest.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Agents keep one quiet stream open for the whole job; let them ping it to keep it alive.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
@@ -54,8 +57,10 @@ void Server::Shutdown() {
   if (stopped_) return;
   stopped_ = true;
   service_->Shutdown();
-  grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  grpc_server_->Wait();
+  if (grpc_server_ != nullptr) {
+    grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    grpc_server_->Wait();
+  }
   io_.stop();
   if (timer_thread_.joinable()) timer_thread_.join();
 }
