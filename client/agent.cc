@@ -1,5 +1,6 @@
 #include "client/agent.h"
 
+#include <netdb.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -63,6 +64,37 @@ struct Worker {
   int open_pipes = 0;
 };
 
+bool ResolvesToAddress(const std::string& host) {
+  addrinfo hints = {};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
+  freeaddrinfo(found);
+  return true;
+}
+
+// The address slurm.conf gives a node (NodeAddr), from scontrol.
+absl::StatusOr<std::string> SlurmNodeAddress(const std::string& node) {
+  if (node.empty() || node.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                             "0123456789._-") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("not a node name: ", node));
+  }
+  const std::string command = absl::StrCat("scontrol show node -o ", node, " 2>/dev/null");
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return absl::UnavailableError("cannot run scontrol");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
+  const int rc = pclose(pipe);
+  const size_t at = out.find("NodeAddr=");
+  if (rc != 0 || at == std::string::npos) {
+    return absl::NotFoundError("scontrol does not know its address either");
+  }
+  const size_t start = at + 9;
+  const size_t end = out.find_first_of(" \n", start);
+  return out.substr(start, end == std::string::npos ? std::string::npos : end - start);
+}
+
 }  // namespace
 
 class Agent::Impl {
@@ -112,7 +144,8 @@ class Agent::Impl {
 
   std::unique_ptr<Server> server_;
   std::unique_ptr<Client> client_;
-  std::string endpoint_;
+  std::string endpoint_;                // the server this agent talks to first
+  std::vector<std::string> endpoints_;  // every candidate, when not hosting the server
   JoinSpec spec_;
   std::optional<ReservedPort> master_port_;
   std::thread join_thread_;
@@ -132,26 +165,60 @@ Agent::~Agent() = default;
 int Agent::Run() { return impl_->Run(); }
 
 absl::Status Agent::Impl::Prepare() {
+  // Where the server is, as an address: the name may not resolve (inside containers, or with
+  // Slurm node names that only slurm.conf knows), so ask Slurm for the node's address then.
+  std::string server_address;
+  if (!config_.rdzv_host.empty()) {
+    if (ResolvesToAddress(config_.rdzv_host)) {
+      server_address = config_.rdzv_host;
+    } else if (absl::StatusOr<std::string> a = SlurmNodeAddress(config_.rdzv_host); a.ok()) {
+      spdlog::debug("{} does not resolve; Slurm knows it as {}", config_.rdzv_host, *a);
+      server_address = *a;
+    } else {
+      return absl::UnavailableError(absl::StrFormat(
+          "cannot resolve the rendezvous host %s (%s); pass --rdzv-endpoint ADDRESS:PORT",
+          config_.rdzv_host, a.status().message()));
+    }
+  }
+
   if (config_.embedded_server) {
-    ServerOptions options;
-    options.listen = config_.embedded_listen;
-    options.log_jobs = false;
-    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
-    if (!server.ok()) return server.status();
-    server_ = std::move(*server);
-    absl::StatusOr<HostPort> listen = ParseHostPort(config_.embedded_listen, 0);
-    const std::string host = listen.ok() && listen->host != "0.0.0.0" && listen->host != "::"
-                                 ? listen->host
-                                 : "127.0.0.1";
-    endpoint_ = FormatHostPort(host, server_->port());
-    spdlog::debug("rendezvous server for job {} listening on {}", config_.job_id,
-                  config_.embedded_listen);
+    absl::Status last;
+    for (int port : config_.embedded_ports) {
+      ServerOptions options;
+      options.listen = FormatHostPort(config_.embedded_listen_host, port);
+      options.service.log_jobs = false;
+      options.service.only_job = config_.job_id;
+      absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+      if (server.ok()) {
+        server_ = std::move(*server);
+        break;
+      }
+      last = server.status();
+      spdlog::debug("{}; trying the next port", last.message());
+    }
+    if (server_ == nullptr) {
+      return absl::UnavailableError(absl::StrFormat(
+          "cannot host the rendezvous: %s (tried %d ports); pass --rdzv-endpoint to use an "
+          "rdzvd instead",
+          last.message(), config_.embedded_ports.size()));
+    }
+    const std::string self = config_.embedded_listen_host == "0.0.0.0"
+                                 ? std::string("127.0.0.1")
+                                 : config_.embedded_listen_host;
+    endpoint_ = FormatHostPort(self, server_->port());
+    spdlog::debug("hosting the rendezvous for job {} on port {}", config_.job_id, server_->port());
   } else {
-    endpoint_ = config_.endpoint;
+    for (int port : config_.rdzv_ports) {
+      endpoints_.push_back(FormatHostPort(server_address, port));
+    }
+    endpoint_ = endpoints_.front();
   }
 
   ClientOptions client_options;
   client_options.endpoint = endpoint_;
+  if (endpoints_.size() > 1) {
+    client_options.alternate_endpoints.assign(endpoints_.begin() + 1, endpoints_.end());
+  }
   client_options.join_timeout = config_.join_timeout;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(client_options);
   if (!client.ok()) return client.status();
@@ -161,7 +228,6 @@ absl::Status Agent::Impl::Prepare() {
   if (!port.ok()) return port.status();
   master_port_ = std::move(*port);
 
-  absl::StatusOr<HostPort> server_hp = ParseHostPort(endpoint_, 29400);
   spec_.job_id = config_.job_id;
   spec_.agent.host = config_.host;
   spec_.agent.agent_id = NewAgentId(config_.host);
@@ -173,11 +239,9 @@ absl::Status Agent::Impl::Prepare() {
   spec_.last_call = absl::ToInt64Microseconds(config_.last_call);
   // The address that routes to the rendezvous server is one the other nodes, which reach the
   // same server, can use to reach us; the interfaces' addresses follow as fallbacks.
-  if (server_hp.ok()) {
-    if (absl::StatusOr<std::string> a = LocalAddressToward(server_hp->host, server_hp->port);
-        a.ok()) {
-      spec_.addresses.push_back(*a);
-    }
+  const std::string toward = server_address.empty() ? std::string("127.0.0.1") : server_address;
+  if (absl::StatusOr<std::string> a = LocalAddressToward(toward, 29400); a.ok()) {
+    spec_.addresses.push_back(*a);
   }
   for (std::string& a : InterfaceAddresses()) spec_.addresses.push_back(std::move(a));
   spec_.master_port = master_port_->port();

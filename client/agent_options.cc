@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -10,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "common/flags.h"
 #include "common/net.h"
+#include "common/slurm_env.h"
 
 namespace rdzv {
 namespace {
@@ -182,6 +185,101 @@ std::string AgentHelp() {
   return MakeParser(flags).Help();
 }
 
+int DerivedPort(absl::string_view job_id, absl::string_view step_id) {
+  // FNV-1a: stable across builds and platforms, unlike std::hash.
+  uint32_t h = 2166136261u;
+  for (absl::string_view part : {job_id, absl::string_view("."), step_id}) {
+    for (char ch : part) {
+      h ^= static_cast<uint8_t>(ch);
+      h *= 16777619u;
+    }
+  }
+  return 20000 + static_cast<int>(h % 10000);
+}
+
+namespace {
+
+// Workers per node when --nproc-per-node is not given: one per GPU Slurm gave this node, else
+// one per device the user made visible, else one.
+int32_t DefaultNproc(const std::optional<SlurmEnv>& slurm, const EnvLookup& env) {
+  if (slurm && slurm->gpus_on_node > 0) return slurm->gpus_on_node;
+  if (std::optional<std::string> cvd = env("CUDA_VISIBLE_DEVICES"); cvd && !cvd->empty()) {
+    const std::vector<absl::string_view> devices =
+        absl::StrSplit(*cvd, ',', absl::SkipWhitespace());
+    if (!devices.empty()) return static_cast<int32_t>(devices.size());
+  }
+  return 1;
+}
+
+std::vector<int> PortRange(int first) {
+  std::vector<int> ports;
+  for (int i = 0; i < kEmbeddedPortCandidates; ++i) ports.push_back(first + i);
+  return ports;
+}
+
+absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentConfig& c) {
+  if (!slurm.in_step()) {
+    return absl::FailedPreconditionError(
+        "inside a Slurm allocation but not in a job step: launch the agent with srun "
+        "(srun rdzv-agent -- python train.py), or pass --standalone for one node");
+  }
+  int max_tasks_on_a_node = 1;
+  for (int t : slurm.tasks_per_node) max_tasks_on_a_node = std::max(max_tasks_on_a_node, t);
+  if (slurm.tasks_per_node.empty() && slurm.num_tasks > slurm.num_nodes) {
+    max_tasks_on_a_node = 2;  // more tasks than nodes: some node runs several
+  }
+  std::string mode = flags.mode;
+  if (mode == "auto") mode = max_tasks_on_a_node > 1 ? "task" : "node";
+
+  if (mode == "node") {
+    if (max_tasks_on_a_node > 1) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--mode node needs one task per node, but this step runs up to %d on a node; use "
+          "srun --ntasks-per-node=1, or --mode task",
+          max_tasks_on_a_node));
+    }
+    c.mode = "slurm per-node";
+    c.min_agents = c.max_agents = slurm.num_nodes;
+  } else {
+    if (flags.nproc_per_node.value_or(1) != 1) {
+      return absl::InvalidArgumentError(
+          "in per-task mode each agent is one rank; drop --nproc-per-node, or launch one task "
+          "per node (srun --ntasks-per-node=1) to start several workers per agent");
+    }
+    c.mode = "slurm per-task";
+    c.nproc = 1;
+    c.order = slurm.proc_id;
+    const int tasks = slurm.num_tasks > 0 ? slurm.num_tasks : slurm.num_nodes;
+    c.min_agents = c.max_agents = tasks;
+  }
+  if (flags.nnodes_max &&
+      (*flags.nnodes_min != c.min_agents || *flags.nnodes_max != c.max_agents)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--nnodes %d:%d contradicts the Slurm step, which runs %d %s; drop --nnodes inside srun",
+        *flags.nnodes_min, *flags.nnodes_max, c.max_agents, mode == "node" ? "nodes" : "tasks"));
+  }
+  if (!flags.node_rank) c.node_index = slurm.node_id;
+  if (flags.rdzv_id.empty()) c.job_id = absl::StrCat("slurm-", slurm.job_id, ".", slurm.step_id);
+
+  if (!flags.rdzv_endpoint.empty()) return absl::OkStatus();
+  if (slurm.nodes.empty()) {
+    return absl::InvalidArgumentError(
+        "SLURM_STEP_NODELIST is not set, so the first node (which hosts the rendezvous) is "
+        "unknown; pass --rdzv-endpoint HOST:PORT");
+  }
+  const int port = DerivedPort(slurm.job_id, slurm.step_id);
+  c.rdzv_host = slurm.nodes.front();
+  c.rdzv_ports = PortRange(port);
+  if (slurm.node_id == 0 && slurm.local_id <= 0) {
+    c.embedded_server = true;
+    c.embedded_listen_host = "0.0.0.0";
+    c.embedded_ports = c.rdzv_ports;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const EnvLookup& env,
                                                const std::string& hostname) {
   AgentConfig c;
@@ -193,9 +291,9 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
   c.term_timeout = flags.term_timeout;
   c.rank_prefix = flags.rank_prefix;
   c.command = flags.command;
-  c.nproc = flags.nproc_per_node.value_or(1);
   c.node_index = flags.node_rank.value_or(-1);
   c.host = !flags.host_name.empty() ? flags.host_name : env("SLURMD_NODENAME").value_or(hostname);
+  c.job_id = flags.rdzv_id;
 
   if (c.command.empty()) {
     return absl::InvalidArgumentError(
@@ -206,6 +304,10 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
     c.command.insert(c.command.begin(), env("RDZV_PYTHON").value_or("python3"));
   }
 
+  absl::StatusOr<std::optional<SlurmEnv>> slurm = ParseSlurmEnv(env);
+  if (!slurm.ok()) return slurm.status();
+  c.nproc = flags.nproc_per_node.value_or(DefaultNproc(*slurm, env));
+
   if (flags.standalone) {
     if (!flags.rdzv_endpoint.empty()) {
       return absl::InvalidArgumentError(
@@ -215,17 +317,32 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
       return absl::InvalidArgumentError(
           "--standalone runs a single node; drop --nnodes or use --rdzv-endpoint");
     }
+    c.mode = "standalone";
     c.embedded_server = true;
-    c.embedded_listen = "127.0.0.1:0";
-    c.job_id = flags.rdzv_id.empty() ? absl::StrCat("standalone-", getpid()) : flags.rdzv_id;
+    c.embedded_listen_host = "127.0.0.1";
+    c.embedded_ports = {0};
+    if (c.job_id.empty()) c.job_id = absl::StrCat("standalone-", getpid());
     c.node_index = 0;
     return c;
   }
 
   if (!flags.rdzv_endpoint.empty()) {
-    if (absl::StatusOr<HostPort> hp = ParseHostPort(flags.rdzv_endpoint, 29400); !hp.ok()) {
+    absl::StatusOr<HostPort> hp = ParseHostPort(flags.rdzv_endpoint, 29400);
+    if (!hp.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--rdzv-endpoint: ", hp.status().message()));
     }
+    c.rdzv_host = hp->host;
+    c.rdzv_ports = {hp->port};
+  }
+
+  // Inside an srun step Slurm says everything; in a batch script without a step and without an
+  // endpoint, ResolveSlurm explains how to launch instead.
+  if (*slurm && ((*slurm)->in_step() || flags.rdzv_endpoint.empty())) {
+    if (absl::Status s = ResolveSlurm(flags, **slurm, c); !s.ok()) return s;
+    return c;
+  }
+
+  if (!flags.rdzv_endpoint.empty()) {
     if (!flags.nnodes_max) {
       return absl::InvalidArgumentError(
           "--nnodes is required with --rdzv-endpoint (how many agents to wait for)");
@@ -235,8 +352,7 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
           "--rdzv-id is required with --rdzv-endpoint so that different jobs never meet; "
           "give all agents of one job the same id, e.g. --rdzv-id exp1");
     }
-    c.endpoint = flags.rdzv_endpoint;
-    c.job_id = flags.rdzv_id;
+    c.mode = "explicit";
     c.min_agents = *flags.nnodes_min;
     c.max_agents = *flags.nnodes_max;
     if (c.node_index >= c.max_agents) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/env.h"
 
@@ -48,9 +49,17 @@ std::string AgentHelp();
 // What the agent does, all decided.
 struct AgentConfig {
   std::string job_id;
-  std::string endpoint;  // empty: host the server in-process (see embedded_*)
+  // Where the rendezvous server is: a host name or address, and the ports it may listen on,
+  // tried in order. The agent that hosts the server uses the host only to learn its own
+  // address as the other nodes see it.
+  std::string rdzv_host;
+  std::vector<int> rdzv_ports;
+  // This agent hosts the server in-process, listening on the first free port of
+  // embedded_ports (0: any free port) on embedded_listen_host.
   bool embedded_server = false;
-  std::string embedded_listen;  // where the in-process server listens
+  std::string embedded_listen_host;
+  std::vector<int> embedded_ports;
+  std::string mode;  // "standalone", "explicit", "slurm per-node" or "slurm per-task"
   int32_t min_agents = 1;
   int32_t max_agents = 1;
   int32_t nproc = 1;
@@ -69,6 +78,18 @@ struct AgentConfig {
 
 // Fills in what the flags leave open: from --standalone, from RDZV_ENDPOINT, or from Slurm's
 // variables. `hostname` is this machine's name (used when nothing better is known).
+//
+// Inside an srun step the job id is Slurm's job and step id, the node index SLURM_NODEID and
+// the agent count the step's node count (per-node mode) or task count (per-task mode, where
+// each agent runs one worker at RANK = SLURM_PROCID). Without an endpoint, the agent with
+// SLURM_NODEID 0 and SLURM_LOCALID 0 hosts the server and the others find it on the step's
+// first node, on a port derived from the job and step id (or one of the few after it).
+// How many ports after the derived one an embedded server may move to.
+inline constexpr int kEmbeddedPortCandidates = 8;
+
+// The first port an embedded server tries for a Slurm job step: 20000..29999, spread by job.
+int DerivedPort(absl::string_view job_id, absl::string_view step_id);
+
 absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const EnvLookup& env,
                                                const std::string& hostname);
 

@@ -5,11 +5,13 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include <atomic>
 #include <optional>
 #include <random>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/net.h"
@@ -127,8 +129,15 @@ class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
 
 struct Client::Impl {
   ClientOptions options;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::Rendezvous::Stub> stub;
+  struct Endpoint {
+    std::string name;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Rendezvous::Stub> stub;
+  };
+  std::vector<Endpoint> endpoints;
+  // The endpoint in use; only Join moves it, before any other call is made.
+  std::atomic<size_t> current{0};
+  v1::Rendezvous::Stub* stub() const { return endpoints[current].stub.get(); }
 
   absl::Mutex mu;
   bool cancelled ABSL_GUARDED_BY(mu) = false;
@@ -143,8 +152,6 @@ struct Client::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
-  absl::StatusOr<HostPort> hp = ParseHostPort(options.endpoint, 29400);
-  if (!hp.ok()) return hp.status();
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
   grpc::ChannelArguments args;
@@ -160,13 +167,28 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Each agent is its own client: never share a TCP connection with another Client object.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  impl->channel = grpc::CreateCustomChannel(FormatHostPort(hp->host, hp->port),
-                                            grpc::InsecureChannelCredentials(), args);
-  impl->stub = v1::Rendezvous::NewStub(impl->channel);
+  std::vector<std::string> names = {impl->options.endpoint};
+  names.insert(names.end(), impl->options.alternate_endpoints.begin(),
+               impl->options.alternate_endpoints.end());
+  for (const std::string& name : names) {
+    absl::StatusOr<HostPort> hp = ParseHostPort(name, 29400);
+    if (!hp.ok()) return hp.status();
+    Impl::Endpoint e;
+    e.name = FormatHostPort(hp->host, hp->port);
+    e.channel = grpc::CreateCustomChannel(e.name, grpc::InsecureChannelCredentials(), args);
+    e.stub = v1::Rendezvous::NewStub(e.channel);
+    impl->endpoints.push_back(std::move(e));
+  }
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+std::string Client::EndpointNames() const {
+  std::vector<std::string> names;
+  for (const Impl::Endpoint& e : impl_->endpoints) names.push_back(e.name);
+  return absl::StrJoin(names, " or ");
+}
 
 Client::~Client() {
   Cancel();
@@ -195,7 +217,7 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
       if (impl_->cancelled) return absl::CancelledError("join cancelled");
       impl_->call = call;
     }
-    call->Start(impl_->stub.get(), request);
+    call->Start(impl_->stub(), request);
     call->Await(deadline);
     if (std::optional<AssignmentEvent> a = call->assignment()) return *a;
     std::optional<absl::Status> status = call->final_status();
@@ -214,13 +236,24 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
       absl::MutexLock lock(&impl_->mu);
       if (impl_->cancelled) return absl::CancelledError("join cancelled");
     }
-    if (status->code() != absl::StatusCode::kUnavailable) return *status;
+    const bool elsewhere = status->code() == absl::StatusCode::kNotFound;
+    if (status->code() != absl::StatusCode::kUnavailable &&
+        !(elsewhere && impl_->endpoints.size() > 1)) {
+      return *status;
+    }
     last = *status;
+    // Try the next candidate at once; back off only after a round over all of them.
+    const size_t next = (impl_->current + 1) % impl_->endpoints.size();
+    impl_->current = next;
+    if (next != 0) {
+      --attempt;
+      continue;
+    }
     const absl::Duration delay = BackoffDelay(impl_->options.backoff, attempt, unit(impl_->rng));
     if (absl::Now() + delay >= deadline) {
-      return absl::UnavailableError(absl::StrFormat(
-          "cannot reach the rendezvous server at %s for %s (%s)", impl_->options.endpoint,
-          absl::FormatDuration(impl_->options.join_timeout), last.message()));
+      return absl::UnavailableError(
+          absl::StrFormat("cannot reach the rendezvous server at %s for %s (%s)", EndpointNames(),
+                          absl::FormatDuration(impl_->options.join_timeout), last.message()));
     }
     absl::MutexLock lock(&impl_->mu);
     impl_->mu.AwaitWithTimeout(absl::Condition(&impl_->cancelled), delay);
@@ -238,7 +271,7 @@ absl::StatusOr<AbortEvent> Client::ReportFailure(const FailureInfo& failure) {
   v1::ReportExitResponse response;
   grpc::ClientContext ctx;
   impl_->SetDeadline(ctx);
-  grpc::Status s = impl_->stub->ReportExit(&ctx, request, &response);
+  grpc::Status s = impl_->stub()->ReportExit(&ctx, request, &response);
   if (!s.ok()) return FromGrpcStatus(s);
   return FromProto(response.abort());
 }
@@ -256,7 +289,7 @@ absl::Status Client::Leave() {
   v1::LeaveResponse response;
   grpc::ClientContext ctx;
   impl_->SetDeadline(ctx);
-  grpc::Status s = impl_->stub->Leave(&ctx, request, &response);
+  grpc::Status s = impl_->stub()->Leave(&ctx, request, &response);
   if (call) call->Cancel();
   return FromGrpcStatus(s);
 }
@@ -267,7 +300,7 @@ absl::StatusOr<std::vector<JobStatusView>> Client::Status(const std::string& job
   v1::StatusResponse response;
   grpc::ClientContext ctx;
   impl_->SetDeadline(ctx);
-  grpc::Status s = impl_->stub->GetStatus(&ctx, request, &response);
+  grpc::Status s = impl_->stub()->GetStatus(&ctx, request, &response);
   if (!s.ok()) return FromGrpcStatus(s);
   std::vector<JobStatusView> jobs;
   for (const v1::JobStatus& j : response.jobs()) {

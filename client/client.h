@@ -30,7 +30,11 @@
 namespace rdzv {
 
 struct ClientOptions {
-  std::string endpoint;                             // "host:port" of rdzvd
+  std::string endpoint;  // "host:port" of rdzvd
+  // Where else the server may be (an embedded server that found its first port taken moved
+  // to the next). Join moves on to the next endpoint when one is unreachable or serves another
+  // job, and sticks to the one that answers.
+  std::vector<std::string> alternate_endpoints;
   absl::Duration join_timeout = absl::Minutes(10);  // how long Join may wait in total
   absl::Duration rpc_timeout = absl::Seconds(10);   // deadline of each unary call
   BackoffPolicy backoff;
@@ -80,6 +84,7 @@ class Client {
   class JoinCall;
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);
+  std::string EndpointNames() const;
   std::unique_ptr<Impl> impl_;
 };
 

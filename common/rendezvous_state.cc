@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -57,6 +58,30 @@ const char* PhaseName(Phase p) {
       return "ended";
   }
   return "?";
+}
+
+bool IsLoopback(absl::string_view address) {
+  return absl::StartsWith(address, "127.") || address == "::1" || address == "localhost";
+}
+
+// MASTER_ADDR: the rank-0 agent's best address, unless that is a loopback address while other
+// agents reached the server over the network. Then the others could not reach it (a host name
+// that /etc/hosts maps to 127.0.1.1 is the usual cause), so take a real one.
+std::string ChooseMasterAddress(const JoinSpec& master,
+                                const std::vector<const JoinSpec*>& members) {
+  const std::string first = master.addresses.empty() ? "127.0.0.1" : master.addresses.front();
+  if (!IsLoopback(first)) return first;
+  const bool remote_peers = std::any_of(members.begin(), members.end(), [](const JoinSpec* m) {
+    return !m->peer_address.empty() && !IsLoopback(m->peer_address);
+  });
+  if (!remote_peers) return first;
+  if (!master.peer_address.empty() && !IsLoopback(master.peer_address)) {
+    return master.peer_address;
+  }
+  for (const std::string& a : master.addresses) {
+    if (!IsLoopback(a)) return a;
+  }
+  return first;
 }
 
 int64_t ClaimKey(const AgentSpec& a) { return a.order >= 0 ? a.order : a.node_index; }
@@ -297,7 +322,10 @@ void RendezvousState::CompleteRound(Job& job, Decisions& out) {
   shared.group_world_size = table->group_world_size;
   shared.restart_count = job.restart_count;
   shared.agents = static_cast<int32_t>(members.size());
-  shared.master_addr = master.addresses.empty() ? "127.0.0.1" : master.addresses.front();
+  std::vector<const JoinSpec*> specs_of_members;
+  specs_of_members.reserve(members.size());
+  for (const Member* m : members) specs_of_members.push_back(&m->spec);
+  shared.master_addr = ChooseMasterAddress(master, specs_of_members);
   shared.master_port = master.master_port;
   for (const Member* m : members) {
     if (!m->spec.master_addr_override.empty()) shared.master_addr = m->spec.master_addr_override;

@@ -39,6 +39,8 @@ struct JoinSpec {
   int32_t max_agents = 1;
   Micros last_call = 0;
   std::vector<std::string> addresses;  // best first
+  // The address the server saw the agent connect from (filled in by the server).
+  std::string peer_address;
   int32_t master_port = 0;
   std::string master_addr_override;
   int32_t master_port_override = 0;

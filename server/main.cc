@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
   rdzv::ServerOptions options;
   std::string log_level = "info";
   bool help = false;
-  int64_t progress_ms = options.state.progress_interval / 1000;
+  int64_t progress_ms = options.service.state.progress_interval / 1000;
 
   rdzv::FlagParser parser("rdzvd", kUsage);
   parser.Add({"listen", "RDZV_LISTEN", "HOST:PORT", "address to serve on (default 0.0.0.0:29400)",
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rdzvd: %s\n", std::string(s.message()).c_str());
     return 2;
   }
-  options.state.progress_interval = progress_ms * 1000;
+  options.service.state.progress_interval = progress_ms * 1000;
 
   // Block the stop signals in every thread so that only sigwait below sees them.
   sigset_t stop;

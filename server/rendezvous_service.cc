@@ -6,7 +6,9 @@
 #include <deque>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/proto_convert.h"
@@ -98,13 +100,25 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
   std::optional<grpc::Status> pending_finish_ ABSL_GUARDED_BY(mu_);
 };
 
-RendezvousService::RendezvousService(Clock clock, StateOptions options, bool log_jobs)
-    : clock_(std::move(clock)), log_jobs_(log_jobs), state_(options) {}
+RendezvousService::RendezvousService(Clock clock, ServiceOptions options)
+    : clock_(std::move(clock)), options_(std::move(options)), state_(options_.state) {}
 
 RendezvousService::~RendezvousService() = default;
 
+namespace {
+
+// "ipv4:10.0.0.5:41234" or "ipv6:[fd00::5]:41234" -> the address alone.
+std::string PeerAddress(const std::string& peer) {
+  absl::string_view p = peer;
+  if (absl::ConsumePrefix(&p, "ipv4:")) return std::string(p.substr(0, p.rfind(':')));
+  if (absl::ConsumePrefix(&p, "ipv6:[")) return std::string(p.substr(0, p.find(']')));
+  return "";
+}
+
+}  // namespace
+
 grpc::ServerWriteReactor<v1::JoinEvent>* RendezvousService::Join(
-    grpc::CallbackServerContext* /*context*/, const v1::JoinRequest* request) {
+    grpc::CallbackServerContext* context, const v1::JoinRequest* request) {
   absl::MutexLock lock(&mu_);
   const StreamId id = next_stream_++;
   auto* stream = new JoinStream(this, id);
@@ -119,8 +133,15 @@ grpc::ServerWriteReactor<v1::JoinEvent>* RendezvousService::Join(
                         request->protocol_version(), kProtocolVersion)));
     return stream;
   }
+  if (!options_.only_job.empty() && request->job_id() != options_.only_job) {
+    stream->Close(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                               absl::StrFormat("this rdzv server hosts job %s, not %s",
+                                               options_.only_job, request->job_id())));
+    return stream;
+  }
   streams_.emplace(id, stream);
-  const JoinSpec spec = FromProto(*request);
+  JoinSpec spec = FromProto(*request);
+  spec.peer_address = PeerAddress(context->peer());
   SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", spec.job_id, spec.agent.agent_id,
                spec.agent.host, spec.agent.node_index, spec.agent.nproc);
   Decisions decisions;
@@ -147,7 +168,7 @@ void RendezvousService::Apply(Decisions& decisions) {
     auto it = streams_.find(close.stream);
     if (it == streams_.end()) continue;
     if (!close.status.ok() && close.status.code() != absl::StatusCode::kAborted) {
-      if (log_jobs_) spdlog::info("refused a join: {}", close.status.message());
+      if (options_.log_jobs) spdlog::info("refused a join: {}", close.status.message());
     }
     it->second->Close(ToGrpcStatus(close.status));
     // The stream is finished from our side: the state already forgot it.
@@ -168,7 +189,7 @@ grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerCont
           state_.ReportFailure(clock_(), request->job_id(), request->agent_id(),
                                FromProto(request->failure()), decisions);
       if (abort.ok()) {
-        if (log_jobs_) spdlog::info("job {}: {}", request->job_id(), abort->reason);
+        if (options_.log_jobs) spdlog::info("job {}: {}", request->job_id(), abort->reason);
         *response->mutable_abort() = ToProto(*abort);
       }
       status = abort.status();

@@ -21,9 +21,19 @@ namespace rdzv {
 using Clock = std::function<Micros()>;
 Clock SteadyClock();
 
+struct ServiceOptions {
+  StateOptions state;
+  // Log each job's failures and refusals at info level (rdzvd); an agent hosting the server
+  // reports them itself and leaves this off.
+  bool log_jobs = true;
+  // When set, the server hosts this one job and refuses others with NOT_FOUND, so that an
+  // agent that reached another job's embedded server knows to look elsewhere.
+  std::string only_job;
+};
+
 class RendezvousService final : public v1::Rendezvous::CallbackService {
  public:
-  RendezvousService(Clock clock, StateOptions options, bool log_jobs = true);
+  RendezvousService(Clock clock, ServiceOptions options);
   ~RendezvousService() override;
 
   grpc::ServerWriteReactor<v1::JoinEvent>* Join(grpc::CallbackServerContext* context,
@@ -54,7 +64,7 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   void StreamDone(StreamId id);
 
   const Clock clock_;
-  const bool log_jobs_;
+  const ServiceOptions options_;
   mutable absl::Mutex mu_;
   RendezvousState state_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<StreamId, JoinStream*> streams_ ABSL_GUARDED_BY(mu_);

@@ -14,8 +14,7 @@ namespace rdzv {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   std::unique_ptr<Server> server(new Server());
-  server->service_ =
-      std::make_unique<RendezvousService>(SteadyClock(), options.state, options.log_jobs);
+  server->service_ = std::make_unique<RendezvousService>(SteadyClock(), options.service);
 
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);

@@ -16,20 +16,15 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/rendezvous_state.h"
+#include "server/rendezvous_service.h"
 
 namespace rdzv {
-
-class RendezvousService;
 
 struct ServerOptions {
   // "host:port"; port 0 picks a free one (see Server::port()).
   std::string listen = "0.0.0.0:29400";
-  StateOptions state;
+  ServiceOptions service;
   absl::Duration tick_interval = absl::Milliseconds(100);
-  // Log each job's failures at info level (rdzvd); an agent hosting the server reports them
-  // itself and leaves this off.
-  bool log_jobs = true;
 };
 
 class Server {
