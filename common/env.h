@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/worker_env.h"
 
 namespace rdzv {
@@ -22,6 +24,13 @@ EnvLookup EnvFromList(EnvList vars);
 
 // The current process environment as a list, in its own order.
 EnvList ProcessEnvList();
+
+// Parses a site configuration file's text: "NAME=value" lines, '#' comments and blank lines
+// ignored, values optionally in double quotes. InvalidArgument names the first bad line.
+absl::StatusOr<EnvList> ParseConfigText(absl::string_view text);
+
+// Looks in `first`, then in `fallback`: the environment overrides the site configuration.
+EnvLookup EnvWithFallback(EnvLookup first, EnvLookup fallback);
 
 }  // namespace rdzv
 

@@ -29,8 +29,9 @@ TEST(AgentOptionsTest, StandaloneDefaults) {
   absl::StatusOr<AgentConfig> c = Resolve({"--standalone", "--", "python", "train.py"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->embedded_server);
-  EXPECT_EQ(c->embedded_listen, "127.0.0.1:0");
-  EXPECT_EQ(c->endpoint, "");
+  EXPECT_EQ(c->embedded_listen_host, "127.0.0.1");
+  EXPECT_EQ(c->embedded_ports, std::vector<int>{0});
+  EXPECT_EQ(c->rdzv_host, "");
   EXPECT_TRUE(absl::StartsWith(c->job_id, "standalone-")) << c->job_id;
   EXPECT_EQ(c->min_agents, 1);
   EXPECT_EQ(c->max_agents, 1);
@@ -71,7 +72,8 @@ TEST(AgentOptionsTest, Endpoint) {
                "2", "--nproc-per-node", "8", "--", "python", "train.py", "--lr", "1e-3"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_FALSE(c->embedded_server);
-  EXPECT_EQ(c->endpoint, "head:29400");
+  EXPECT_EQ(c->rdzv_host, "head");
+  EXPECT_EQ(c->rdzv_ports, std::vector<int>{29400});
   EXPECT_EQ(c->job_id, "exp1");
   EXPECT_EQ(c->min_agents, 3);
   EXPECT_EQ(c->max_agents, 3);
@@ -104,7 +106,8 @@ TEST(AgentOptionsTest, VariablesApplyAndFlagsWin) {
                        {"RDZV_NPROC_PER_NODE", "4"}};
   absl::StatusOr<AgentConfig> c = Resolve({"--nproc-per-node", "2", "--", "./run"}, env);
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->endpoint, "head:29400");
+  EXPECT_EQ(c->rdzv_host, "head");
+  EXPECT_EQ(c->rdzv_ports, std::vector<int>{29400});
   EXPECT_EQ(c->job_id, "from-env");
   EXPECT_EQ(c->max_agents, 2);
   EXPECT_EQ(c->nproc, 2);
