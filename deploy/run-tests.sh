@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The test suite, from a fresh Debian 12 machine: installs what it needs, builds (release, and
+# ASan+UBSan for the unit and integration tests), and runs every test with ctest: unit,
+# loopback integration, real PyTorch end to end, and the real local Slurm cluster (as root).
+#
+#   deploy/run-tests.sh            # everything
+#   RDZV_SKIP_ASAN=1 deploy/run-tests.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+deploy/install-deps.sh
+
+jobs=$(nproc)
+cmake --preset release >/dev/null
+cmake --build --preset release -j "$jobs"
+ctest --preset release -j 1
+
+if [ "${RDZV_SKIP_ASAN:-0}" != 1 ]; then
+  cmake --preset asan >/dev/null
+  cmake --build --preset asan -j "$jobs"
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --preset asan -L 'unit|integration' -j 1
+fi
