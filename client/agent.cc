@@ -16,6 +16,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -609,7 +610,7 @@ void Agent::Impl::Finish(int code) {
 void Agent::Impl::PrintRootCause(const AbortEvent& abort) const {
   std::string text = absl::StrFormat("job %s failed: %s", config_.job_id, abort.reason);
   if (abort.first_failure && !abort.first_failure->error_message.empty() &&
-      abort.first_failure->error_message != abort.reason) {
+      !absl::StrContains(abort.reason, abort.first_failure->error_message)) {
     absl::StrAppend(&text, "\n  error: ", abort.first_failure->error_message);
   }
   if (abort.first_failure && !abort.first_failure->stderr_tail.empty()) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -44,6 +46,141 @@ absl::StatusOr<std::string> FindProgram(const ProcessSpec& spec) {
       absl::StrFormat("cannot run %s: not found in PATH; give its full path or fix PATH", name));
 }
 
+// The signals a guard handles: stop requests and user signals are passed on to the worker's
+// group; SIGCHLD tells it the worker ended.
+sigset_t GuardSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD}) sigaddset(&set, s);
+  return set;
+}
+
+// Kills the processes the guard adopted as a subreaper: descendants of the worker that left
+// its process group (setsid) and were orphaned. Reads /proc with plain system calls only.
+void KillAdopted() {
+  char path[64];
+  const pid_t self = getpid();
+  // "/proc/<pid>/task/<pid>/children", built without snprintf (not async-signal-safe).
+  char digits[16];
+  int n = 0;
+  for (pid_t v = self; v > 0 && n < 15; v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
+  char* p = path;
+  auto put = [&p](const char* text) {
+    while (*text != '\0') *p++ = *text++;
+  };
+  put("/proc/");
+  for (int i = n - 1; i >= 0; --i) *p++ = digits[i];
+  put("/task/");
+  for (int i = n - 1; i >= 0; --i) *p++ = digits[i];
+  put("/children");
+  *p = '\0';
+  for (int pass = 0; pass < 3; ++pass) {
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    char buf[4096];
+    const ssize_t len = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (len <= 0) return;
+    pid_t pid = 0;
+    for (ssize_t i = 0; i <= len; ++i) {
+      if (i < len && buf[i] >= '0' && buf[i] <= '9') {
+        pid = pid * 10 + (buf[i] - '0');
+      } else if (pid > 0) {
+        kill(-pid, SIGKILL);
+        kill(pid, SIGKILL);
+        pid = 0;
+      }
+    }
+    while (waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+  }
+}
+
+// Ends the guard the way the worker ended, so that the agent sees the worker's exit status.
+[[noreturn]] void ExitLike(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const rlimit no_core = {0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);  // the worker dumped core already, if it was allowed to
+    signal(sig, SIG_DFL);
+    sigset_t only;
+    sigemptyset(&only);
+    sigaddset(&only, sig);
+    sigprocmask(SIG_UNBLOCK, &only, nullptr);
+    kill(getpid(), sig);
+    _exit(128 + sig);
+  }
+  _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+}
+
+// The process between the agent and one worker. It runs in the child of a fork from a
+// multithreaded process, so it makes only async-signal-safe calls. It puts the worker in a
+// process group of its own, passes the agent's signals on to that group, and when the worker
+// ends or the agent dies (PR_SET_PDEATHSIG) kills whatever is left in the group: a worker's
+// children never outlive the job, even when the agent is killed with SIGKILL.
+[[noreturn]] void GuardWorker(const char* program, char* const argv[], char* const envp[],
+                              int out_fd, int err_fd, int status_fd, pid_t agent) {
+  setpgid(0, 0);
+  const sigset_t handled = GuardSignals();
+  sigprocmask(SIG_BLOCK, &handled, nullptr);
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != agent) _exit(127);  // the agent died before the line above
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+
+  const pid_t worker = fork();
+  if (worker < 0) {
+    const int message[2] = {-1, errno};
+    (void)!write(status_fd, message, sizeof(message));
+    _exit(127);
+  }
+  if (worker == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // should the guard itself be killed outright
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int s : {SIGPIPE, SIGINT, SIGTERM, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD, SIGHUP}) {
+      signal(s, SIG_DFL);
+    }
+    dup2(out_fd, STDOUT_FILENO);
+    dup2(err_fd, STDERR_FILENO);
+    execve(program, argv, envp);
+    const int message[2] = {getpid(), errno};
+    (void)!write(status_fd, message, sizeof(message));
+    _exit(127);
+  }
+  setpgid(worker, worker);
+  const int pid_message = worker;
+  (void)!write(status_fd, &pid_message, sizeof(pid_message));
+  close(out_fd);
+  close(err_fd);
+  close(status_fd);
+
+  for (;;) {
+    siginfo_t info;
+    const int sig = sigwaitinfo(&handled, &info);
+    if (sig < 0) continue;
+    if (sig == SIGCHLD) {
+      int status = 0;
+      if (waitpid(worker, &status, WNOHANG) == worker) {
+        kill(-worker, SIGKILL);  // what the worker left behind in its group
+        KillAdopted();
+        ExitLike(status);
+      }
+      continue;
+    }
+    if (getppid() != agent) {
+      kill(-worker, SIGKILL);  // the agent is gone: so is the job
+      kill(worker, SIGKILL);
+      while (waitpid(worker, nullptr, 0) < 0 && errno == EINTR) {
+      }
+      KillAdopted();
+      _exit(128 + SIGKILL);
+    }
+    kill(-worker, sig);
+  }
+}
+
 class PosixProcessLauncher final : public ProcessLauncher {
  public:
   absl::StatusOr<SpawnedProcess> Spawn(const ProcessSpec& spec) override {
@@ -69,49 +206,56 @@ class PosixProcessLauncher final : public ProcessLauncher {
       CloseAll({out[0], out[1], err[0], err[1]});
       return Errno("pipe");
     }
-    const pid_t parent = getpid();
+    const pid_t agent = getpid();
     const pid_t pid = fork();
     if (pid < 0) {
       CloseAll({out[0], out[1], err[0], err[1], status_pipe[0], status_pipe[1]});
       return Errno("fork");
     }
     if (pid == 0) {
-      setpgid(0, 0);
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);  // the agent died before the line above
-      sigset_t none;
-      sigemptyset(&none);
-      sigprocmask(SIG_SETMASK, &none, nullptr);
-      for (int s : {SIGPIPE, SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGCHLD, SIGHUP}) {
-        signal(s, SIG_DFL);
-      }
-      dup2(out[1], STDOUT_FILENO);
-      dup2(err[1], STDERR_FILENO);
-      execve(program->c_str(), argv.data(), envp.data());
-      const int e = errno;
-      (void)!write(status_pipe[1], &e, sizeof(e));
-      _exit(127);
+      close(out[0]);
+      close(err[0]);
+      close(status_pipe[0]);
+      GuardWorker(program->c_str(), argv.data(), envp.data(), out[1], err[1], status_pipe[1],
+                  agent);
     }
-    // Also from the parent, so that a signal sent right after Spawn reaches the group.
+    // Also from the parent, so that a signal sent right after Spawn reaches the guard.
     setpgid(pid, pid);
     CloseAll({out[1], err[1], status_pipe[1]});
-    int child_errno = 0;
-    ssize_t n;
-    do {
-      n = read(status_pipe[0], &child_errno, sizeof(child_errno));
-    } while (n < 0 && errno == EINTR);
+    // The guard sends the worker's pid; then the pipe closes (exec worked) or carries errno.
+    int message[2] = {0, 0};
+    size_t got = 0;
+    while (got < sizeof(message)) {
+      const ssize_t n =
+          read(status_pipe[0], reinterpret_cast<char*>(message) + got, sizeof(message) - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
     close(status_pipe[0]);
-    if (n == sizeof(child_errno)) {
+    if (got == sizeof(message)) {
       waitpid(pid, nullptr, 0);
       CloseAll({out[0], err[0]});
       return absl::FailedPreconditionError(
-          absl::StrFormat("cannot run %s: %s", *program, strerror(child_errno)));
+          absl::StrFormat("cannot run %s: %s", *program, strerror(message[1])));
     }
+    if (got < sizeof(int)) {
+      waitpid(pid, nullptr, 0);
+      CloseAll({out[0], err[0]});
+      return absl::InternalError(absl::StrFormat("cannot start %s: the guard failed", *program));
+    }
+    worker_of_[pid] = message[0];
     return SpawnedProcess{pid, out[0], err[0]};
   }
 
   absl::Status SignalGroup(pid_t pid, int sig) override {
+    // The guard passes signals on to the worker's group; SIGKILL cannot be passed on, so it
+    // goes to both groups directly.
     if (killpg(pid, sig) != 0 && errno != ESRCH) return Errno("killpg");
+    if (sig == SIGKILL) {
+      auto it = worker_of_.find(pid);
+      if (it != worker_of_.end()) killpg(it->second, SIGKILL);
+    }
     return absl::OkStatus();
   }
 
@@ -131,6 +275,7 @@ class PosixProcessLauncher final : public ProcessLauncher {
         continue;
       }
       exits.push_back(e);
+      worker_of_.erase(pid);
     }
     return exits;
   }
@@ -142,6 +287,8 @@ class PosixProcessLauncher final : public ProcessLauncher {
   static void CloseAll(std::initializer_list<int> fds) {
     for (int fd : fds) close(fd);
   }
+
+  absl::flat_hash_map<pid_t, pid_t> worker_of_;  // guard pid -> worker pid (= its group)
 };
 
 }  // namespace

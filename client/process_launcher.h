@@ -2,9 +2,11 @@
 // small interface (spawn, signal, reap), so that tests can inject faults and so that the
 // agent's logic reads without system-call noise.
 //
-// The POSIX implementation starts each worker in a process group of its own (so a signal to
-// the group also reaches the worker's children), asks the kernel to SIGKILL the worker if the
-// agent dies (PR_SET_PDEATHSIG), and hands back pipes for its stdout and stderr.
+// The POSIX implementation starts each worker behind a small guard process: the worker runs in
+// a process group of its own, signals to the guard are passed on to that group, and when the
+// worker ends or the agent dies (even by SIGKILL) the guard kills what is left of the group, so
+// no worker or child of one outlives the job. Spawn returns the guard's pid, whose exit status
+// is the worker's; it hands back pipes for the worker's stdout and stderr.
 #ifndef RDZV_CLIENT_PROCESS_LAUNCHER_H_
 #define RDZV_CLIENT_PROCESS_LAUNCHER_H_
 
@@ -45,7 +47,8 @@ class ProcessLauncher {
   // or executed; nothing is left running then.
   virtual absl::StatusOr<SpawnedProcess> Spawn(const ProcessSpec& spec) = 0;
 
-  // Sends `sig` to the process group of `pid`. A group that is already gone is not an error.
+  // Sends `sig` to the worker started as `pid` (and its children). A worker that is already
+  // gone is not an error.
   virtual absl::Status SignalGroup(pid_t pid, int sig) = 0;
 
   // Collects every child that has ended, without blocking.
