@@ -1,5 +1,8 @@
 #include "client/agent.h"
 
+#include <fcntl.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
 #include <netdb.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -12,10 +15,15 @@
 #include <asio/signal_set.hpp>
 #include <asio/steady_timer.hpp>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <thread>
 
+#include "absl/algorithm/container.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -58,12 +66,61 @@ struct Worker {
     std::unique_ptr<asio::posix::stream_descriptor> stream;
     std::array<char, 16384> buffer;
     std::string partial;
-    int fd = 1;  // where its lines go
+    int console_fd = -1;  // where its lines go on the console, -1 for nowhere
   };
   Pipe out, err;
+  int log_fd = -1;  // the rank's log file, -1 for none
+  std::string error_file;
   std::deque<std::string> err_tail;
   int open_pipes = 0;
+
+  ~Worker() {
+    if (log_fd >= 0) close(log_fd);
+  }
 };
+
+// The message of a worker's torch error file (what @record writes on an uncaught exception):
+// {"message": {"message": "...", "extraInfo": {"py_callstack": "..."}}}. Empty when there is
+// no file or it cannot be read.
+std::string ReadErrorFile(const std::string& path) {
+  if (path.empty()) return "";
+  std::ifstream file(path);
+  if (!file) return "";
+  std::stringstream text;
+  text << file.rdbuf();
+  google::protobuf::Struct root;
+  if (!google::protobuf::util::JsonStringToMessage(text.str(), &root).ok()) {
+    return absl::StrCat("unreadable error file ", path);
+  }
+  const auto& fields = root.fields();
+  auto message = fields.find("message");
+  if (message == fields.end()) return "";
+  if (message->second.has_string_value()) return message->second.string_value();
+  if (!message->second.has_struct_value()) return "";
+  const auto& inner = message->second.struct_value().fields();
+  std::string out;
+  if (auto m = inner.find("message"); m != inner.end()) out = m->second.string_value();
+  if (auto extra = inner.find("extraInfo"); extra != inner.end()) {
+    const auto& info = extra->second.struct_value().fields();
+    if (auto stack = info.find("py_callstack"); stack != info.end()) {
+      absl::StrAppend(&out, "\n", absl::StripTrailingAsciiWhitespace(stack->second.string_value()));
+    }
+  }
+  return out;
+}
+
+// A private directory for the job's error files, removed when the agent ends.
+std::string MakeRunDir(const std::string& job_id) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string safe = job_id;
+  for (char& ch : safe) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '.') ch = '_';
+  }
+  std::string pattern =
+      absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/rdzv-", safe, "-XXXXXX");
+  if (mkdtemp(pattern.data()) == nullptr) return "";
+  return pattern;
+}
 
 bool ResolvesToAddress(const std::string& host) {
   addrinfo hints = {};
@@ -104,6 +161,10 @@ class Agent::Impl {
       : config_(std::move(config)), launcher_(std::move(launcher)) {}
 
   ~Impl() {
+    if (!run_dir_.empty()) {
+      std::error_code ignored;
+      std::filesystem::remove_all(run_dir_, ignored);
+    }
     if (client_) client_->Cancel();
     if (join_thread_.joinable()) join_thread_.join();
     if (report_thread_.joinable()) report_thread_.join();
@@ -151,6 +212,7 @@ class Agent::Impl {
   std::optional<ReservedPort> master_port_;
   std::thread join_thread_;
   std::thread report_thread_;
+  std::string run_dir_;  // the workers' error files
 
   Phase phase_ = Phase::kJoining;
   AssignmentEvent assignment_;
@@ -248,6 +310,16 @@ absl::Status Agent::Impl::Prepare() {
   spec_.master_port = master_port_->port();
   spec_.master_addr_override = config_.master_addr;
   spec_.master_port_override = config_.master_port;
+
+  run_dir_ = MakeRunDir(config_.job_id);
+  if (!config_.log_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(config_.log_dir, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("--log-dir %s cannot be created: %s", config_.log_dir, ec.message()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -398,24 +470,39 @@ absl::Status Agent::Impl::StartWorkers() {
   ctx.round = assignment_.round;
   ctx.run_id = config_.job_id;
   ctx.rdzv_endpoint = endpoint_;
+  ctx.error_file_dir = run_dir_;
   const EnvList base = ProcessEnvList();
+  const bool console = config_.log_dir.empty() || config_.tee;
 
   for (int32_t i = 0; i < config_.nproc; ++i) {
     MergedEnv env = MergeWorkerEnv(base, WorkerVariables(ctx, i));
     if (i == 0) {
       for (const std::string& note : env.notes) spdlog::warn("{}", note);
     }
-    absl::StatusOr<SpawnedProcess> spawned = launcher_->Spawn({config_.command, env.entries});
-    if (!spawned.ok()) return spawned.status();
     auto w = std::make_unique<Worker>();
     w->local_index = i;
     w->rank = ctx.rank_offset + i;
     w->local_rank = ctx.local_rank_offset + i;
+    w->error_file = ErrorFilePath(ctx, i);
+    std::remove(w->error_file.c_str());  // a file from an earlier round is not this failure
+    if (!config_.log_dir.empty()) {
+      const std::string path = absl::StrCat(config_.log_dir, "/rank-", w->rank, ".log");
+      w->log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (w->log_fd < 0) {
+        return absl::FailedPreconditionError(
+            absl::StrFormat("cannot write %s: %s", path, strerror(errno)));
+      }
+    }
+    const bool shown =
+        console && (config_.local_ranks_filter.empty() ||
+                    absl::c_linear_search(config_.local_ranks_filter, w->local_rank));
+    absl::StatusOr<SpawnedProcess> spawned = launcher_->Spawn({config_.command, env.entries});
+    if (!spawned.ok()) return spawned.status();
     w->pid = spawned->pid;
     w->out.stream = std::make_unique<asio::posix::stream_descriptor>(io_, spawned->stdout_fd);
-    w->out.fd = STDOUT_FILENO;
+    w->out.console_fd = shown ? STDOUT_FILENO : -1;
     w->err.stream = std::make_unique<asio::posix::stream_descriptor>(io_, spawned->stderr_fd);
-    w->err.fd = STDERR_FILENO;
+    w->err.console_fd = shown ? STDERR_FILENO : -1;
     w->open_pipes = 2;
     Worker& ref = *w;
     workers_.push_back(std::move(w));
@@ -447,24 +534,24 @@ void Agent::Impl::ReadPipe(Worker& w, Worker::Pipe& pipe) {
 
 void Agent::Impl::EmitLines(Worker& w, Worker::Pipe& pipe, absl::string_view data, bool eof) {
   pipe.partial.append(data.data(), data.size());
-  const std::string prefix = RankPrefix(w);
-  std::string out;
-  size_t start = 0;
-  for (size_t nl; (nl = pipe.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
-    absl::string_view line(pipe.partial.data() + start, nl - start);
-    absl::StrAppend(&out, prefix, line, "\n");
-    if (&pipe == &w.err) {
-      w.err_tail.emplace_back(line);
-      if (w.err_tail.size() > kTailLines) w.err_tail.pop_front();
+  if (eof && !pipe.partial.empty() && pipe.partial.back() != '\n') pipe.partial.push_back('\n');
+  const size_t end = pipe.partial.rfind('\n');
+  if (end == std::string::npos) return;
+  const absl::string_view lines(pipe.partial.data(), end + 1);
+  if (w.log_fd >= 0) WriteAll(w.log_fd, lines);
+  if (pipe.console_fd >= 0 || &pipe == &w.err) {
+    const std::string prefix = RankPrefix(w);
+    std::string out;
+    for (absl::string_view line : absl::StrSplit(lines.substr(0, end), '\n')) {
+      if (pipe.console_fd >= 0) absl::StrAppend(&out, prefix, line, "\n");
+      if (&pipe == &w.err) {
+        w.err_tail.emplace_back(line);
+        if (w.err_tail.size() > kTailLines) w.err_tail.pop_front();
+      }
     }
+    if (pipe.console_fd >= 0) WriteAll(pipe.console_fd, out);
   }
-  pipe.partial.erase(0, start);
-  if (eof && !pipe.partial.empty()) {
-    absl::StrAppend(&out, prefix, pipe.partial, "\n");
-    if (&pipe == &w.err) w.err_tail.push_back(pipe.partial);
-    pipe.partial.clear();
-  }
-  WriteAll(pipe.fd, out);
+  pipe.partial.erase(0, end + 1);
 }
 
 void Agent::Impl::ReapWorkers() {
@@ -488,6 +575,7 @@ void Agent::Impl::LocalFailure(Worker& w) {
   f.exit_code = w.exit->code();
   f.signal = w.exit->signal;
   f.stderr_tail = absl::StrJoin(w.err_tail, "\n");
+  f.error_message = ReadErrorFile(w.error_file);
   Fail(f);
 }
 
@@ -609,14 +697,17 @@ void Agent::Impl::Finish(int code) {
 
 void Agent::Impl::PrintRootCause(const AbortEvent& abort) const {
   std::string text = absl::StrFormat("job %s failed: %s", config_.job_id, abort.reason);
-  if (abort.first_failure && !abort.first_failure->error_message.empty() &&
-      !absl::StrContains(abort.reason, abort.first_failure->error_message)) {
-    absl::StrAppend(&text, "\n  error: ", abort.first_failure->error_message);
-  }
-  if (abort.first_failure && !abort.first_failure->stderr_tail.empty()) {
-    absl::StrAppend(&text, "\n  last lines of rank ", abort.first_failure->rank, "'s stderr:");
-    for (absl::string_view line : absl::StrSplit(abort.first_failure->stderr_tail, '\n')) {
+  const auto block = [&text](absl::string_view title, absl::string_view body) {
+    absl::StrAppend(&text, "\n  ", title);
+    for (absl::string_view line : absl::StrSplit(body, '\n')) {
       absl::StrAppend(&text, "\n    ", line);
+    }
+  };
+  if (const std::optional<FailureInfo>& f = abort.first_failure) {
+    if (!f->error_message.empty() && !absl::StrContains(abort.reason, f->error_message)) {
+      block(absl::StrCat("rank ", f->rank, "'s error:"), f->error_message);
+    } else if (!f->stderr_tail.empty()) {
+      block(absl::StrCat("last lines of rank ", f->rank, "'s stderr:"), f->stderr_tail);
     }
   }
   spdlog::error("{}", text);

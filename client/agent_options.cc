@@ -161,6 +161,24 @@ FlagParser MakeParser(AgentFlags& f) {
   p.Add({"rank-prefix", "RDZV_RANK_PREFIX", "",
          "prefix each line of worker output with its rank, as \"[3]: \" (default true)",
          BoolSetter(&f.rank_prefix)});
+  p.Add({"log-dir", "RDZV_LOG_DIR", "DIR",
+         "write each rank's output to DIR/rank-RANK.log instead of the console (see --tee)",
+         StringSetter(&f.log_dir)});
+  p.Add({"tee", "RDZV_TEE", "", "with --log-dir, also show worker output on the console",
+         BoolSetter(&f.tee)});
+  p.Add({"local-ranks-filter", "RDZV_LOCAL_RANKS_FILTER", "0,1,...",
+         "show only these local ranks' output on the console (default: all)",
+         [&f](absl::string_view v) {
+           f.local_ranks_filter.clear();
+           for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipWhitespace())) {
+             int64_t r;
+             if (absl::Status s = SetInt(part, 0, 1'000'000, &r); !s.ok()) {
+               return absl::InvalidArgumentError("expected local ranks such as 0 or 0,1");
+             }
+             f.local_ranks_filter.push_back(static_cast<int32_t>(r));
+           }
+           return absl::OkStatus();
+         }});
   p.Add({"log-level", "RDZV_LOG_LEVEL", "LEVEL",
          "trace, debug, info, warn, error or off (default info)", StringSetter(&f.log_level)});
   p.Add({"version", "", "", "print the version", BoolSetter(&f.version)});
@@ -290,6 +308,9 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
   c.last_call = flags.last_call;
   c.term_timeout = flags.term_timeout;
   c.rank_prefix = flags.rank_prefix;
+  c.log_dir = flags.log_dir;
+  c.tee = flags.tee;
+  c.local_ranks_filter = flags.local_ranks_filter;
   c.command = flags.command;
   c.node_index = flags.node_rank.value_or(-1);
   c.host = !flags.host_name.empty() ? flags.host_name : env("SLURMD_NODENAME").value_or(hostname);

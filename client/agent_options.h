@@ -35,6 +35,9 @@ struct AgentFlags {
   std::string log_level = "info";
   std::string mode = "auto";  // auto, node or task (under Slurm)
   bool rank_prefix = true;
+  std::string log_dir;
+  bool tee = false;
+  std::vector<int32_t> local_ranks_filter;  // empty: every local rank
   bool help = false;
   bool version = false;
   std::vector<std::string> command;
@@ -73,6 +76,11 @@ struct AgentConfig {
   absl::Duration last_call;
   absl::Duration term_timeout;
   bool rank_prefix = true;
+  // Worker output: one file per rank in log_dir (when set), and on the console when there is
+  // no log_dir or with tee, for the local ranks in local_ranks_filter (all when empty).
+  std::string log_dir;
+  bool tee = false;
+  std::vector<int32_t> local_ranks_filter;
   std::vector<std::string> command;
 };
 

@@ -18,6 +18,11 @@ bool IsDefault(const std::string& name) {
 
 }  // namespace
 
+std::string ErrorFilePath(const WorkerContext& ctx, int32_t local_index) {
+  if (ctx.error_file_dir.empty()) return "";
+  return absl::StrCat(ctx.error_file_dir, "/error-", ctx.local_rank_offset + local_index, ".json");
+}
+
 EnvList WorkerVariables(const WorkerContext& ctx, int32_t local_index) {
   const int32_t rank = ctx.rank_offset + local_index;
   const auto n = [](int64_t v) { return absl::StrCat(v); };
@@ -43,6 +48,9 @@ EnvList WorkerVariables(const WorkerContext& ctx, int32_t local_index) {
       {"RDZV_RUN_ID", ctx.run_id},
       {"RDZV_ROUND", n(ctx.round)},
   };
+  if (!ctx.error_file_dir.empty()) {
+    vars.emplace_back("TORCHELASTIC_ERROR_FILE", ErrorFilePath(ctx, local_index));
+  }
   if (ctx.local_world_size > 1) vars.emplace_back("OMP_NUM_THREADS", "1");
   vars.emplace_back("NCCL_ASYNC_ERROR_HANDLING", "1");
   return vars;

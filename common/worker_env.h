@@ -28,7 +28,13 @@ struct WorkerContext {
   std::string run_id;
   std::string role = "default";
   std::string rdzv_endpoint;
+  // Where workers write torch's error file (TORCHELASTIC_ERROR_FILE, what @record writes);
+  // empty for none.
+  std::string error_file_dir;
 };
+
+// The error file of the worker with local index `local_index`, or "" when ctx has no dir.
+std::string ErrorFilePath(const WorkerContext& ctx, int32_t local_index);
 
 using EnvList = std::vector<std::pair<std::string, std::string>>;
 
