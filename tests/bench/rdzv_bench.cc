@@ -1,0 +1,1216 @@
+// rdzv-bench: a load generator for rdzvd, and a timer for rdzv-agent launches.
+//
+// Scale mode (the default) starts rdzvd as a separate process on a free loopback port and, for
+// each agent count N, forks P client processes (this program again, in worker mode) that
+// simulate N/P agents each. Every simulated agent is a librdzv Client with a channel of its own,
+// run on a thread of its own as rdzv-agent runs its join. For every N it measures, on a fresh
+// rdzvd:
+//   - the floor: N fresh channels each making one empty unary call (GetStatus of a job that does
+//     not exist), from the start barrier to the last answer;
+//   - the rendezvous: N fresh Clients joining one job with node indices 0..N-1, from the start
+//     barrier to the last assignment, with rdzvd's CPU time and memory while all N are attached;
+//   - the fail-fast fan-out: one agent reports a failure; the time until every agent's on_abort
+//     ran, per client process.
+// Every assignment is checked (rank == node index, world size N). --check makes any error or
+// wrong assignment fail the run, for the scale smoke test.
+//
+// Launch mode (--launch) times real rdzv-agent processes: `--standalone -- true` (wall time and
+// peak RSS, median of K runs), and N agents on loopback against one rdzvd running `true`.
+//
+// The parent never touches gRPC, so forking it is safe; workers exec this binary afresh. Every
+// process it starts dies with it (PR_SET_PDEATHSIG) and is killed and reaped on every path out,
+// and every wait is bounded.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "common/env.h"
+#include "common/flags.h"
+
+namespace rdzv::bench {
+namespace {
+
+// RunScale's result when calls failed but --check was not given: exit 0, keep the logs.
+constexpr int kErrorsSeen = -1;
+
+// The job nobody joins: the floor's empty call asks for its status.
+constexpr char kFloorJob[] = "rdzv-bench-floor";
+
+// CLOCK_MONOTONIC is one clock for every process on the machine, so the parent and its workers
+// compare these directly.
+int64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+void WriteAll(int fd, absl::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+// One reply line from a worker: "kind key=value ... msg=free text".
+struct Reply {
+  std::string kind;
+  std::map<std::string, std::string> fields;
+  std::string message;
+
+  int64_t Int(const std::string& key) const {
+    int64_t v = 0;
+    auto it = fields.find(key);
+    if (it != fields.end() && absl::SimpleAtoi(it->second, &v)) return v;
+    return 0;
+  }
+  std::vector<int64_t> List(const std::string& key) const {
+    std::vector<int64_t> out;
+    auto it = fields.find(key);
+    if (it == fields.end()) return out;
+    for (absl::string_view s : absl::StrSplit(it->second, ',', absl::SkipEmpty())) {
+      int64_t v;
+      if (absl::SimpleAtoi(s, &v)) out.push_back(v);
+    }
+    return out;
+  }
+};
+
+Reply ParseReply(absl::string_view line) {
+  Reply r;
+  if (size_t m = line.find(" msg="); m != absl::string_view::npos) {
+    r.message = std::string(line.substr(m + 5));
+    line = line.substr(0, m);
+  }
+  std::vector<absl::string_view> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
+  if (words.empty()) return r;
+  r.kind = std::string(words[0]);
+  for (size_t i = 1; i < words.size(); ++i) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(words[i], absl::MaxSplits('=', 1));
+    r.fields[kv.first] = kv.second;
+  }
+  return r;
+}
+
+std::string OneLine(absl::string_view text) {
+  std::string s(text);
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker: a client process simulating agents [first, first + count) of an N-agent job. It reads
+// commands on stdin and answers each with one line on stdout.
+
+// One thread per simulated agent, each blocked in a call for most of its life, as an agent's
+// join thread is. Small stacks: a worker runs a thousand or more of them.
+class AgentThreads {
+ public:
+  AgentThreads(size_t count, std::function<void(size_t)> body) : body_(std::move(body)) {
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    args_.resize(count);
+    for (size_t i = 0; i < count; ++i) {
+      args_[i] = {this, i};
+      pthread_t t;
+      if (pthread_create(&t, &attr, &AgentThreads::Main, &args_[i]) != 0) {
+        start_error_ = absl::ResourceExhaustedError(
+            absl::StrFormat("cannot start thread %d of %d: %s", i, count, strerror(errno)));
+        break;
+      }
+      threads_.push_back(t);
+    }
+    pthread_attr_destroy(&attr);
+  }
+  ~AgentThreads() {
+    Go();
+    Join();
+  }
+  AgentThreads(const AgentThreads&) = delete;
+  AgentThreads& operator=(const AgentThreads&) = delete;
+
+  const absl::Status& start_error() const { return start_error_; }
+  void Go() {
+    if (!go_.HasBeenNotified()) go_.Notify();
+  }
+  // Each body ends by itself: every call it makes has a deadline.
+  void Join() {
+    for (pthread_t t : threads_) pthread_join(t, nullptr);
+    threads_.clear();
+  }
+
+ private:
+  struct Arg {
+    AgentThreads* self;
+    size_t index;
+  };
+  static void* Main(void* p) {
+    auto* arg = static_cast<Arg*>(p);
+    arg->self->go_.WaitForNotification();
+    arg->self->body_(arg->index);
+    return nullptr;
+  }
+
+  std::function<void(size_t)> body_;
+  std::vector<Arg> args_;
+  std::vector<pthread_t> threads_;
+  absl::Notification go_;
+  absl::Status start_error_;
+};
+
+struct WorkerConfig {
+  std::string endpoint;
+  std::string job;
+  int64_t first = 0;
+  int64_t count = 0;
+  int64_t n = 0;
+};
+
+class Worker {
+ public:
+  explicit Worker(WorkerConfig config)
+      : config_(std::move(config)), abort_ns_(static_cast<size_t>(config_.count)) {}
+
+  int Run() {
+    std::string line;
+    while (std::getline(std::cin, line)) {
+      if (line == "floor") {
+        Floor();
+      } else if (line == "join") {
+        Join();
+      } else if (line == "fail") {
+        Fail();
+      } else if (line == "abortwait") {
+        AbortWait();
+      } else if (line == "quit") {
+        clients_.clear();
+        Send("bye");
+        return 0;
+      } else {
+        Send(absl::StrCat("error msg=unknown command ", line));
+      }
+    }
+    return 0;  // the parent went away
+  }
+
+ private:
+  void Send(const std::string& line) { WriteAll(STDOUT_FILENO, line + "\n"); }
+
+  // Waits for the parent's start signal; false when it sent something else or went away.
+  bool AwaitGo() {
+    std::string line;
+    return std::getline(std::cin, line) && line == "go";
+  }
+
+  std::vector<std::unique_ptr<Client>> NewClients() {
+    std::vector<std::unique_ptr<Client>> clients;
+    for (int64_t i = 0; i < config_.count; ++i) {
+      ClientOptions options;
+      options.endpoint = config_.endpoint;
+      options.join_timeout = absl::Seconds(120);
+      options.rpc_timeout = absl::Seconds(60);
+      absl::StatusOr<std::unique_ptr<Client>> c = Client::Create(options);
+      if (!c.ok()) {
+        std::fprintf(stderr, "rdzv-bench worker: %s\n", std::string(c.status().message()).c_str());
+        std::exit(1);
+      }
+      clients.push_back(std::move(*c));
+    }
+    return clients;
+  }
+
+  // Sends "kind ok= err= last= lat=..." for calls that ran from start[i] to end[i].
+  void SendTimings(const std::string& kind, const std::vector<int64_t>& start,
+                   const std::vector<int64_t>& end, const std::vector<absl::Status>& status,
+                   const std::string& extra) {
+    int64_t ok = 0, last = 0;
+    std::string first_error;
+    std::vector<int64_t> lat_us;
+    for (size_t i = 0; i < start.size(); ++i) {
+      if (status[i].ok()) {
+        ++ok;
+        last = std::max(last, end[i]);
+        lat_us.push_back((end[i] - start[i]) / 1000);
+      } else if (first_error.empty()) {
+        first_error = absl::StrCat("agent ", config_.first + static_cast<int64_t>(i), ": ",
+                                   status[i].ToString());
+      }
+    }
+    Send(absl::StrFormat("%s ok=%d err=%d last=%d lat=%s %s msg=%s", kind, ok,
+                         static_cast<int64_t>(start.size()) - ok, last, absl::StrJoin(lat_us, ","),
+                         extra, OneLine(first_error)));
+  }
+
+  void Floor() {
+    std::vector<std::unique_ptr<Client>> clients = NewClients();
+    const size_t count = clients.size();
+    std::vector<int64_t> start(count), end(count);
+    std::vector<absl::Status> status(count);
+    {
+      AgentThreads threads(count, [&](size_t i) {
+        start[i] = NowNs();
+        absl::StatusOr<std::vector<JobStatusView>> r = clients[i]->Status(kFloorJob);
+        end[i] = NowNs();
+        if (!r.ok()) status[i] = r.status();
+      });
+      if (!threads.start_error().ok()) {
+        Send(absl::StrCat("error msg=", threads.start_error().ToString()));
+        return;
+      }
+      Send("ready");
+      if (!AwaitGo()) return;
+      threads.Go();
+      threads.Join();
+    }
+    SendTimings("floor", start, end, status, "");
+    // Close the floor's connections once the parent has taken rdzvd's figures, so that the
+    // teardown counts in no phase and the rendezvous starts clean.
+    std::string line;
+    if (std::getline(std::cin, line) && line == "close") {
+      clients.clear();
+      Send("closed");
+    }
+  }
+
+  void Join() {
+    clients_ = NewClients();
+    for (std::atomic<int64_t>& a : abort_ns_) a = 0;
+    const size_t count = clients_.size();
+    std::vector<int64_t> start(count), end(count), ranks(count, -1);
+    std::vector<absl::Status> status(count);
+    lost_ = 0;
+    {
+      AgentThreads threads(count, [&](size_t i) {
+        const int64_t node = config_.first + static_cast<int64_t>(i);
+        JoinSpec spec;
+        spec.job_id = config_.job;
+        spec.agent.agent_id = absl::StrCat("agent-", node);
+        spec.agent.host = absl::StrCat("node", node);
+        spec.agent.node_index = node;
+        spec.agent.nproc = 1;
+        spec.min_agents = static_cast<int32_t>(config_.n);
+        spec.max_agents = static_cast<int32_t>(config_.n);
+        spec.addresses = {"127.0.0.1"};
+        spec.master_port = 29500;
+        Handlers handlers;
+        handlers.on_abort = [this, i](const AbortEvent&) {
+          int64_t zero = 0;
+          abort_ns_[i].compare_exchange_strong(zero, NowNs());
+        };
+        handlers.on_lost = [this](const absl::Status&) { ++lost_; };
+        start[i] = NowNs();
+        absl::StatusOr<AssignmentEvent> a = clients_[i]->Join(spec, handlers);
+        end[i] = NowNs();
+        if (!a.ok()) {
+          status[i] = a.status();
+          return;
+        }
+        ranks[i] = a->slot.rank_offset;
+        const int64_t n = config_.n;
+        if (a->slot.rank_offset != node || a->slot.group_rank != node || a->world_size != n ||
+            a->group_world_size != n || a->agents != n || a->slot.local_rank_offset != 0 ||
+            a->slot.local_world_size != 1) {
+          status[i] = absl::InternalError(absl::StrFormat(
+              "wrong assignment for node %d: rank %d group rank %d world %d groups %d agents %d "
+              "local rank %d local world %d",
+              node, a->slot.rank_offset, a->slot.group_rank, a->world_size, a->group_world_size,
+              a->agents, a->slot.local_rank_offset, a->slot.local_world_size));
+        }
+      });
+      if (!threads.start_error().ok()) {
+        Send(absl::StrCat("error msg=", threads.start_error().ToString()));
+        return;
+      }
+      Send("ready");
+      if (!AwaitGo()) return;
+      threads.Go();
+      threads.Join();
+    }
+    SendTimings("join", start, end, status,
+                absl::StrFormat("lost=%d ranks=%s", lost_.load(), absl::StrJoin(ranks, ",")));
+  }
+
+  void Fail() {
+    if (clients_.empty()) {
+      Send("error msg=no agents joined");
+      return;
+    }
+    FailureInfo failure;
+    failure.host = absl::StrCat("node", config_.first);
+    failure.group_rank = static_cast<int32_t>(config_.first);
+    failure.rank = static_cast<int32_t>(config_.first);
+    failure.local_rank = 0;
+    failure.exit_code = 1;
+    const int64_t t = NowNs();
+    absl::StatusOr<AbortEvent> abort = clients_[0]->ReportFailure(failure);
+    Send(absl::StrFormat("failed t=%d err=%d msg=%s", t, abort.ok() ? 0 : 1,
+                         abort.ok() ? "" : OneLine(abort.status().ToString())));
+  }
+
+  void AbortWait() {
+    const int64_t deadline = NowNs() + 30'000'000'000;
+    int64_t received = 0, last = 0;
+    while (true) {
+      received = 0;
+      last = 0;
+      for (const std::atomic<int64_t>& a : abort_ns_) {
+        const int64_t t = a.load();
+        if (t != 0) {
+          ++received;
+          last = std::max(last, t);
+        }
+      }
+      if (received == config_.count || NowNs() > deadline) break;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    Send(absl::StrFormat("abort received=%d last=%d", received, last));
+  }
+
+  const WorkerConfig config_;
+  std::vector<std::unique_ptr<Client>> clients_;
+  std::vector<std::atomic<int64_t>> abort_ns_;
+  std::atomic<int64_t> lost_{0};
+};
+
+// ---------------------------------------------------------------------------------------------
+// The parent: processes it starts, and what it reads about them.
+
+// A child process that is killed (SIGKILL) and reaped when the object goes, unless it already
+// ended. Its stdin/stdout may be pipes to this process.
+class Child {
+ public:
+  Child() = default;
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  ~Child() { Kill(); }
+
+  // Starts argv[0] (a path). With `pipes`, the child's stdin and stdout are pipes to us;
+  // otherwise both are /dev/null. stderr goes to `stderr_path` (appended), or is inherited.
+  absl::Status Start(const std::vector<std::string>& argv, bool pipes,
+                     const std::string& stderr_path = "") {
+    int in[2] = {-1, -1}, out[2] = {-1, -1};
+    if (pipes && (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0)) {
+      return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+    }
+    std::vector<char*> cargv;
+    for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+    cargv.push_back(nullptr);
+    const pid_t parent = getpid();
+    start_ns_ = NowNs();
+    pid_ = fork();
+    if (pid_ < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
+      setpgid(0, 0);
+      const int devnull = open("/dev/null", O_RDWR);
+      dup2(pipes ? in[0] : devnull, STDIN_FILENO);
+      dup2(pipes ? out[1] : devnull, STDOUT_FILENO);
+      if (!stderr_path.empty()) {
+        const int err = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (err >= 0) dup2(err, STDERR_FILENO);
+      }
+      execv(cargv[0], cargv.data());
+      std::fprintf(stderr, "rdzv-bench: cannot run %s: %s\n", cargv[0], strerror(errno));
+      _exit(127);
+    }
+    if (pipes) {
+      close(in[0]);
+      close(out[1]);
+      to_ = in[1];
+      from_ = out[0];
+    }
+    return absl::OkStatus();
+  }
+
+  pid_t pid() const { return pid_; }
+  bool running() const { return pid_ > 0 && !exited_; }
+  int64_t start_ns() const { return start_ns_; }
+
+  void Send(const std::string& line) {
+    if (to_ >= 0) WriteAll(to_, line + "\n");
+  }
+
+  // The next line from the child's stdout, waiting until `deadline_ns` at most.
+  absl::StatusOr<std::string> ReadLine(int64_t deadline_ns) {
+    while (true) {
+      if (size_t nl = buffer_.find('\n'); nl != std::string::npos) {
+        std::string line = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        return line;
+      }
+      const int64_t left_ms = (deadline_ns - NowNs()) / 1'000'000;
+      if (left_ms <= 0) return absl::DeadlineExceededError("no answer in time");
+      pollfd p{from_, POLLIN, 0};
+      const int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
+      if (r < 0 && errno != EINTR) return absl::InternalError(strerror(errno));
+      if (r <= 0) continue;
+      char buf[65536];
+      const ssize_t n = read(from_, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return absl::UnavailableError("the process ended");
+      buffer_.append(buf, static_cast<size_t>(n));
+    }
+  }
+
+  // Waits for the child to end until `deadline_ns`; its exit status (or 128 + signal), and
+  // its resource usage. DeadlineExceeded (and the child killed) when it did not end in time.
+  absl::StatusOr<int> Wait(int64_t deadline_ns, rusage* usage = nullptr) {
+    if (pid_ <= 0) return absl::FailedPreconditionError("not started");
+    while (!Poll()) {
+      if (NowNs() > deadline_ns) {
+        Kill();
+        return absl::DeadlineExceededError("did not end in time");
+      }
+      usleep(500);
+    }
+    if (usage != nullptr) *usage = usage_;
+    return code_;
+  }
+
+  // Whether the child has ended (reaping it if so); never blocks.
+  bool Poll() {
+    if (pid_ <= 0 || exited_) return true;
+    int status = 0;
+    rusage ru{};
+    const pid_t r = wait4(pid_, &status, WNOHANG, &ru);
+    if (r == pid_) {
+      exited_ = true;
+      end_ns_ = NowNs();
+      usage_ = ru;
+      code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    } else if (r < 0 && errno != EINTR) {
+      exited_ = true;  // not our child any more: nothing left to wait for
+    }
+    return exited_;
+  }
+  int64_t end_ns() const { return end_ns_; }
+
+  // SIGTERM, then SIGKILL after `grace_ns`; always reaps.
+  void Stop(int64_t grace_ns) {
+    if (!running()) return;
+    kill(pid_, SIGTERM);
+    if (!Wait(NowNs() + grace_ns).ok()) Kill();
+  }
+
+  void Kill() {
+    if (running()) {
+      kill(-pid_, SIGKILL);
+      kill(pid_, SIGKILL);
+      int status;
+      while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+      }
+      exited_ = true;
+    }
+    if (to_ >= 0) close(to_);
+    if (from_ >= 0) close(from_);
+    to_ = from_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int to_ = -1;
+  int from_ = -1;
+  std::string buffer_;
+  bool exited_ = false;
+  int code_ = -1;
+  rusage usage_{};
+  int64_t start_ns_ = 0;
+  int64_t end_ns_ = 0;
+};
+
+struct ProcStats {
+  double cpu_s = 0;  // user + system, all threads, since start
+  int64_t rss_kib = 0;
+  int64_t hwm_kib = 0;
+  int64_t fds = 0;
+};
+
+ProcStats ReadProcStats(pid_t pid) {
+  ProcStats s;
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  if (size_t close = text.rfind(')'); close != std::string::npos) {
+    // After "pid (comm)": field 3 (state) onwards; utime and stime are fields 14 and 15.
+    std::vector<std::string> f = absl::StrSplit(text.substr(close + 2), ' ');
+    int64_t utime = 0, stime = 0;
+    if (f.size() > 12 && absl::SimpleAtoi(f[11], &utime) && absl::SimpleAtoi(f[12], &stime)) {
+      s.cpu_s = static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+    }
+  }
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    absl::string_view l = line;
+    int64_t v = 0;
+    if (absl::ConsumePrefix(&l, "VmRSS:") &&
+        absl::SimpleAtoi(absl::StripSuffix(absl::StripAsciiWhitespace(l), " kB"), &v)) {
+      s.rss_kib = v;
+    } else if (absl::ConsumePrefix(&l, "VmHWM:") &&
+               absl::SimpleAtoi(absl::StripSuffix(absl::StripAsciiWhitespace(l), " kB"), &v)) {
+      s.hwm_kib = v;
+    }
+  }
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/fd"), ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++s.fds;
+  }
+  return s;
+}
+
+// A port that was free a moment ago (the server binds it next; a lost race is retried).
+absl::StatusOr<int> FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    close(fd);
+    return absl::InternalError(strerror(errno));
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+bool CanConnect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  close(fd);
+  return ok;
+}
+
+std::string Tail(const std::string& path, size_t bytes = 2000) {
+  std::ifstream f(path);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return text.size() > bytes ? text.substr(text.size() - bytes) : text;
+}
+
+struct Options {
+  std::string rdzvd = RDZVD_BIN;
+  std::string agent = RDZV_AGENT_BIN;
+  std::vector<int64_t> agents = {1, 100, 1000, 4000, 10000};
+  int64_t procs = 0;  // 0: ceil(N / 1000)
+  int64_t reps = 1;
+  std::string csv;
+  bool check = false;
+  bool launch = false;
+  int64_t launch_reps = 5;
+  std::vector<int64_t> launch_nodes = {8, 32};
+  std::vector<std::string> rdzvd_args;
+  std::string self;
+  std::string log_dir;
+};
+
+// rdzvd on a free loopback port, its stderr in log_dir. Retries when another process took the
+// port between our probe and its bind.
+absl::Status StartRdzvd(const Options& o, Child& rdzvd, int& port, const std::string& log) {
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    absl::StatusOr<int> p = FreePort();
+    if (!p.ok()) return p.status();
+    std::vector<std::string> argv = {o.rdzvd, "--listen", absl::StrCat("127.0.0.1:", *p)};
+    argv.insert(argv.end(), o.rdzvd_args.begin(), o.rdzvd_args.end());
+    if (absl::Status s = rdzvd.Start(argv, false, log); !s.ok()) return s;
+    const int64_t deadline = NowNs() + 10'000'000'000;
+    while (NowNs() < deadline) {
+      if (CanConnect(*p)) {
+        port = *p;
+        return absl::OkStatus();
+      }
+      if (rdzvd.Poll()) break;  // it exited: most likely the port was taken
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    rdzvd.Kill();
+  }
+  return absl::UnavailableError(
+      absl::StrCat("rdzvd did not start listening; its log:\n", Tail(log)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scale mode.
+
+struct ScaleResult {
+  int64_t n = 0;
+  int64_t rep = 0;
+  int64_t procs = 0;
+  double join_wall_s = 0;
+  double join_p50_ms = 0;
+  double join_p99_ms = 0;
+  double floor_wall_s = 0;
+  double floor_p50_ms = 0;
+  double floor_p99_ms = 0;
+  double cpu_join_s = 0;
+  double cpu_floor_s = 0;
+  double rss_attached_mib = 0;
+  double hwm_mib = 0;
+  double abort_s = 0;
+  std::vector<double> abort_per_proc_ms;
+  int64_t errors = 0;
+  bool correct = false;
+  std::vector<std::string> messages;
+};
+
+double Percentile(std::vector<int64_t> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(std::ceil(q * v.size())) - 1);
+  return static_cast<double>(v[q <= 0 ? 0 : i]);
+}
+
+class ScaleRun {
+ public:
+  ScaleRun(const Options& o, int64_t n, int64_t rep) : o_(o) {
+    r_.n = n;
+    r_.rep = rep;
+    r_.procs = o.procs > 0 ? std::min(o.procs, n) : (n + 999) / 1000;
+    phase_timeout_ns_ = (60 + n / 50) * 1'000'000'000LL;
+  }
+
+  ScaleResult Run() {
+    if (absl::Status s = RunPhases(); !s.ok()) Error(s.ToString());
+    for (Child& w : workers_) w.Kill();
+    rdzvd_.Stop(5'000'000'000);
+    return r_;
+  }
+
+ private:
+  void Error(const std::string& message) {
+    ++r_.errors;
+    r_.messages.push_back(message);
+  }
+
+  // Sends `command` to every worker (or only `only`) and collects one reply of `kind` from each.
+  absl::StatusOr<std::vector<Reply>> Ask(const std::string& command, const std::string& kind,
+                                         int only = -1) {
+    std::vector<Reply> replies;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      if (command.empty()) continue;  // only collecting the replies of a started phase
+      if (only < 0 || static_cast<int>(i) == only) workers_[i].Send(command);
+    }
+    const int64_t deadline = NowNs() + phase_timeout_ns_;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      if (only >= 0 && static_cast<int>(i) != only) continue;
+      absl::StatusOr<std::string> line = workers_[i].ReadLine(deadline);
+      if (!line.ok()) {
+        return absl::Status(
+            line.status().code(),
+            absl::StrFormat("worker %d, waiting for \"%s\": %s", i, kind, line.status().message()));
+      }
+      Reply reply = ParseReply(*line);
+      if (reply.kind != kind) {
+        return absl::InternalError(
+            absl::StrFormat("worker %d answered \"%s\" instead of \"%s\"", i, *line, kind));
+      }
+      replies.push_back(std::move(reply));
+    }
+    return replies;
+  }
+
+  // Prepares a phase in every worker (clients and threads ready), then releases them at once.
+  // Returns the release time.
+  absl::StatusOr<int64_t> StartPhase(const std::string& phase) {
+    absl::StatusOr<std::vector<Reply>> ready = Ask(phase, "ready");
+    if (!ready.ok()) return ready.status();
+    const int64_t t0 = NowNs();
+    for (Child& w : workers_) w.Send("go");
+    return t0;
+  }
+
+  // Sums a phase's replies into wall time from t0 and latency percentiles.
+  void Collect(const std::vector<Reply>& replies, int64_t t0, double& wall_s, double& p50_ms,
+               double& p99_ms) {
+    std::vector<int64_t> lat;
+    int64_t last = t0;
+    for (const Reply& rep : replies) {
+      r_.errors += rep.Int("err");
+      if (!rep.message.empty()) r_.messages.push_back(rep.message);
+      last = std::max(last, rep.Int("last"));
+      std::vector<int64_t> l = rep.List("lat");
+      lat.insert(lat.end(), l.begin(), l.end());
+    }
+    wall_s = static_cast<double>(last - t0) / 1e9;
+    p50_ms = Percentile(lat, 0.5) / 1000.0;
+    p99_ms = Percentile(lat, 0.99) / 1000.0;
+  }
+
+  // Waits until rdzvd has closed the floor's connections and gone quiet.
+  void Settle(int64_t baseline_fds) {
+    const int64_t deadline = NowNs() + 30'000'000'000;
+    double cpu = ReadProcStats(rdzvd_.pid()).cpu_s;
+    while (NowNs() < deadline) {
+      absl::SleepFor(absl::Milliseconds(100));
+      const ProcStats s = ReadProcStats(rdzvd_.pid());
+      if (s.fds <= baseline_fds + 2 && s.cpu_s - cpu < 0.005) return;
+      cpu = s.cpu_s;
+    }
+  }
+
+  absl::Status RunPhases() {
+    const std::string log = absl::StrCat(o_.log_dir, "/rdzvd-", r_.n, "-", r_.rep, ".log");
+    int port = 0;
+    if (absl::Status s = StartRdzvd(o_, rdzvd_, port, log); !s.ok()) return s;
+    const pid_t server = rdzvd_.pid();
+    const int64_t baseline_fds = ReadProcStats(server).fds;
+
+    const std::string job = absl::StrCat("bench-", r_.n, "-", r_.rep, "-", getpid());
+    workers_ = std::vector<Child>(static_cast<size_t>(r_.procs));
+    for (int64_t p = 0; p < r_.procs; ++p) {
+      const int64_t first = r_.n * p / r_.procs;
+      const int64_t count = r_.n * (p + 1) / r_.procs - first;
+      absl::Status s = workers_[p].Start(
+          {o_.self, "--worker", absl::StrCat("127.0.0.1:", port), job, absl::StrCat(first),
+           absl::StrCat(count), absl::StrCat(r_.n)},
+          true, absl::StrCat(o_.log_dir, "/worker-", r_.n, "-", r_.rep, "-", p, ".log"));
+      if (!s.ok()) return s;
+    }
+
+    // The floor: N fresh channels, one empty call each.
+    const double cpu0 = ReadProcStats(server).cpu_s;
+    absl::StatusOr<int64_t> t0 = StartPhase("floor");
+    if (!t0.ok()) return t0.status();
+    absl::StatusOr<std::vector<Reply>> floor = Ask("", "floor");
+    if (!floor.ok()) return floor.status();
+    r_.cpu_floor_s = ReadProcStats(server).cpu_s - cpu0;
+    Collect(*floor, *t0, r_.floor_wall_s, r_.floor_p50_ms, r_.floor_p99_ms);
+    if (absl::StatusOr<std::vector<Reply>> closed = Ask("close", "closed"); !closed.ok()) {
+      return closed.status();
+    }
+    Settle(baseline_fds);
+
+    // The rendezvous: N fresh Clients join one job.
+    const double cpu1 = ReadProcStats(server).cpu_s;
+    absl::StatusOr<int64_t> t1 = StartPhase("join");
+    if (!t1.ok()) return t1.status();
+    absl::StatusOr<std::vector<Reply>> join = Ask("", "join");
+    if (!join.ok()) return join.status();
+    const ProcStats attached = ReadProcStats(server);
+    r_.cpu_join_s = attached.cpu_s - cpu1;
+    r_.rss_attached_mib = static_cast<double>(attached.rss_kib) / 1024.0;
+    Collect(*join, *t1, r_.join_wall_s, r_.join_p50_ms, r_.join_p99_ms);
+    std::vector<int64_t> ranks;
+    for (const Reply& rep : *join) {
+      if (rep.Int("lost") != 0) Error(absl::StrCat(rep.Int("lost"), " agents lost their stream"));
+      std::vector<int64_t> l = rep.List("ranks");
+      ranks.insert(ranks.end(), l.begin(), l.end());
+    }
+    std::sort(ranks.begin(), ranks.end());
+    r_.correct = static_cast<int64_t>(ranks.size()) == r_.n;
+    for (size_t i = 0; r_.correct && i < ranks.size(); ++i) {
+      r_.correct = ranks[i] == static_cast<int64_t>(i);
+    }
+    if (!r_.correct) Error("the ranks are not exactly 0..N-1, one per agent");
+
+    // Fail-fast: the first agent reports a failure; every agent must hear the abort.
+    absl::StatusOr<std::vector<Reply>> failed = Ask("fail", "failed", 0);
+    if (!failed.ok()) return failed.status();
+    if ((*failed)[0].Int("err") != 0) Error((*failed)[0].message);
+    const int64_t t_fail = (*failed)[0].Int("t");
+    absl::StatusOr<std::vector<Reply>> aborts = Ask("abortwait", "abort");
+    if (!aborts.ok()) return aborts.status();
+    int64_t received = 0, last = t_fail;
+    for (const Reply& rep : *aborts) {
+      received += rep.Int("received");
+      last = std::max(last, rep.Int("last"));
+      r_.abort_per_proc_ms.push_back(static_cast<double>(rep.Int("last") - t_fail) / 1e6);
+    }
+    r_.abort_s = static_cast<double>(last - t_fail) / 1e9;
+    if (received != r_.n) {
+      Error(absl::StrFormat("%d of %d agents received the abort", received, r_.n));
+    }
+    r_.hwm_mib = static_cast<double>(ReadProcStats(server).hwm_kib) / 1024.0;
+
+    absl::StatusOr<std::vector<Reply>> bye = Ask("quit", "bye");
+    if (!bye.ok()) return bye.status();
+    for (Child& w : workers_) {
+      absl::StatusOr<int> code = w.Wait(NowNs() + 10'000'000'000);
+      if (!code.ok() || *code != 0) Error("a worker did not exit cleanly");
+    }
+    return absl::OkStatus();
+  }
+
+  const Options& o_;
+  ScaleResult r_;
+  int64_t phase_timeout_ns_;
+  Child rdzvd_;
+  std::vector<Child> workers_;
+};
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+int RunScale(const Options& o) {
+  std::FILE* csv = nullptr;
+  if (!o.csv.empty()) {
+    csv = std::fopen(o.csv.c_str(), "w");
+    if (csv == nullptr) {
+      std::fprintf(stderr, "rdzv-bench: cannot write %s: %s\n", o.csv.c_str(), strerror(errno));
+      return 2;
+    }
+    std::fprintf(csv,
+                 "n,rep,procs,join_wall_s,join_p50_ms,join_p99_ms,floor_wall_s,floor_p50_ms,"
+                 "floor_p99_ms,ratio,rdzvd_cpu_join_s,rdzvd_cpu_floor_s,cpu_ms_per_agent,"
+                 "rss_attached_mib,hwm_mib,abort_s,errors,correct\n");
+  }
+  std::printf("%7s %5s %9s %8s %8s %9s %6s %7s %8s %8s %8s %9s %6s %7s\n", "N", "procs", "rdzv_s",
+              "p50_ms", "p99_ms", "floor_s", "ratio", "cpu_s", "ms/agent", "rss_MiB", "hwm_MiB",
+              "abort_ms", "errors", "correct");
+  std::fflush(stdout);
+  int64_t total_errors = 0;
+  for (int64_t n : o.agents) {
+    std::vector<ScaleResult> results;
+    for (int64_t rep = 0; rep < o.reps; ++rep) {
+      results.push_back(ScaleRun(o, n, rep).Run());
+      const ScaleResult& r = results.back();
+      total_errors += r.errors + (r.correct ? 0 : 1);
+      for (size_t i = 0; i < r.messages.size() && i < 5; ++i) {
+        std::fprintf(stderr, "rdzv-bench: N=%ld rep %ld: %s\n", static_cast<long>(n),
+                     static_cast<long>(rep), r.messages[i].c_str());
+      }
+      if (csv != nullptr) {
+        std::fprintf(csv,
+                     "%ld,%ld,%ld,%.4f,%.2f,%.2f,%.4f,%.2f,%.2f,%.3f,%.3f,%.3f,%.4f,%.1f,%.1f,"
+                     "%.4f,%ld,%d\n",
+                     static_cast<long>(r.n), static_cast<long>(r.rep), static_cast<long>(r.procs),
+                     r.join_wall_s, r.join_p50_ms, r.join_p99_ms, r.floor_wall_s, r.floor_p50_ms,
+                     r.floor_p99_ms, r.floor_wall_s > 0 ? r.join_wall_s / r.floor_wall_s : 0.0,
+                     r.cpu_join_s, r.cpu_floor_s, 1000.0 * r.cpu_join_s / static_cast<double>(n),
+                     r.rss_attached_mib, r.hwm_mib, r.abort_s, static_cast<long>(r.errors),
+                     r.correct ? 1 : 0);
+        std::fflush(csv);
+      }
+    }
+    auto med = [&](auto field) {
+      std::vector<double> v;
+      for (const ScaleResult& r : results) v.push_back(field(r));
+      return Median(v);
+    };
+    int64_t errors = 0;
+    bool correct = true;
+    for (const ScaleResult& r : results) {
+      errors += r.errors;
+      correct = correct && r.correct;
+    }
+    const double wall = med([](const ScaleResult& r) { return r.join_wall_s; });
+    const double floor = med([](const ScaleResult& r) { return r.floor_wall_s; });
+    const double cpu = med([](const ScaleResult& r) { return r.cpu_join_s; });
+    std::printf("%7ld %5ld %9.3f %8.1f %8.1f %9.3f %6.2f %7.2f %8.3f %8.1f %8.1f %9.1f %6ld %7s\n",
+                static_cast<long>(n), static_cast<long>(results.front().procs), wall,
+                med([](const ScaleResult& r) { return r.join_p50_ms; }),
+                med([](const ScaleResult& r) { return r.join_p99_ms; }), floor,
+                med([](const ScaleResult& r) {
+                  return r.floor_wall_s > 0 ? r.join_wall_s / r.floor_wall_s : 0.0;
+                }),
+                cpu, 1000.0 * cpu / static_cast<double>(n),
+                med([](const ScaleResult& r) { return r.rss_attached_mib; }),
+                med([](const ScaleResult& r) { return r.hwm_mib; }),
+                1000.0 * med([](const ScaleResult& r) { return r.abort_s; }),
+                static_cast<long>(errors), correct ? "yes" : "NO");
+    std::vector<std::string> per_proc;
+    for (double ms : results.back().abort_per_proc_ms)
+      per_proc.push_back(absl::StrFormat("%.1f", ms));
+    std::printf(
+        "        floor: p50 %.1f ms, p99 %.1f ms, rdzvd cpu %.2f s; abort per process (ms): %s\n",
+        med([](const ScaleResult& r) { return r.floor_p50_ms; }),
+        med([](const ScaleResult& r) { return r.floor_p99_ms; }),
+        med([](const ScaleResult& r) { return r.cpu_floor_s; }),
+        absl::StrJoin(per_proc, " ").c_str());
+    std::fflush(stdout);
+  }
+  if (csv != nullptr) std::fclose(csv);
+  if (total_errors > 0) {
+    std::fprintf(stderr, "rdzv-bench: %ld errors (logs in %s)\n", static_cast<long>(total_errors),
+                 o.log_dir.c_str());
+    return o.check ? 1 : kErrorsSeen;
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launch mode.
+
+struct LaunchSample {
+  double wall_s = 0;
+  double maxrss_mib = 0;
+  bool ok = false;
+};
+
+LaunchSample TimeStandalone(const Options& o, const std::string& log) {
+  LaunchSample s;
+  Child agent;
+  if (!agent.Start({o.agent, "--standalone", "--nproc-per-node", "1", "--", "true"}, false, log)
+           .ok()) {
+    return s;
+  }
+  rusage ru{};
+  absl::StatusOr<int> code = agent.Wait(NowNs() + 60'000'000'000LL, &ru);
+  s.ok = code.ok() && *code == 0;
+  s.wall_s = static_cast<double>(agent.end_ns() - agent.start_ns()) / 1e9;
+  s.maxrss_mib = static_cast<double>(ru.ru_maxrss) / 1024.0;
+  return s;
+}
+
+LaunchSample TimeAgents(const Options& o, int port, int64_t n, const std::string& job,
+                        const std::string& log) {
+  LaunchSample s;
+  std::vector<Child> agents(static_cast<size_t>(n));
+  const int64_t start = NowNs();
+  for (int64_t i = 0; i < n; ++i) {
+    if (!agents[i]
+             .Start({o.agent, "--rdzv-endpoint", absl::StrCat("127.0.0.1:", port), "--rdzv-id", job,
+                     "--nnodes", absl::StrCat(n), "--nproc-per-node", "1", "--", "true"},
+                    false, log)
+             .ok()) {
+      return s;
+    }
+  }
+  s.ok = true;
+  int64_t end = start;
+  for (Child& a : agents) {
+    rusage ru{};
+    absl::StatusOr<int> code = a.Wait(start + 120'000'000'000LL, &ru);
+    s.ok = s.ok && code.ok() && *code == 0;
+    end = std::max(end, a.end_ns());
+    s.maxrss_mib = std::max(s.maxrss_mib, static_cast<double>(ru.ru_maxrss) / 1024.0);
+  }
+  s.wall_s = static_cast<double>(end - start) / 1e9;
+  return s;
+}
+
+int RunLaunch(const Options& o) {
+  std::FILE* csv = nullptr;
+  if (!o.csv.empty()) {
+    csv = std::fopen(o.csv.c_str(), "w");
+    if (csv == nullptr) {
+      std::fprintf(stderr, "rdzv-bench: cannot write %s: %s\n", o.csv.c_str(), strerror(errno));
+      return 2;
+    }
+    std::fprintf(csv, "case,agents,rep,wall_s,maxrss_mib,ok\n");
+  }
+  int failures = 0;
+  auto report = [&](const std::string& name, int64_t n, const std::vector<LaunchSample>& v) {
+    std::vector<double> wall, rss;
+    int ok = 0;
+    for (size_t i = 0; i < v.size(); ++i) {
+      wall.push_back(v[i].wall_s);
+      rss.push_back(v[i].maxrss_mib);
+      ok += v[i].ok ? 1 : 0;
+      if (csv != nullptr) {
+        std::fprintf(csv, "%s,%ld,%zu,%.4f,%.1f,%d\n", name.c_str(), static_cast<long>(n), i,
+                     v[i].wall_s, v[i].maxrss_mib, v[i].ok ? 1 : 0);
+      }
+    }
+    failures += static_cast<int>(v.size()) - ok;
+    std::printf("%-22s %7.3f %7.3f %7.3f %10.1f %4d/%zu\n", name.c_str(), Median(wall),
+                *std::min_element(wall.begin(), wall.end()),
+                *std::max_element(wall.begin(), wall.end()), Median(rss), ok, v.size());
+    std::fflush(stdout);
+  };
+  std::printf("%-22s %7s %7s %7s %10s %6s\n", "case", "med_s", "min_s", "max_s", "maxrss_MiB",
+              "ok");
+  std::vector<LaunchSample> standalone;
+  for (int64_t k = 0; k < o.launch_reps; ++k) {
+    standalone.push_back(TimeStandalone(o, absl::StrCat(o.log_dir, "/standalone.log")));
+  }
+  report("standalone true", 1, standalone);
+
+  Child rdzvd;
+  int port = 0;
+  if (absl::Status s = StartRdzvd(o, rdzvd, port, absl::StrCat(o.log_dir, "/rdzvd-launch.log"));
+      !s.ok()) {
+    std::fprintf(stderr, "rdzv-bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  for (int64_t n : o.launch_nodes) {
+    std::vector<LaunchSample> v;
+    for (int64_t k = 0; k < o.launch_reps; ++k) {
+      v.push_back(TimeAgents(o, port, n, absl::StrCat("launch-", n, "-", k, "-", getpid()),
+                             absl::StrCat(o.log_dir, "/agents-", n, ".log")));
+    }
+    report(absl::StrCat(n, " agents true"), n, v);
+  }
+  rdzvd.Stop(5'000'000'000);
+  if (csv != nullptr) std::fclose(csv);
+  if (failures > 0) {
+    std::fprintf(stderr, "rdzv-bench: %d launches failed (logs in %s)\n", failures,
+                 o.log_dir.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+absl::Status ParseList(absl::string_view v, std::vector<int64_t>& out) {
+  out.clear();
+  for (absl::string_view s : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+    int64_t n;
+    if (!absl::SimpleAtoi(s, &n) || n < 1) {
+      return absl::InvalidArgumentError("expected a comma-separated list of counts >= 1");
+    }
+    out.push_back(n);
+  }
+  if (out.empty()) return absl::InvalidArgumentError("expected at least one count");
+  return absl::OkStatus();
+}
+
+absl::Status ParseCount(absl::string_view v, int64_t& out, int64_t min) {
+  if (!absl::SimpleAtoi(v, &out) || out < min) {
+    return absl::InvalidArgumentError(absl::StrFormat("expected a whole number >= %d", min));
+  }
+  return absl::OkStatus();
+}
+
+constexpr char kUsage[] =
+    R"(rdzv-bench: load generator for rdzvd (scale mode) and timer for rdzv-agent (--launch).
+
+Usage: rdzv-bench [--agents 1,100,1000,4000,10000] [--reps R] [--csv FILE] [--check]
+       rdzv-bench --launch [--launch-reps K] [--launch-nodes 8,32] [--csv FILE]
+Scale mode prints, per agent count N: rendezvous wall time and join latency, the floor (N
+fresh channels, one empty call each) and the ratio, rdzvd's CPU time and memory, the time for
+an abort to reach every agent, errors and whether every assignment was right.)";
+
+int Main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "--worker") {
+    if (argc != 7) {
+      std::fprintf(stderr, "rdzv-bench: --worker ENDPOINT JOB FIRST COUNT N\n");
+      return 2;
+    }
+    WorkerConfig c;
+    c.endpoint = argv[2];
+    c.job = argv[3];
+    if (!absl::SimpleAtoi(argv[4], &c.first) || !absl::SimpleAtoi(argv[5], &c.count) ||
+        !absl::SimpleAtoi(argv[6], &c.n)) {
+      std::fprintf(stderr, "rdzv-bench: bad worker arguments\n");
+      return 2;
+    }
+    return Worker(c).Run();
+  }
+
+  Options o;
+  bool help = false;
+  auto text = [](std::string& out) {
+    return [&out](absl::string_view v) {
+      out = std::string(v);
+      return absl::OkStatus();
+    };
+  };
+  auto on = [](bool& out) {
+    return [&out](absl::string_view v) {
+      absl::StatusOr<bool> b = ParseBool(v);
+      if (!b.ok()) return b.status();
+      out = *b;
+      return absl::OkStatus();
+    };
+  };
+  FlagParser p("rdzv-bench", kUsage);
+  p.Add({"rdzvd", "", "PATH", "the rdzvd to measure (default: the one built with this)",
+         text(o.rdzvd)});
+  p.Add({"rdzv-agent", "", "PATH", "the rdzv-agent for --launch (default: the one built)",
+         text(o.agent)});
+  p.Add({"agents", "", "N,N,...", "agent counts (default 1,100,1000,4000,10000)",
+         [&](absl::string_view v) { return ParseList(v, o.agents); }});
+  p.Add({"procs", "", "P", "client processes per N (default ceil(N/1000))",
+         [&](absl::string_view v) { return ParseCount(v, o.procs, 1); }});
+  p.Add({"reps", "", "R", "repetitions per N, each on a fresh rdzvd; medians shown (default 1)",
+         [&](absl::string_view v) { return ParseCount(v, o.reps, 1); }});
+  p.Add({"csv", "", "FILE", "also write one row per repetition (or launch) to FILE", text(o.csv)});
+  p.Add({"check", "", "", "exit 1 on any client error or wrong assignment", on(o.check)});
+  p.Add({"rdzvd-arg", "", "ARG", "pass ARG to rdzvd (repeatable)", [&](absl::string_view v) {
+           o.rdzvd_args.emplace_back(v);
+           return absl::OkStatus();
+         }});
+  p.Add({"launch", "", "", "time real rdzv-agent launches instead", on(o.launch)});
+  p.Add({"launch-reps", "", "K", "runs per launch case (default 5)",
+         [&](absl::string_view v) { return ParseCount(v, o.launch_reps, 1); }});
+  p.Add({"launch-nodes", "", "N,N,...", "agent counts for launch mode (default 8,32)",
+         [&](absl::string_view v) { return ParseList(v, o.launch_nodes); }});
+  p.Add({"help", "", "", "print this help", on(help)});
+  absl::StatusOr<std::vector<std::string>> rest =
+      p.Parse(std::vector<std::string>(argv + 1, argv + argc), ProcessEnv());
+  if (!rest.ok()) {
+    std::fprintf(stderr, "rdzv-bench: %s\n", std::string(rest.status().message()).c_str());
+    return 2;
+  }
+  if (help) {
+    std::printf("%s", p.Help().c_str());
+    return 0;
+  }
+  if (!rest->empty()) {
+    std::fprintf(stderr, "rdzv-bench: unexpected argument \"%s\"; see --help\n",
+                 rest->front().c_str());
+    return 2;
+  }
+  std::error_code ec;
+  o.self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) {
+    std::fprintf(stderr, "rdzv-bench: cannot find its own executable: %s\n", ec.message().c_str());
+    return 1;
+  }
+  char dir[] = "/tmp/rdzv-bench.XXXXXX";
+  if (mkdtemp(dir) == nullptr) {
+    std::fprintf(stderr, "rdzv-bench: cannot make a log directory: %s\n", strerror(errno));
+    return 1;
+  }
+  o.log_dir = dir;
+  // A worker that dies must not take us down with SIGPIPE; its silence is reported instead.
+  signal(SIGPIPE, SIG_IGN);
+  const int code = o.launch ? RunLaunch(o) : RunScale(o);
+  // Logs are kept only when something went wrong.
+  if (code == 0) std::filesystem::remove_all(o.log_dir, ec);
+  return code == kErrorsSeen ? 0 : code;
+}
+
+}  // namespace
+}  // namespace rdzv::bench
+
+int main(int argc, char** argv) { return rdzv::bench::Main(argc, argv); }
