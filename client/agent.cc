@@ -177,6 +177,9 @@ class Agent::Impl {
 
   absl::Status Prepare();
   void WaitSignal();
+  void StartJoin();
+  bool MayRestart(const AbortEvent& abort) const;
+  void Restart();
   void OnSignal(int sig);
   void OnJoined(absl::StatusOr<AssignmentEvent> result);
   absl::Status StartWorkers();
@@ -220,6 +223,8 @@ class Agent::Impl {
   std::optional<AbortEvent> outcome_;  // why the job is ending, once it is
   int exit_code_ = 0;
   bool waiting_logged_ = false;
+  int attempt_ = 0;   // joins started, to tell current events from stale ones
+  int restarts_ = 0;  // restarts this agent has made
 };
 
 Agent::Agent(AgentConfig config, std::unique_ptr<ProcessLauncher> launcher)
@@ -333,10 +338,24 @@ int Agent::Impl::Run() {
     return 1;
   }
 
+  StartJoin();
+  io_.run();
+
+  if (join_thread_.joinable()) join_thread_.join();
+  if (report_thread_.joinable()) report_thread_.join();
+  client_.reset();
+  if (server_) server_->Shutdown();
+  return exit_code_;
+}
+
+void Agent::Impl::StartJoin() {
+  const int attempt = ++attempt_;
+  // Events from an earlier round's stream are stale once a new round has begun.
+  const auto current = [this, attempt] { return attempt == attempt_ && phase_ != Phase::kDone; };
   Handlers handlers;
-  handlers.on_progress = [this](const ProgressEvent& p) {
-    asio::post(io_, [this, p] {
-      if (phase_ != Phase::kJoining) return;
+  handlers.on_progress = [this, current](const ProgressEvent& p) {
+    asio::post(io_, [this, current, p] {
+      if (!current() || phase_ != Phase::kJoining) return;
       std::string missing;
       if (!p.missing_node_indices.empty()) {
         missing = absl::StrCat(
@@ -349,10 +368,14 @@ int Agent::Impl::Run() {
                    p.joined > static_cast<int32_t>(p.joined_hosts.size()) ? ",..." : "", missing);
     });
   };
-  handlers.on_abort = [this](const AbortEvent& a) { asio::post(io_, [this, a] { OnAbort(a); }); };
-  handlers.on_lost = [this](const absl::Status& s) {
-    asio::post(io_, [this, s] {
-      if (phase_ != Phase::kRunning) return;
+  handlers.on_abort = [this, current](const AbortEvent& a) {
+    asio::post(io_, [this, current, a] {
+      if (current()) OnAbort(a);
+    });
+  };
+  handlers.on_lost = [this, current](const absl::Status& s) {
+    asio::post(io_, [this, current, s] {
+      if (!current() || phase_ != Phase::kRunning) return;
       AbortEvent abort;
       abort.reason =
           absl::StrFormat("lost the rendezvous server at %s (%s)", endpoint_, s.message());
@@ -362,20 +385,37 @@ int Agent::Impl::Run() {
     });
   };
 
-  spdlog::debug("joining job {} at {} as {} ({} workers)", config_.job_id, endpoint_,
-                spec_.agent.agent_id, config_.nproc);
-  join_thread_ = std::thread([this, handlers] {
-    absl::StatusOr<AssignmentEvent> result = client_->Join(spec_, handlers);
+  spdlog::debug("joining job {} at {} as {} ({} workers, restart {})", config_.job_id, endpoint_,
+                spec_.agent.agent_id, config_.nproc, spec_.restart_count);
+  if (join_thread_.joinable()) join_thread_.join();
+  join_thread_ = std::thread([this, handlers, spec = spec_] {
+    absl::StatusOr<AssignmentEvent> result = client_->Join(spec, handlers);
     asio::post(io_, [this, result] { OnJoined(result); });
   });
+}
 
-  io_.run();
+bool Agent::Impl::MayRestart(const AbortEvent& abort) const {
+  if (restarts_ >= config_.max_restarts) return false;
+  // A worker's failure, or (with --nnodes MIN:MAX) a lost node the others can go on without.
+  // A stop request (a signal to an agent) ends the job.
+  if (abort.first_failure) return abort.first_failure->rank >= 0;
+  return config_.min_agents < config_.max_agents && absl::StrContains(abort.reason, "lost contact");
+}
 
-  if (join_thread_.joinable()) join_thread_.join();
+void Agent::Impl::Restart() {
+  ++restarts_;
+  spdlog::warn("job {}: restarting the workers (restart {} of {}) after: {}", config_.job_id,
+               restarts_, config_.max_restarts, outcome_->reason);
   if (report_thread_.joinable()) report_thread_.join();
-  client_.reset();
-  if (server_) server_->Shutdown();
-  return exit_code_;
+  workers_.clear();
+  outcome_.reset();
+  phase_ = Phase::kJoining;
+  spec_.restart_count = assignment_.restart_count + 1;
+  if (absl::StatusOr<ReservedPort> port = ReservedPort::Reserve(); port.ok()) {
+    master_port_ = std::move(*port);
+    spec_.master_port = master_port_->port();
+  }
+  StartJoin();
 }
 
 void Agent::Impl::WaitSignal() {
@@ -595,7 +635,7 @@ void Agent::Impl::Fail(const FailureInfo& failure) {
 
 void Agent::Impl::ReportFailure(FailureInfo failure) {
   if (report_thread_.joinable()) return;  // one report per agent: the first failure
-  report_thread_ = std::thread([this, failure] {
+  report_thread_ = std::thread([this, failure, attempt = attempt_] {
     absl::StatusOr<AbortEvent> first = client_->ReportFailure(failure);
     if (!first.ok()) {
       spdlog::warn("could not report the failure to the rendezvous server: {}",
@@ -603,8 +643,8 @@ void Agent::Impl::ReportFailure(FailureInfo failure) {
       return;
     }
     // The server's answer names the job's first failure, which may be another node's.
-    asio::post(io_, [this, abort = *first] {
-      if (phase_ != Phase::kDone) outcome_ = abort;
+    asio::post(io_, [this, attempt, abort = *first] {
+      if (attempt == attempt_ && phase_ != Phase::kDone) outcome_ = abort;
     });
   });
 }
@@ -644,6 +684,10 @@ void Agent::Impl::MaybeFinish() {
     if (!w->exit || w->open_pipes > 0) return;
   }
   kill_timer_.cancel();
+  if (outcome_ && MayRestart(*outcome_)) {
+    Restart();
+    return;
+  }
   int code = 0;
   if (outcome_) {
     code = outcome_->exit_code;

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <optional>
 #include <random>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_format.h"
@@ -19,13 +20,44 @@
 #include "rdzv/v1/rdzv.grpc.pb.h"
 
 namespace rdzv {
+namespace {
+
+// The Join streams of one Client that still exist. A stream's ClientContext holds the channel,
+// and a stream may end on a gRPC callback thread; if that dropped the last reference to the
+// channel, grpc++ would shut down its callback queue from that very thread, join the thread
+// itself and abort the process. So ~Client waits until none is left before the channel goes.
+struct LiveCalls {
+  absl::Mutex mu;
+  int count ABSL_GUARDED_BY(mu) = 0;
+};
+
+// Counts in LiveCalls for as long as it exists.
+class LiveCallToken {
+ public:
+  explicit LiveCallToken(std::shared_ptr<LiveCalls> calls) : calls_(std::move(calls)) {
+    absl::MutexLock lock(&calls_->mu);
+    ++calls_->count;
+  }
+  ~LiveCallToken() {
+    absl::MutexLock lock(&calls_->mu);
+    --calls_->count;
+  }
+  LiveCallToken(const LiveCallToken&) = delete;
+  LiveCallToken& operator=(const LiveCallToken&) = delete;
+
+ private:
+  const std::shared_ptr<LiveCalls> calls_;
+};
+
+}  // namespace
 
 // One Join stream. Lives until gRPC calls OnDone (it holds a reference to itself until then),
 // so the client may drop it at any time.
 class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
                                public std::enable_shared_from_this<JoinCall> {
  public:
-  explicit JoinCall(Handlers handlers) : handlers_(std::move(handlers)) {}
+  JoinCall(Handlers handlers, std::shared_ptr<LiveCalls> live)
+      : token_(std::move(live)), handlers_(std::move(handlers)) {}
 
   void Start(v1::Rendezvous::Stub* stub, const v1::JoinRequest& request) {
     request_ = request;
@@ -113,6 +145,8 @@ class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
   void Cancel() { context_.TryCancel(); }
 
  private:
+  // First, so that it goes last: after context_ has let go of the channel.
+  LiveCallToken token_;
   const Handlers handlers_;
   grpc::ClientContext context_;
   v1::JoinRequest request_;
@@ -142,6 +176,7 @@ struct Client::Impl {
   absl::Mutex mu;
   bool cancelled ABSL_GUARDED_BY(mu) = false;
   std::shared_ptr<JoinCall> call ABSL_GUARDED_BY(mu);
+  const std::shared_ptr<LiveCalls> live_calls = std::make_shared<LiveCalls>();
   std::string job_id ABSL_GUARDED_BY(mu);
   std::string agent_id ABSL_GUARDED_BY(mu);
   std::mt19937_64 rng{std::random_device{}()};
@@ -157,8 +192,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   grpc::ChannelArguments args;
   // Reconnect quickly once a server comes up: the default backoff can wait for minutes.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC takes it as the time a connection attempt gets
+  // to finish its handshake (default 20s). Short, a server busy accepting a thousand agents
+  // completes no handshake in time and every agent keeps starting over.
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
               static_cast<int>(absl::ToInt64Milliseconds(impl->options.keepalive_time)));
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
@@ -192,12 +229,15 @@ std::string Client::EndpointNames() const {
 
 Client::~Client() {
   Cancel();
-  std::shared_ptr<JoinCall> call;
   {
     absl::MutexLock lock(&impl_->mu);
-    call = impl_->call;
+    impl_->call.reset();
   }
-  if (call) call->AwaitDone();
+  // Every stream ends soon after Cancel(); see LiveCalls for why the channel must wait for it.
+  LiveCalls& live = *impl_->live_calls;
+  absl::MutexLock lock(&live.mu);
+  live.mu.Await(absl::Condition(
+      +[](LiveCalls* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) { return c->count == 0; }, &live));
 }
 
 absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers handlers) {
@@ -211,11 +251,17 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
   absl::Status last = absl::UnavailableError("not tried");
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   for (int attempt = 0;; ++attempt) {
-    auto call = std::make_shared<JoinCall>(handlers);
+    auto call = std::make_shared<JoinCall>(handlers, impl_->live_calls);
+    std::shared_ptr<JoinCall> previous;
     {
       absl::MutexLock lock(&impl_->mu);
       if (impl_->cancelled) return absl::CancelledError("join cancelled");
-      impl_->call = call;
+      previous = std::exchange(impl_->call, call);
+    }
+    if (previous) {
+      // A new round (or a retry) replaces the earlier stream; its end is no loss.
+      previous->MarkLeaving();
+      previous->Cancel();
     }
     call->Start(impl_->stub(), request);
     call->Await(deadline);
