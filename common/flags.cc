@@ -1,5 +1,6 @@
 #include "common/flags.h"
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -27,14 +28,9 @@ const Flag* FlagParser::Find(absl::string_view name) const {
 
 absl::StatusOr<std::vector<std::string>> FlagParser::Parse(const std::vector<std::string>& args,
                                                            const EnvLookup& env) const {
-  for (const Flag& f : flags_) {
-    if (f.env.empty()) continue;
-    std::optional<std::string> v = env(f.env);
-    if (!v || v->empty()) continue;
-    if (absl::Status s = f.set(*v); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(f.env, "=\"", *v, "\": ", s.message()));
-    }
-  }
+  // First read the command line, then apply the variables of the flags it did not give, then
+  // the command line: it wins, and a stale variable it overrides is never even parsed.
+  std::vector<std::pair<const Flag*, std::string>> given;
   size_t i = 0;
   for (; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -42,7 +38,7 @@ absl::StatusOr<std::vector<std::string>> FlagParser::Parse(const std::vector<std
       ++i;
       break;
     }
-    if (!arg.starts_with("-") || arg == "-") break;
+    if (!absl::StartsWith(arg, "-") || arg == "-") break;
     absl::string_view body = arg;
     body.remove_prefix(absl::StartsWith(body, "--") ? 2 : 1);
     std::optional<std::string> value;
@@ -65,9 +61,22 @@ absl::StatusOr<std::vector<std::string>> FlagParser::Parse(const std::vector<std
             absl::StrFormat("--%s needs a value (%s)", flag->name, flag->value_name));
       }
     }
-    if (absl::Status s = flag->set(*value); !s.ok()) {
+    given.emplace_back(flag, std::move(*value));
+  }
+
+  for (const Flag& f : flags_) {
+    if (f.env.empty()) continue;
+    if (absl::c_any_of(given, [&f](const auto& g) { return g.first == &f; })) continue;
+    std::optional<std::string> v = env(f.env);
+    if (!v || v->empty()) continue;
+    if (absl::Status s = f.set(*v); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(f.env, "=\"", *v, "\": ", s.message()));
+    }
+  }
+  for (const auto& [flag, value] : given) {
+    if (absl::Status s = flag->set(value); !s.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--", flag->name, "=\"", *value, "\": ", s.message()));
+          absl::StrCat("--", flag->name, "=\"", value, "\": ", s.message()));
     }
   }
   return std::vector<std::string>(args.begin() + static_cast<long>(i), args.end());
