@@ -1,0 +1,549 @@
+// Real processes: a real rdzvd and real rdzv-agents whose workers are small bash scripts that
+// write down the environment they were started with. Asserts what a user would check: the rank
+// table the workers saw, the exit codes, the error messages, and that nothing is left running.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "gtest/gtest-spi.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+
+namespace rdzv {
+namespace {
+
+using testing::ScopedTempDir;
+using testing::Subprocess;
+using testing::SubprocessOptions;
+
+// How long anything may take before the test calls it a hang. Each test takes seconds.
+constexpr absl::Duration kLongWait = absl::Seconds(60);
+// What "promptly" means for an agent that must give up at once.
+constexpr absl::Duration kPrompt = absl::Seconds(10);
+
+// The variables every worker writes down.
+constexpr const char* kWorkerVars[] = {"RANK",
+                                       "LOCAL_RANK",
+                                       "WORLD_SIZE",
+                                       "LOCAL_WORLD_SIZE",
+                                       "GROUP_RANK",
+                                       "GROUP_WORLD_SIZE",
+                                       "NODE_RANK",
+                                       "ROLE_RANK",
+                                       "MASTER_ADDR",
+                                       "MASTER_PORT",
+                                       "TORCHELASTIC_RUN_ID",
+                                       "TORCHELASTIC_RESTART_COUNT",
+                                       "OMP_NUM_THREADS",
+                                       "TEST_AGENT"};
+
+using WorkerEnv = std::map<std::string, std::string>;
+
+::testing::AssertionResult Contains(absl::string_view text, absl::string_view needle) {
+  if (absl::StrContains(text, needle)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "\"" << needle << "\" not found in:\n" << text;
+}
+
+// The line of `text` that contains `needle`, or "".
+std::string LineWith(absl::string_view text, absl::string_view needle) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StrContains(line, needle)) return std::string(line);
+  }
+  return "";
+}
+
+class AgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override { marker_ = testing::UniqueMarker(); }
+
+  void TearDown() override {
+    // Whatever a test left running (it failed, or it did not wait) is killed now, and nothing
+    // that carried this test's marker may outlive it.
+    procs_.clear();
+    EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker_, absl::Seconds(10)), "\n"),
+              "")
+        << "processes left behind";
+  }
+
+  Subprocess& Start(std::vector<std::string> argv,
+                    std::vector<std::pair<std::string, std::string>> env = {}) {
+    SubprocessOptions options;
+    options.argv = std::move(argv);
+    // A test run inside a Slurm allocation, with RDZV_* set or on a host with an
+    // /etc/rdzv.conf, must not change what the agents do; nor a user's OMP_NUM_THREADS what the
+    // workers see.
+    options.unset_env_prefixes = {"SLURM_", "RDZV_", "OMP_NUM_THREADS", "TORCHELASTIC_"};
+    options.env = std::move(env);
+    options.env.emplace_back("RDZV_CONFIG", "/dev/null");
+    procs_.push_back(std::make_unique<Subprocess>(std::move(options)));
+    return *procs_.back();
+  }
+
+  // A real rdzvd on a free loopback port; returns once it accepts connections.
+  Subprocess& StartRdzvd() {
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      const int port = testing::FreeLoopbackPort();
+      Subprocess& rdzvd = Start({RDZVD_BIN, "--listen", absl::StrCat("127.0.0.1:", port)});
+      if (testing::WaitForLoopbackPort(port, kLongWait) && rdzvd.Running()) {
+        endpoint_ = absl::StrCat("127.0.0.1:", port);
+        return rdzvd;
+      }
+      // Someone took the port between picking and binding it: try another.
+      rdzvd.Kill();
+    }
+    ADD_FAILURE() << "rdzvd did not start";
+    return *procs_.back();
+  }
+
+  // An agent of job `job` at this test's rdzvd, with `flags` and the env-writing worker.
+  Subprocess& StartAgent(const std::string& name, const std::string& job, int nnodes,
+                         std::vector<std::string> flags) {
+    std::vector<std::string> argv = {
+        RDZV_AGENT_BIN, "--rdzv-endpoint",    endpoint_,        "--rdzv-id", job,
+        "--nnodes",     absl::StrCat(nnodes), "--join-timeout", "60"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.push_back("--");
+    for (std::string& a : WorkerCommand()) argv.push_back(std::move(a));
+    return Start(std::move(argv), {{"TEST_AGENT", name}});
+  }
+
+  // A worker that writes the variables it sees to rank-$RANK.env, then runs `then` (bash).
+  // The marker in its command line (and in its agent's) lets TearDown find leftovers.
+  std::vector<std::string> WorkerCommand(const std::string& then = "") {
+    const std::string script =
+        absl::StrCat("f=", dir_.path(), "/rank-$RANK; env | grep -E '^(",
+                     absl::StrJoin(kWorkerVars, "|"), ")=' > $f.tmp && mv $f.tmp $f.env; ", then);
+    return {"bash", "-c", script, marker_};
+  }
+
+  // A worker that sleeps (as a training step would) until it is stopped; the sleep carries the
+  // marker too, so that an orphaned sleep would be found.
+  std::string SleepForever() const {
+    return absl::StrCat("(exec -a ", marker_, "-sleep sleep 120) & wait");
+  }
+
+  // What worker `rank` wrote, or an empty map.
+  WorkerEnv ReadWorker(int rank) const {
+    WorkerEnv env;
+    const std::string text =
+        testing::ReadFileOrEmpty(dir_.File(absl::StrCat("rank-", rank, ".env")));
+    for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits('=', 1));
+      env.insert(std::move(kv));
+    }
+    return env;
+  }
+
+  // Every worker of a job of `world_size` ranks; fails the test for a missing one.
+  std::vector<WorkerEnv> ReadRankTable(int world_size) const {
+    std::vector<WorkerEnv> table;
+    for (int r = 0; r < world_size; ++r) {
+      table.push_back(ReadWorker(r));
+      EXPECT_FALSE(table.back().empty()) << "rank " << r << " wrote nothing";
+    }
+    EXPECT_TRUE(ReadWorker(world_size).empty()) << "a rank beyond the world size";
+    return table;
+  }
+
+  // What every worker of one job must agree on.
+  void ExpectSharedValues(const std::vector<WorkerEnv>& table, const std::string& job) {
+    for (size_t r = 0; r < table.size(); ++r) {
+      const WorkerEnv& w = table[r];
+      EXPECT_EQ(w.at("RANK"), absl::StrCat(r));
+      EXPECT_EQ(w.at("ROLE_RANK"), absl::StrCat(r));
+      EXPECT_EQ(w.at("WORLD_SIZE"), absl::StrCat(table.size())) << "rank " << r;
+      EXPECT_EQ(w.at("NODE_RANK"), w.at("GROUP_RANK")) << "rank " << r;
+      EXPECT_EQ(w.at("MASTER_ADDR"), table[0].at("MASTER_ADDR")) << "rank " << r;
+      EXPECT_EQ(w.at("MASTER_PORT"), table[0].at("MASTER_PORT")) << "rank " << r;
+      EXPECT_EQ(w.at("TORCHELASTIC_RUN_ID"), job) << "rank " << r;
+      EXPECT_EQ(w.at("TORCHELASTIC_RESTART_COUNT"), "0") << "rank " << r;
+      // torchrun's default: one OpenMP thread per worker when a node runs several.
+      if (w.at("LOCAL_WORLD_SIZE") == "1") {
+        EXPECT_FALSE(w.contains("OMP_NUM_THREADS")) << "rank " << r;
+      } else {
+        EXPECT_EQ(w.at("OMP_NUM_THREADS"), "1") << "rank " << r;
+      }
+    }
+    ASSERT_FALSE(table.empty());
+    EXPECT_FALSE(table[0].at("MASTER_ADDR").empty());
+    int port = 0;
+    EXPECT_TRUE(absl::SimpleAtoi(table[0].at("MASTER_PORT"), &port));
+    EXPECT_GT(port, 0);
+    EXPECT_LT(port, 65536);
+  }
+
+  // Waits until `job` has `joined` agents at this test's rdzvd (so that the next agent surely
+  // arrives after them).
+  void WaitForJoined(const std::string& job, int joined) {
+    ClientOptions options;
+    options.endpoint = endpoint_;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    const absl::Time deadline = absl::Now() + kLongWait;
+    while (absl::Now() < deadline) {
+      absl::StatusOr<std::vector<JobStatusView>> jobs = (*client)->Status(job);
+      if (jobs.ok() && jobs->size() == 1 && jobs->front().joined == joined) return;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    FAIL() << "job " << job << " never had " << joined << " agents";
+  }
+
+  ScopedTempDir dir_;
+  std::string marker_;
+  std::string endpoint_;
+  std::vector<std::unique_ptr<Subprocess>> procs_;  // destroyed (killed) before dir_
+};
+
+int WaitOk(Subprocess& p) {
+  const int code = p.Wait(kLongWait);
+  EXPECT_EQ(code, 0) << p.CommandLine() << "\n--- stderr:\n" << p.Stderr();
+  return code;
+}
+
+TEST_F(AgentTest, RanksFollowNodeRankNotArrival) {
+  StartRdzvd();
+  // Node rank 2 arrives first and node rank 0 last; host names sort the other way round too.
+  const std::vector<std::pair<int, std::string>> nodes = {{2, "a"}, {1, "b"}, {0, "c"}};
+  std::vector<Subprocess*> agents;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const auto& [node, host] = nodes[i];
+    agents.push_back(&StartAgent(
+        host, "order", 3,
+        {"--node-rank", absl::StrCat(node), "--host-name", host, "--nproc-per-node", "2"}));
+    if (i + 1 < nodes.size()) {
+      ASSERT_NO_FATAL_FAILURE(WaitForJoined("order", static_cast<int>(i + 1)));
+    }
+  }
+  for (Subprocess* a : agents) WaitOk(*a);
+
+  const std::vector<WorkerEnv> table = ReadRankTable(6);
+  ExpectSharedValues(table, "order");
+  const std::map<std::string, int> node_of_host = {{"a", 2}, {"b", 1}, {"c", 0}};
+  for (int r = 0; r < 6; ++r) {
+    const WorkerEnv& w = table[r];
+    EXPECT_EQ(w.at("GROUP_RANK"), absl::StrCat(r / 2)) << "rank " << r;
+    EXPECT_EQ(node_of_host.at(w.at("TEST_AGENT")), r / 2) << "rank " << r;
+    EXPECT_EQ(w.at("LOCAL_RANK"), absl::StrCat(r % 2)) << "rank " << r;
+    EXPECT_EQ(w.at("LOCAL_WORLD_SIZE"), "2") << "rank " << r;
+    EXPECT_EQ(w.at("GROUP_WORLD_SIZE"), "3") << "rank " << r;
+  }
+}
+
+TEST_F(AgentTest, HeterogeneousNodesGetPrefixSums) {
+  StartRdzvd();
+  const int nproc[] = {3, 1, 2};
+  std::vector<Subprocess*> agents;
+  for (int node = 0; node < 3; ++node) {
+    agents.push_back(&StartAgent(
+        absl::StrCat("n", node), "hetero", 3,
+        {"--node-rank", absl::StrCat(node), "--nproc-per-node", absl::StrCat(nproc[node])}));
+  }
+  for (Subprocess* a : agents) WaitOk(*a);
+
+  const std::vector<WorkerEnv> table = ReadRankTable(6);
+  ExpectSharedValues(table, "hetero");
+  // rank -> (node, local rank): 0 1 2 | 3 | 4 5
+  const int node_of_rank[] = {0, 0, 0, 1, 2, 2};
+  const int local_of_rank[] = {0, 1, 2, 0, 0, 1};
+  for (int r = 0; r < 6; ++r) {
+    const WorkerEnv& w = table[r];
+    const int node = node_of_rank[r];
+    EXPECT_EQ(w.at("GROUP_RANK"), absl::StrCat(node)) << "rank " << r;
+    EXPECT_EQ(w.at("TEST_AGENT"), absl::StrCat("n", node)) << "rank " << r;
+    EXPECT_EQ(w.at("LOCAL_RANK"), absl::StrCat(local_of_rank[r])) << "rank " << r;
+    EXPECT_EQ(w.at("LOCAL_WORLD_SIZE"), absl::StrCat(nproc[node])) << "rank " << r;
+    EXPECT_EQ(w.at("GROUP_WORLD_SIZE"), "3") << "rank " << r;
+  }
+}
+
+TEST_F(AgentTest, WithoutNodeRankNodesAreOrderedByHostName) {
+  StartRdzvd();
+  std::vector<Subprocess*> agents;
+  for (const char* host : {"c", "a", "b"}) {
+    agents.push_back(&StartAgent(host, "byname", 3, {"--host-name", host}));
+  }
+  for (Subprocess* a : agents) WaitOk(*a);
+
+  const std::vector<WorkerEnv> table = ReadRankTable(3);
+  ExpectSharedValues(table, "byname");
+  const char* host_of_rank[] = {"a", "b", "c"};
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(table[r].at("TEST_AGENT"), host_of_rank[r]) << "rank " << r;
+    EXPECT_EQ(table[r].at("GROUP_RANK"), absl::StrCat(r)) << "rank " << r;
+    EXPECT_EQ(table[r].at("LOCAL_RANK"), "0") << "rank " << r;
+    EXPECT_EQ(table[r].at("LOCAL_WORLD_SIZE"), "1") << "rank " << r;
+  }
+}
+
+TEST_F(AgentTest, FailingWorkerStopsTheWholeJobWithItsExitCode) {
+  StartRdzvd();
+  // Rank 3 (node 1) fails; every other worker would run for two minutes. The short pause puts
+  // the failure after every agent has started its workers, the common case; an abort racing an
+  // agent's own assignment is not what this test is about.
+  std::vector<Subprocess*> agents;
+  for (int node = 0; node < 3; ++node) {
+    std::vector<std::string> argv = {RDZV_AGENT_BIN,
+                                     "--rdzv-endpoint",
+                                     endpoint_,
+                                     "--rdzv-id",
+                                     "failfast",
+                                     "--nnodes",
+                                     "3",
+                                     "--node-rank",
+                                     absl::StrCat(node),
+                                     "--nproc-per-node",
+                                     "2",
+                                     "--join-timeout",
+                                     "60",
+                                     "--"};
+    for (std::string& a : WorkerCommand(absl::StrCat(
+             "if [ $RANK = 3 ]; then sleep 0.3; echo 'rank 3 gives up' >&2; exit 3; fi; ",
+             SleepForever()))) {
+      argv.push_back(std::move(a));
+    }
+    agents.push_back(&Start(std::move(argv), {{"TEST_AGENT", absl::StrCat("n", node)}}));
+  }
+  const absl::Time start = absl::Now();
+  for (Subprocess* a : agents) {
+    EXPECT_EQ(a->Wait(kLongWait), 3) << a->CommandLine() << "\n--- stderr:\n" << a->Stderr();
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "the other agents were not told";
+  // The failing agent and the others all name the root cause.
+  for (Subprocess* a : agents) {
+    const std::string line = LineWith(a->Stderr(), "job failfast failed");
+    EXPECT_TRUE(Contains(line, "rank 3")) << a->Stderr();
+  }
+  EXPECT_TRUE(Contains(agents[1]->Stderr(), "rank 3 gives up"));
+  EXPECT_TRUE(Contains(agents[1]->Stderr(), "exited with code 3"));
+  EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker_, absl::Seconds(10)), "\n"),
+            "");
+}
+
+TEST_F(AgentTest, WorkerKilledBySignalGives128PlusSignal) {
+  StartRdzvd();
+  std::vector<Subprocess*> agents;
+  for (int node = 0; node < 2; ++node) {
+    std::vector<std::string> argv = {
+        RDZV_AGENT_BIN, "--rdzv-endpoint",  endpoint_, "--rdzv-id", "segv", "--nnodes", "2",
+        "--node-rank",  absl::StrCat(node), "--"};
+    for (std::string& a : WorkerCommand(
+             absl::StrCat("if [ $RANK = 1 ]; then sleep 0.3; ulimit -c 0; kill -SEGV $$; fi; ",
+                          SleepForever()))) {
+      argv.push_back(std::move(a));
+    }
+    agents.push_back(&Start(std::move(argv)));
+  }
+  for (Subprocess* a : agents) {
+    EXPECT_EQ(a->Wait(kLongWait), 128 + SIGSEGV) << a->CommandLine() << "\n--- stderr:\n"
+                                                 << a->Stderr();
+  }
+  // Both agents name the root cause, the signal included.
+  for (Subprocess* a : agents) {
+    EXPECT_TRUE(Contains(LineWith(a->Stderr(), "job segv failed"), "rank 1")) << a->Stderr();
+    EXPECT_TRUE(Contains(LineWith(a->Stderr(), "job segv failed"), "SIGSEGV")) << a->Stderr();
+  }
+  EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker_, absl::Seconds(10)), "\n"),
+            "");
+}
+
+TEST_F(AgentTest, UnreachableEndpointFailsAfterTheJoinTimeout) {
+  const std::string endpoint = absl::StrCat("127.0.0.1:", testing::FreeLoopbackPort());
+  Subprocess& agent = Start({RDZV_AGENT_BIN, "--rdzv-endpoint", endpoint, "--rdzv-id", "nobody",
+                             "--nnodes", "1", "--join-timeout", "2", "--", "true", marker_});
+  const absl::Time start = absl::Now();
+  EXPECT_NE(agent.Wait(kLongWait), 0);
+  const absl::Duration took = absl::Now() - start;
+  // The client gives up once its next backoff delay would pass the deadline: possibly well
+  // before the full two seconds, but never at once.
+  EXPECT_GE(took, absl::Milliseconds(500)) << "it should retry before giving up";
+  EXPECT_LT(took, kPrompt);
+  const std::string line = LineWith(agent.Stderr(), endpoint);
+  EXPECT_TRUE(Contains(line, "cannot reach")) << agent.Stderr();
+}
+
+TEST_F(AgentTest, MissingNnodesWithEndpointIsAUsageError) {
+  Subprocess& agent = Start(
+      {RDZV_AGENT_BIN, "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-id", "j", "--", "true", marker_});
+  EXPECT_EQ(agent.Wait(kPrompt), 2);
+  const std::string err = agent.Stderr();
+  EXPECT_TRUE(Contains(err, "rdzv-agent: "));
+  EXPECT_TRUE(Contains(LineWith(err, "rdzv-agent"), "--nnodes"));
+}
+
+TEST_F(AgentTest, UnknownFlagIsAUsageError) {
+  Subprocess& agent = Start({RDZV_AGENT_BIN, "--bogus-flag", "--", "true", marker_});
+  EXPECT_EQ(agent.Wait(kPrompt), 2);
+  EXPECT_TRUE(Contains(agent.Stderr(), "unknown flag --bogus-flag"));
+}
+
+TEST_F(AgentTest, NoCommandIsAUsageError) {
+  Subprocess& agent = Start({RDZV_AGENT_BIN, "--standalone", "--"});
+  EXPECT_EQ(agent.Wait(kPrompt), 2);
+  EXPECT_TRUE(Contains(agent.Stderr(), "no training command"));
+}
+
+TEST_F(AgentTest, NnodesDisagreementIsRefused) {
+  StartRdzvd();
+  Subprocess& first = StartAgent("first", "disagree", 2, {"--node-rank", "0"});
+  ASSERT_NO_FATAL_FAILURE(WaitForJoined("disagree", 1));
+  Subprocess& second = StartAgent("second", "disagree", 3, {"--node-rank", "1"});
+  EXPECT_NE(second.Wait(kPrompt), 0);
+  const std::string line = LineWith(second.Stderr(), "--nnodes 3");
+  EXPECT_TRUE(Contains(line, "--nnodes 2")) << second.Stderr();
+  EXPECT_TRUE(Contains(line, "disagree")) << second.Stderr();
+
+  // The first agent still waits for its round; SIGTERM ends it at once.
+  EXPECT_TRUE(first.Running());
+  first.Signal(SIGTERM);
+  EXPECT_EQ(first.Wait(kPrompt), 128 + SIGTERM) << first.Stderr();
+}
+
+TEST_F(AgentTest, SecondAgentWithTheSameNodeRankIsRefused) {
+  StartRdzvd();
+  Subprocess& first = StartAgent("first", "dup", 2, {"--node-rank", "0", "--host-name", "first"});
+  ASSERT_NO_FATAL_FAILURE(WaitForJoined("dup", 1));
+  Subprocess& second =
+      StartAgent("second", "dup", 2, {"--node-rank", "0", "--host-name", "second"});
+  EXPECT_NE(second.Wait(kPrompt), 0);
+  const std::string line = LineWith(second.Stderr(), "already taken");
+  EXPECT_TRUE(Contains(line, "node rank 0")) << second.Stderr();
+  EXPECT_TRUE(Contains(line, "first")) << second.Stderr();
+
+  EXPECT_TRUE(first.Running());
+  first.Signal(SIGTERM);
+  EXPECT_EQ(first.Wait(kPrompt), 128 + SIGTERM) << first.Stderr();
+}
+
+TEST_F(AgentTest, StandaloneNeedsNoServer) {
+  std::vector<std::string> argv = {RDZV_AGENT_BIN, "--standalone", "--nproc-per-node", "2", "--"};
+  for (std::string& a : WorkerCommand()) argv.push_back(std::move(a));
+  Subprocess& agent = Start(std::move(argv), {{"TEST_AGENT", "solo"}});
+  WaitOk(agent);
+
+  const std::vector<WorkerEnv> table = ReadRankTable(2);
+  ASSERT_EQ(table.size(), 2u);
+  ASSERT_FALSE(table[0].empty());
+  ExpectSharedValues(table, table[0].at("TORCHELASTIC_RUN_ID"));
+  EXPECT_FALSE(table[0].at("TORCHELASTIC_RUN_ID").empty());
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(table[r].at("LOCAL_RANK"), absl::StrCat(r));
+    EXPECT_EQ(table[r].at("LOCAL_WORLD_SIZE"), "2");
+    EXPECT_EQ(table[r].at("GROUP_RANK"), "0");
+    EXPECT_EQ(table[r].at("GROUP_WORLD_SIZE"), "1");
+  }
+}
+
+TEST_F(AgentTest, RdzvdStopsOnSigterm) {
+  Subprocess& rdzvd = StartRdzvd();
+  // With an agent waiting on it, too.
+  Subprocess& agent = StartAgent("waiter", "stopping", 2, {});
+  ASSERT_NO_FATAL_FAILURE(WaitForJoined("stopping", 1));
+  const absl::Time start = absl::Now();
+  rdzvd.Signal(SIGTERM);
+  EXPECT_EQ(rdzvd.Wait(kLongWait), 0) << rdzvd.Stderr();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  agent.Signal(SIGTERM);
+  EXPECT_EQ(agent.Wait(kPrompt), 128 + SIGTERM) << agent.Stderr();
+}
+
+TEST_F(AgentTest, RdzvdOnAPortInUseFails) {
+  // A plain listening socket holds the port.
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string listen_at = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+
+  Subprocess& rdzvd = Start({RDZVD_BIN, "--listen", listen_at});
+  EXPECT_EQ(rdzvd.Wait(kPrompt), 1);
+  close(fd);
+  const std::string line = LineWith(rdzvd.Stderr(), listen_at);
+  EXPECT_TRUE(Contains(line, "rdzvd: cannot listen on")) << rdzvd.Stderr();
+}
+
+// gRPC shares ports (SO_REUSEPORT) unless told not to; two servers would split a job.
+TEST_F(AgentTest, SecondRdzvdOnTheSamePortFails) {
+  StartRdzvd();
+  Subprocess& second = Start({RDZVD_BIN, "--listen", endpoint_});
+  EXPECT_EQ(second.Wait(kPrompt), 1);
+  EXPECT_TRUE(Contains(LineWith(second.Stderr(), endpoint_), "cannot listen on"));
+}
+
+// The helper itself: what the tests above rely on to never hang and never leak.
+
+// Waits until `n` processes carry `marker`.
+bool WaitForMatches(const std::string& marker, size_t n) {
+  const absl::Time deadline = absl::Now() + kLongWait;
+  while (testing::ProcessesMatching(marker).size() < n) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+TEST(SubprocessTest, CapturesOutputAndExitCode) {
+  Subprocess p(
+      {.argv = {"bash", "-c", "echo out; echo err >&2; exit $CODE"}, .env = {{"CODE", "7"}}});
+  EXPECT_EQ(p.Wait(kLongWait), 7);
+  EXPECT_EQ(p.Stdout(), "out\n");
+  EXPECT_EQ(p.Stderr(), "err\n");
+}
+
+TEST(SubprocessTest, SignalsGive128PlusSignal) {
+  Subprocess p({.argv = {"sleep", "120"}});
+  EXPECT_TRUE(p.Running());
+  p.Signal(SIGTERM);
+  EXPECT_EQ(p.Wait(kLongWait), 128 + SIGTERM);
+}
+
+TEST(SubprocessTest, TimeoutKillsTheGroupAndFails) {
+  const std::string marker = testing::UniqueMarker();
+  std::optional<Subprocess> p;
+  p.emplace(SubprocessOptions{
+      .argv = {"bash", "-c", absl::StrCat("(exec -a ", marker, "-child sleep 120) & wait"),
+               marker}});
+  ASSERT_TRUE(WaitForMatches(marker, 2)) << "the shell and its child";
+  EXPECT_NONFATAL_FAILURE(EXPECT_EQ(p->Wait(absl::Milliseconds(300)), Subprocess::kTimedOut),
+                          "did not exit within");
+  EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker, absl::Seconds(10)), "\n"), "");
+}
+
+TEST(SubprocessTest, DestructorKillsTheGroupAndNothingIsLeft) {
+  const std::string marker = testing::UniqueMarker();
+  {
+    Subprocess p({.argv = {"bash", "-c",
+                           absl::StrCat("(exec -a ", marker, "-child sleep 120) & wait"), marker}});
+    ASSERT_TRUE(WaitForMatches(marker, 2)) << "the shell and its child";
+  }
+  EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker, absl::Seconds(10)), "\n"), "");
+}
+
+TEST(SubprocessTest, MissingProgramFailsTheTest) {
+  std::optional<Subprocess> p;
+  EXPECT_NONFATAL_FAILURE(p.emplace(SubprocessOptions{.argv = {"/no/such/program"}}),
+                          "cannot find an executable");
+  EXPECT_EQ(p->Wait(kLongWait), 127);
+}
+
+}  // namespace
+}  // namespace rdzv
