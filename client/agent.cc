@@ -483,6 +483,12 @@ void Agent::Impl::OnJoined(absl::StatusOr<AssignmentEvent> result) {
                FormatHostPort(a.master_addr, a.master_port));
   // Rank 0's first worker binds this port for its TCPStore.
   master_port_.reset();
+  if (outcome_) {
+    // The job ended elsewhere while this agent's assignment was on its way: start nothing.
+    phase_ = Phase::kStopping;
+    MaybeFinish();
+    return;
+  }
   phase_ = Phase::kRunning;
   if (absl::Status s = StartWorkers(); !s.ok()) {
     FailureInfo f = NewFailure();

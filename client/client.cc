@@ -250,6 +250,11 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
   }
   absl::Status last = absl::UnavailableError("not tried");
   std::uniform_real_distribution<double> unit(0.0, 1.0);
+  const auto unreachable = [&] {
+    return absl::UnavailableError(
+        absl::StrFormat("cannot reach the rendezvous server at %s for %s (%s)", EndpointNames(),
+                        absl::FormatDuration(impl_->options.join_timeout), last.message()));
+  };
   for (int attempt = 0;; ++attempt) {
     auto call = std::make_shared<JoinCall>(handlers, impl_->live_calls);
     std::shared_ptr<JoinCall> previous;
@@ -262,6 +267,9 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
       // A new round (or a retry) replaces the earlier stream; its end is no loss.
       previous->MarkLeaving();
       previous->Cancel();
+    }
+    if (attempt > 0 && absl::Now() >= deadline) {
+      return unreachable();
     }
     call->Start(impl_->stub(), request);
     call->Await(deadline);
@@ -295,12 +303,13 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
       --attempt;
       continue;
     }
-    const absl::Duration delay = BackoffDelay(impl_->options.backoff, attempt, unit(impl_->rng));
-    if (absl::Now() + delay >= deadline) {
-      return absl::UnavailableError(
-          absl::StrFormat("cannot reach the rendezvous server at %s for %s (%s)", EndpointNames(),
-                          absl::FormatDuration(impl_->options.join_timeout), last.message()));
+    // Keep trying until the deadline itself, then say why the last try failed.
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return unreachable();
     }
+    const absl::Duration delay =
+        std::min(left, BackoffDelay(impl_->options.backoff, attempt, unit(impl_->rng)));
     absl::MutexLock lock(&impl_->mu);
     impl_->mu.AwaitWithTimeout(absl::Condition(&impl_->cancelled), delay);
   }
