@@ -363,8 +363,9 @@ void Agent::Impl::StartJoin() {
             p.missing_node_indices.size() < static_cast<size_t>(p.expected - p.joined) ? ",..."
                                                                                        : "");
       }
-      spdlog::info("job {}: waiting for {} of {} agents (joined: {}{}{})", config_.job_id,
-                   p.expected - p.joined, p.expected, absl::StrJoin(p.joined_hosts, ","),
+      spdlog::info("job {}: waiting for {} of {} {} (joined: {}{}{})", config_.job_id,
+                   p.expected - p.joined, p.expected, config_.order >= 0 ? "tasks" : "nodes",
+                   absl::StrJoin(p.joined_hosts, ","),
                    p.joined > static_cast<int32_t>(p.joined_hosts.size()) ? ",..." : "", missing);
     });
   };
