@@ -36,6 +36,9 @@ struct RendezvousState::Job {
   int32_t attached = 0;
   int32_t world_size = 0;
   absl::flat_hash_map<std::string, Member> members;
+  // Members with `left` set, so that "has everyone left?" is a comparison and not a scan: it is
+  // asked after every departure, and a job of N agents sees N of them.
+  size_t left = 0;
   // Who holds each position (global order, else node index): refuses a second claim at once
   // instead of failing the whole round when it completes.
   absl::flat_hash_map<int64_t, std::string> claims;
@@ -166,6 +169,7 @@ void RendezvousState::Detach(Job& job, Member& member) {
 void RendezvousState::OpenRound(Job& job, const JoinSpec& spec) {
   for (auto& [id, member] : job.members) Detach(job, member);
   job.members.clear();
+  job.left = 0;
   job.claims.clear();
   job.phase = Phase::kFilling;
   job.round += 1;
@@ -311,6 +315,7 @@ void RendezvousState::CompleteRound(Job& job, Decisions& out) {
     // Nobody can use this round: forget it so that corrected agents can start over.
     for (auto& [id, member] : job.members) Detach(job, member);
     job.members.clear();
+    job.left = 0;
     job.claims.clear();
     return;
   }
@@ -417,8 +422,9 @@ void RendezvousState::Leave(Micros now, const std::string& job_id, const std::st
   if (job->phase == Phase::kFilling) {
     job->claims.erase(ClaimKey(member.spec.agent));
     job->members.erase(it);
-  } else {
+  } else if (!member.left) {
     member.left = true;
+    ++job->left;
   }
   EraseIfDone(job_id);
 }
@@ -426,8 +432,7 @@ void RendezvousState::Leave(Micros now, const std::string& job_id, const std::st
 void RendezvousState::EraseIfDone(const std::string& job_id) {
   Job* job = FindJob(job_id);
   if (job == nullptr) return;
-  const bool everyone_left = std::all_of(job->members.begin(), job->members.end(),
-                                         [](const auto& kv) { return kv.second.left; });
+  const bool everyone_left = job->left == job->members.size();
   if (job->phase == Phase::kFilling ? job->members.empty() : everyone_left) jobs_.erase(job_id);
 }
 
