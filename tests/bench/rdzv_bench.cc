@@ -83,6 +83,13 @@ int64_t NowNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
+// CPU time of this whole process (all threads).
+int64_t CpuNs() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
 void WriteAll(int fd, absl::string_view data) {
   while (!data.empty()) {
     const ssize_t n = write(fd, data.data(), data.size());
@@ -277,7 +284,7 @@ class Worker {
                                    status[i].ToString());
       }
     }
-    Send(absl::StrFormat("%s ok=%d err=%d last=%d lat=%s %s msg=%s", kind, ok,
+    Send(absl::StrFormat("%s cpu=%d ok=%d err=%d last=%d lat=%s %s msg=%s", kind, CpuNs(), ok,
                          static_cast<int64_t>(start.size()) - ok, last, absl::StrJoin(lat_us, ","),
                          extra, OneLine(first_error)));
   }
@@ -298,7 +305,7 @@ class Worker {
         Send(absl::StrCat("error msg=", threads.start_error().ToString()));
         return;
       }
-      Send("ready");
+      Send(absl::StrCat("ready cpu=", CpuNs()));
       if (!AwaitGo()) return;
       threads.Go();
       threads.Join();
@@ -362,7 +369,7 @@ class Worker {
         Send(absl::StrCat("error msg=", threads.start_error().ToString()));
         return;
       }
-      Send("ready");
+      Send(absl::StrCat("ready cpu=", CpuNs()));
       if (!AwaitGo()) return;
       threads.Go();
       threads.Join();
@@ -643,6 +650,8 @@ struct Options {
   int64_t reps = 1;
   std::string csv;
   bool check = false;
+  bool floor = true;
+  bool verbose = false;
   bool launch = false;
   int64_t launch_reps = 5;
   std::vector<int64_t> launch_nodes = {8, 32};
@@ -690,6 +699,9 @@ struct ScaleResult {
   double floor_p99_ms = 0;
   double cpu_join_s = 0;
   double cpu_floor_s = 0;
+  // CPU time of all client processes in each phase.
+  double client_cpu_join_s = 0;
+  double client_cpu_floor_s = 0;
   double rss_attached_mib = 0;
   double hwm_mib = 0;
   double abort_s = 0;
@@ -760,6 +772,8 @@ class ScaleRun {
   absl::StatusOr<int64_t> StartPhase(const std::string& phase) {
     absl::StatusOr<std::vector<Reply>> ready = Ask(phase, "ready");
     if (!ready.ok()) return ready.status();
+    ready_cpu_ns_ = 0;
+    for (const Reply& r : *ready) ready_cpu_ns_ += r.Int("cpu");
     const int64_t t0 = NowNs();
     for (Child& w : workers_) w.Send("go");
     return t0;
@@ -767,10 +781,12 @@ class ScaleRun {
 
   // Sums a phase's replies into wall time from t0 and latency percentiles.
   void Collect(const std::vector<Reply>& replies, int64_t t0, double& wall_s, double& p50_ms,
-               double& p99_ms) {
+               double& p99_ms, double& client_cpu_s) {
     std::vector<int64_t> lat;
     int64_t last = t0;
+    int64_t cpu = -ready_cpu_ns_;
     for (const Reply& rep : replies) {
+      cpu += rep.Int("cpu");
       r_.errors += rep.Int("err");
       if (!rep.message.empty()) r_.messages.push_back(rep.message);
       last = std::max(last, rep.Int("last"));
@@ -778,6 +794,7 @@ class ScaleRun {
       lat.insert(lat.end(), l.begin(), l.end());
     }
     wall_s = static_cast<double>(last - t0) / 1e9;
+    client_cpu_s = static_cast<double>(cpu) / 1e9;
     p50_ms = Percentile(lat, 0.5) / 1000.0;
     p99_ms = Percentile(lat, 0.99) / 1000.0;
   }
@@ -813,20 +830,32 @@ class ScaleRun {
       if (!s.ok()) return s;
     }
 
-    // The floor: N fresh channels, one empty call each.
+    if (o_.floor) {
+      if (absl::Status s = RunFloor(baseline_fds); !s.ok()) return s;
+    }
+    return RunRendezvous();
+  }
+
+  // The floor: N fresh channels, one empty call each.
+  absl::Status RunFloor(int64_t baseline_fds) {
+    const pid_t server = rdzvd_.pid();
     const double cpu0 = ReadProcStats(server).cpu_s;
     absl::StatusOr<int64_t> t0 = StartPhase("floor");
     if (!t0.ok()) return t0.status();
     absl::StatusOr<std::vector<Reply>> floor = Ask("", "floor");
     if (!floor.ok()) return floor.status();
     r_.cpu_floor_s = ReadProcStats(server).cpu_s - cpu0;
-    Collect(*floor, *t0, r_.floor_wall_s, r_.floor_p50_ms, r_.floor_p99_ms);
+    Collect(*floor, *t0, r_.floor_wall_s, r_.floor_p50_ms, r_.floor_p99_ms, r_.client_cpu_floor_s);
     if (absl::StatusOr<std::vector<Reply>> closed = Ask("close", "closed"); !closed.ok()) {
       return closed.status();
     }
     Settle(baseline_fds);
+    return absl::OkStatus();
+  }
 
-    // The rendezvous: N fresh Clients join one job.
+  // The rendezvous: N fresh Clients join one job; then the abort fan-out.
+  absl::Status RunRendezvous() {
+    const pid_t server = rdzvd_.pid();
     const double cpu1 = ReadProcStats(server).cpu_s;
     absl::StatusOr<int64_t> t1 = StartPhase("join");
     if (!t1.ok()) return t1.status();
@@ -835,7 +864,7 @@ class ScaleRun {
     const ProcStats attached = ReadProcStats(server);
     r_.cpu_join_s = attached.cpu_s - cpu1;
     r_.rss_attached_mib = static_cast<double>(attached.rss_kib) / 1024.0;
-    Collect(*join, *t1, r_.join_wall_s, r_.join_p50_ms, r_.join_p99_ms);
+    Collect(*join, *t1, r_.join_wall_s, r_.join_p50_ms, r_.join_p99_ms, r_.client_cpu_join_s);
     std::vector<int64_t> ranks;
     for (const Reply& rep : *join) {
       if (rep.Int("lost") != 0) Error(absl::StrCat(rep.Int("lost"), " agents lost their stream"));
@@ -863,6 +892,13 @@ class ScaleRun {
       r_.abort_per_proc_ms.push_back(static_cast<double>(rep.Int("last") - t_fail) / 1e6);
     }
     r_.abort_s = static_cast<double>(last - t_fail) / 1e9;
+    if (o_.verbose) {
+      std::fprintf(stderr,
+                   "rdzv-bench: N=%ld monotonic s: rendezvous %.6f..%.6f, abort %.6f..%.6f\n",
+                   static_cast<long>(r_.n), static_cast<double>(*t1) / 1e9,
+                   static_cast<double>(*t1) / 1e9 + r_.join_wall_s,
+                   static_cast<double>(t_fail) / 1e9, static_cast<double>(last) / 1e9);
+    }
     if (received != r_.n) {
       Error(absl::StrFormat("%d of %d agents received the abort", received, r_.n));
     }
@@ -880,6 +916,7 @@ class ScaleRun {
   const Options& o_;
   ScaleResult r_;
   int64_t phase_timeout_ns_;
+  int64_t ready_cpu_ns_ = 0;
   Child rdzvd_;
   std::vector<Child> workers_;
 };
@@ -901,7 +938,8 @@ int RunScale(const Options& o) {
     std::fprintf(csv,
                  "n,rep,procs,join_wall_s,join_p50_ms,join_p99_ms,floor_wall_s,floor_p50_ms,"
                  "floor_p99_ms,ratio,rdzvd_cpu_join_s,rdzvd_cpu_floor_s,cpu_ms_per_agent,"
-                 "rss_attached_mib,hwm_mib,abort_s,errors,correct\n");
+                 "rss_attached_mib,hwm_mib,abort_s,errors,correct,client_cpu_join_s,"
+                 "client_cpu_floor_s\n");
   }
   std::printf("%7s %5s %9s %8s %8s %9s %6s %7s %8s %8s %8s %9s %6s %7s\n", "N", "procs", "rdzv_s",
               "p50_ms", "p99_ms", "floor_s", "ratio", "cpu_s", "ms/agent", "rss_MiB", "hwm_MiB",
@@ -921,13 +959,13 @@ int RunScale(const Options& o) {
       if (csv != nullptr) {
         std::fprintf(csv,
                      "%ld,%ld,%ld,%.4f,%.2f,%.2f,%.4f,%.2f,%.2f,%.3f,%.3f,%.3f,%.4f,%.1f,%.1f,"
-                     "%.4f,%ld,%d\n",
+                     "%.4f,%ld,%d,%.3f,%.3f\n",
                      static_cast<long>(r.n), static_cast<long>(r.rep), static_cast<long>(r.procs),
                      r.join_wall_s, r.join_p50_ms, r.join_p99_ms, r.floor_wall_s, r.floor_p50_ms,
                      r.floor_p99_ms, r.floor_wall_s > 0 ? r.join_wall_s / r.floor_wall_s : 0.0,
                      r.cpu_join_s, r.cpu_floor_s, 1000.0 * r.cpu_join_s / static_cast<double>(n),
                      r.rss_attached_mib, r.hwm_mib, r.abort_s, static_cast<long>(r.errors),
-                     r.correct ? 1 : 0);
+                     r.correct ? 1 : 0, r.client_cpu_join_s, r.client_cpu_floor_s);
         std::fflush(csv);
       }
     }
@@ -961,10 +999,13 @@ int RunScale(const Options& o) {
     for (double ms : results.back().abort_per_proc_ms)
       per_proc.push_back(absl::StrFormat("%.1f", ms));
     std::printf(
-        "        floor: p50 %.1f ms, p99 %.1f ms, rdzvd cpu %.2f s; abort per process (ms): %s\n",
+        "        floor: p50 %.1f ms, p99 %.1f ms, rdzvd cpu %.2f s; client cpu: rendezvous %.2f s, "
+        "floor %.2f s\n        abort per process (ms): %s\n",
         med([](const ScaleResult& r) { return r.floor_p50_ms; }),
         med([](const ScaleResult& r) { return r.floor_p99_ms; }),
         med([](const ScaleResult& r) { return r.cpu_floor_s; }),
+        med([](const ScaleResult& r) { return r.client_cpu_join_s; }),
+        med([](const ScaleResult& r) { return r.client_cpu_floor_s; }),
         absl::StrJoin(per_proc, " ").c_str());
     std::fflush(stdout);
   }
@@ -1133,6 +1174,9 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "rdzv-bench: bad worker arguments\n");
       return 2;
     }
+    // As rdzvd does: Debian's abseil (no NDEBUG) would otherwise run its deadlock detector on
+    // every lock, which costs the simulated agents more than their real work.
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
     return Worker(c).Run();
   }
 
@@ -1165,6 +1209,10 @@ int Main(int argc, char** argv) {
          [&](absl::string_view v) { return ParseCount(v, o.reps, 1); }});
   p.Add({"csv", "", "FILE", "also write one row per repetition (or launch) to FILE", text(o.csv)});
   p.Add({"check", "", "", "exit 1 on any client error or wrong assignment", on(o.check)});
+  p.Add({"floor", "", "BOOL", "measure the floor before each rendezvous (default true)",
+         on(o.floor)});
+  p.Add({"verbose", "", "", "print each phase's CLOCK_MONOTONIC span (to line up profiles)",
+         on(o.verbose)});
   p.Add({"rdzvd-arg", "", "ARG", "pass ARG to rdzvd (repeatable)", [&](absl::string_view v) {
            o.rdzvd_args.emplace_back(v);
            return absl::OkStatus();
