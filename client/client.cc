@@ -204,6 +204,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Each agent is its own client: never share a TCP connection with another Client object.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // Bandwidth probing sizes flow-control windows for bulk transfers; our messages are tiny, and
+  // its ping after each received message costs rdzvd a read and a write per agent.
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   std::vector<std::string> names = {impl->options.endpoint};
   names.insert(names.end(), impl->options.alternate_endpoints.begin(),
                impl->options.alternate_endpoints.end());
