@@ -1,0 +1,614 @@
+// Failures across real processes: a real rdzvd, real rdzv-agents, and workers that are small
+// bash scripts (one a Python script with torch's @record). A worker that fails, an agent that is
+// killed or signalled, user signals, restarts, elastic node counts, and where worker output goes.
+// Asserts what a user would check: the exit codes, how soon every agent gives up, the root-cause
+// report, what the workers of each round saw, and that no process is left running.
+#include <signal.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+
+namespace rdzv {
+namespace {
+
+using testing::ScopedTempDir;
+using testing::Subprocess;
+using testing::SubprocessOptions;
+
+// How long anything may take before the test calls it a hang.
+constexpr absl::Duration kLongWait = absl::Seconds(60);
+// How soon every agent must have ended once the job has failed: the workers stop on SIGTERM at
+// once (the default --term-timeout of 3s is the worst case), plus a margin for a loaded machine.
+constexpr absl::Duration kPrompt = absl::Seconds(10);
+
+// The variables every worker writes down.
+constexpr const char* kWorkerVars[] = {"RANK",
+                                       "LOCAL_RANK",
+                                       "WORLD_SIZE",
+                                       "LOCAL_WORLD_SIZE",
+                                       "GROUP_RANK",
+                                       "GROUP_WORLD_SIZE",
+                                       "TORCHELASTIC_RUN_ID",
+                                       "TORCHELASTIC_RESTART_COUNT",
+                                       "TORCHELASTIC_MAX_RESTARTS",
+                                       "TEST_AGENT"};
+
+using WorkerEnv = std::map<std::string, std::string>;
+
+::testing::AssertionResult Contains(absl::string_view text, absl::string_view needle) {
+  if (absl::StrContains(text, needle)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "\"" << needle << "\" not found in:\n" << text;
+}
+
+::testing::AssertionResult LacksText(absl::string_view text, absl::string_view needle) {
+  if (!absl::StrContains(text, needle)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "\"" << needle << "\" unexpectedly in:\n" << text;
+}
+
+// The line of `text` that contains `needle`, or "".
+std::string LineWith(absl::string_view text, absl::string_view needle) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StrContains(line, needle)) return std::string(line);
+  }
+  return "";
+}
+
+bool ProcessAlive(pid_t pid) {
+  const std::string stat = testing::ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z' &&
+         stat[paren + 2] != 'X';
+}
+
+class FailureTest : public ::testing::Test {
+ protected:
+  void SetUp() override { marker_ = testing::UniqueMarker(); }
+
+  void TearDown() override {
+    // Whatever a test left running (it failed, or it did not wait) is killed now, and nothing
+    // that carried this test's marker may outlive it.
+    procs_.clear();
+    EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker_, absl::Seconds(10)), "\n"),
+              "")
+        << "processes left behind";
+  }
+
+  Subprocess& Start(std::vector<std::string> argv,
+                    std::vector<std::pair<std::string, std::string>> env = {}) {
+    SubprocessOptions options;
+    options.argv = std::move(argv);
+    // Neither a surrounding Slurm allocation nor a site config may change what the agents do.
+    options.unset_env_prefixes = {"SLURM_", "RDZV_", "TORCHELASTIC_"};
+    options.env = std::move(env);
+    options.env.emplace_back("RDZV_CONFIG", "/dev/null");
+    procs_.push_back(std::make_unique<Subprocess>(std::move(options)));
+    return *procs_.back();
+  }
+
+  // A real rdzvd on a free loopback port; returns once it accepts connections.
+  void StartRdzvd() {
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      const int port = testing::FreeLoopbackPort();
+      Subprocess& rdzvd = Start({RDZVD_BIN, "--listen", absl::StrCat("127.0.0.1:", port)});
+      if (testing::WaitForLoopbackPort(port, kLongWait) && rdzvd.Running()) {
+        endpoint_ = absl::StrCat("127.0.0.1:", port);
+        return;
+      }
+      rdzvd.Kill();  // someone took the port between picking and binding it
+    }
+    FAIL() << "rdzvd did not start";
+  }
+
+  // The agent of node `node` (host name "n<node>") of job `job` at this test's rdzvd. Its
+  // workers run Worker(then, first).
+  Subprocess& StartAgent(const std::string& job, int node, const std::string& nnodes,
+                         std::vector<std::string> flags, const std::string& then,
+                         const std::string& first = "") {
+    const std::string host = absl::StrCat("n", node);
+    std::vector<std::string> argv = {RDZV_AGENT_BIN,
+                                     "--rdzv-endpoint",
+                                     endpoint_,
+                                     "--rdzv-id",
+                                     job,
+                                     "--nnodes",
+                                     nnodes,
+                                     "--node-rank",
+                                     absl::StrCat(node),
+                                     "--host-name",
+                                     host,
+                                     "--join-timeout",
+                                     "60"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.push_back("--");
+    for (std::string& a : Worker(then, first)) argv.push_back(std::move(a));
+    return Start(std::move(argv), {{"TEST_AGENT", host}});
+  }
+
+  // Agents of nodes 0..count-1, in that order.
+  std::vector<Subprocess*> StartAgents(int count, const std::string& job, const std::string& nnodes,
+                                       const std::vector<std::string>& flags,
+                                       const std::string& then, const std::string& first = "") {
+    std::vector<Subprocess*> agents;
+    for (int node = 0; node < count; ++node) {
+      agents.push_back(&StartAgent(job, node, nnodes, flags, then, first));
+    }
+    return agents;
+  }
+
+  // A worker (bash) that first runs `first` (e.g. installs traps), then writes the variables it
+  // sees and its pid to r<restart>-<host>-<local rank>.env in the test's directory (so a written
+  // file means the worker is up and its traps are in place), then runs `then`. The marker in its
+  // command line (and in its agent's) lets the test find leftovers.
+  std::vector<std::string> Worker(const std::string& then, const std::string& first) const {
+    const std::string script =
+        absl::StrCat("d=", dir_.path(), "; ", first,
+                     "f=$d/r${TORCHELASTIC_RESTART_COUNT}-${TEST_AGENT}-${LOCAL_RANK}; ",
+                     "{ env | grep -E '^(", absl::StrJoin(kWorkerVars, "|"),
+                     ")='; echo PID=$$; } > $f.tmp && mv $f.tmp $f.env; ", then);
+    return {"bash", "-c", script, marker_};
+  }
+
+  // Bash that sleeps (as a training step would) until the worker is stopped; the sleep carries
+  // the marker too, so that an orphaned sleep would be found.
+  std::string SleepLong() const {
+    return absl::StrCat("(exec -a ", marker_, "-sleep sleep 60) & wait; exit 0");
+  }
+
+  // Bash that waits (at most 20 s) until `n` workers of round `restart` have written their file,
+  // so that a failure comes after every agent has started its workers.
+  static std::string AwaitWorkers(int restart, int n) {
+    return absl::StrCat("i=0; while [ $((i += 1)) -le 400 ]; do [ $(ls $d/r", restart,
+                        "-*.env 2>/dev/null | wc -l) -ge ", n, " ] && break; sleep 0.05; done; ");
+  }
+
+  // The workers of round `restart` that have written their file, sorted by RANK.
+  std::vector<WorkerEnv> ReadWorkers(int restart) const {
+    std::vector<WorkerEnv> workers;
+    const std::string prefix = absl::StrCat("r", restart, "-");
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_.path(), ec)) {
+      const std::string name = entry.path().filename().string();
+      if (!absl::StartsWith(name, prefix) || !absl::EndsWith(name, ".env")) continue;
+      WorkerEnv env;
+      const std::string text = testing::ReadFileOrEmpty(entry.path().string());
+      for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+        std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits('=', 1));
+        env.insert(std::move(kv));
+      }
+      workers.push_back(std::move(env));
+    }
+    std::sort(workers.begin(), workers.end(), [](const WorkerEnv& a, const WorkerEnv& b) {
+      int ra = -1, rb = -1;
+      if (a.contains("RANK")) (void)absl::SimpleAtoi(a.at("RANK"), &ra);
+      if (b.contains("RANK")) (void)absl::SimpleAtoi(b.at("RANK"), &rb);
+      return ra < rb;
+    });
+    return workers;
+  }
+
+  // Waits until `n` workers of round `restart` are up; returns what they wrote.
+  std::vector<WorkerEnv> WaitForWorkers(int restart, size_t n) const {
+    const absl::Time deadline = absl::Now() + kLongWait;
+    std::vector<WorkerEnv> workers = ReadWorkers(restart);
+    while (workers.size() < n && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+      workers = ReadWorkers(restart);
+    }
+    EXPECT_EQ(workers.size(), n) << "workers of round " << restart << " that started";
+    return workers;
+  }
+
+  // Waits until `job` has `joined` agents at this test's rdzvd.
+  void WaitForJoined(const std::string& job, int joined) {
+    ClientOptions options;
+    options.endpoint = endpoint_;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    const absl::Time deadline = absl::Now() + kLongWait;
+    while (absl::Now() < deadline) {
+      absl::StatusOr<std::vector<JobStatusView>> jobs = (*client)->Status(job);
+      if (jobs.ok() && jobs->size() == 1 && jobs->front().joined == joined) return;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    FAIL() << "job " << job << " never had " << joined << " agents";
+  }
+
+  void ExpectNothingLeft() {
+    EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker_, absl::Seconds(10)), "\n"),
+              "")
+        << "processes left behind";
+  }
+
+  ScopedTempDir dir_;
+  std::string marker_;
+  std::string endpoint_;
+  std::vector<std::unique_ptr<Subprocess>> procs_;  // destroyed (killed) before dir_
+};
+
+std::string Describe(Subprocess& p) {
+  return absl::StrCat(p.CommandLine(), "\n--- stdout:\n", p.Stdout(), "\n--- stderr:\n",
+                      p.Stderr());
+}
+
+// Waits for every agent; returns how long until the last one had ended.
+absl::Duration WaitAll(const std::vector<Subprocess*>& agents, std::vector<int>& codes) {
+  const absl::Time start = absl::Now();
+  codes.clear();
+  for (Subprocess* a : agents) codes.push_back(a->Wait(kLongWait));
+  return absl::Now() - start;
+}
+
+TEST_F(FailureTest, WorkerFailureStopsEveryAgentWithItsExitCode) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  // Rank 3 (node 1, local rank 1) fails once all six workers are up; the others would sleep.
+  const std::vector<Subprocess*> agents =
+      StartAgents(3, "fail", "3", {"--nproc-per-node", "2"},
+                  absl::StrCat("if [ $RANK = 3 ]; then ", AwaitWorkers(0, 6),
+                               "echo 'rank 3: out of memory' >&2; exit 3; fi; ", SleepLong()));
+  WaitForWorkers(0, 6);
+  std::vector<int> codes;
+  const absl::Duration took = WaitAll(agents, codes);
+  for (size_t i = 0; i < agents.size(); ++i) {
+    EXPECT_EQ(codes[i], 3) << Describe(*agents[i]);
+  }
+  EXPECT_LT(took, kPrompt) << "the other agents were not told promptly";
+  for (Subprocess* a : agents) {
+    const std::string err = a->Stderr();
+    EXPECT_TRUE(
+        Contains(LineWith(err, "job fail failed"),
+                 "job fail failed: rank 3 (local rank 1, node 1) on n1 exited with code 3"));
+    // The failing worker's last stderr lines follow, on every node.
+    EXPECT_TRUE(Contains(err, "last lines of rank 3's stderr:"));
+    EXPECT_TRUE(Contains(err, "    rank 3: out of memory"));
+  }
+  ExpectNothingLeft();
+}
+
+TEST_F(FailureTest, WorkerKilledBySigsegvGives139AndNamesTheSignal) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  const std::vector<Subprocess*> agents =
+      StartAgents(2, "segv", "2", {"--nproc-per-node", "2"},
+                  absl::StrCat("if [ $RANK = 2 ]; then ", AwaitWorkers(0, 4),
+                               "ulimit -c 0; kill -SEGV $$; fi; ", SleepLong()));
+  WaitForWorkers(0, 4);
+  std::vector<int> codes;
+  const absl::Duration took = WaitAll(agents, codes);
+  for (size_t i = 0; i < agents.size(); ++i) {
+    EXPECT_EQ(codes[i], 128 + SIGSEGV) << Describe(*agents[i]);
+  }
+  EXPECT_LT(took, kPrompt);
+  for (Subprocess* a : agents) {
+    EXPECT_TRUE(Contains(LineWith(a->Stderr(), "job segv failed"),
+                         "rank 2 (local rank 0, node 1) on n1 was killed by SIGSEGV "
+                         "(exit code 139)"));
+  }
+  ExpectNothingLeft();
+}
+
+TEST_F(FailureTest, LostAgentEndsTheJobForTheOthers) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  const std::vector<Subprocess*> agents =
+      StartAgents(3, "lost", "3", {"--nproc-per-node", "2"}, SleepLong());
+  const std::vector<WorkerEnv> workers = WaitForWorkers(0, 6);
+  agents[1]->Signal(SIGKILL);
+  EXPECT_EQ(agents[1]->Wait(kLongWait), 128 + SIGKILL);
+
+  std::vector<int> codes;
+  const absl::Duration took = WaitAll({agents[0], agents[2]}, codes);
+  EXPECT_LT(took, kPrompt);
+  for (int i : {0, 2}) {
+    Subprocess& a = *agents[i];
+    EXPECT_NE(a.exit_code().value_or(0), 0) << Describe(a);
+    EXPECT_NE(a.exit_code().value_or(0), Subprocess::kTimedOut);
+    EXPECT_TRUE(
+        Contains(LineWith(a.Stderr(), "job lost failed"), "lost contact with the agent on n1"));
+  }
+  // The killed agent's own workers went with it, even though it could not stop them.
+  for (const WorkerEnv& w : workers) {
+    int pid = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(w.at("PID"), &pid));
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (ProcessAlive(pid) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+    EXPECT_FALSE(ProcessAlive(pid)) << "rank " << w.at("RANK") << " of " << w.at("TEST_AGENT");
+  }
+  ExpectNothingLeft();
+}
+
+TEST_F(FailureTest, SigtermToOneAgentStopsEveryAgent) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  const std::vector<Subprocess*> agents =
+      StartAgents(3, "term", "3", {"--nproc-per-node", "2"}, SleepLong());
+  WaitForWorkers(0, 6);
+  agents[1]->Signal(SIGTERM);
+  std::vector<int> codes;
+  const absl::Duration took = WaitAll(agents, codes);
+  EXPECT_LT(took, kPrompt);
+  EXPECT_EQ(codes[1], 128 + SIGTERM) << Describe(*agents[1]);
+  for (int i : {0, 2}) {
+    EXPECT_NE(codes[i], 0) << Describe(*agents[i]);
+    EXPECT_NE(codes[i], Subprocess::kTimedOut);
+  }
+  for (Subprocess* a : agents) {
+    EXPECT_TRUE(Contains(LineWith(a->Stderr(), "job term failed"),
+                         "the agent on n1 (node 1) received "
+                         "SIGTERM"));
+  }
+  ExpectNothingLeft();
+}
+
+TEST_F(FailureTest, UserSignalsReachEveryWorkerAndAreNoFailure) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  // Each worker notes the signals it receives, and ends once it has seen SIGUSR2 (at most 20 s).
+  // The signals go to the worker's whole process group, so its loop counts in bash: a `seq` in
+  // the group would die of SIGUSR1 and cut the loop short.
+  const std::vector<Subprocess*> agents = StartAgents(
+      2, "usr", "2", {"--nproc-per-node", "2"},
+      "i=0; while [ $((i += 1)) -le 400 ]; do grep -q USR2 $d/sig-$RANK && exit 0; sleep 0.05; "
+      "done 2>/dev/null; exit 9",
+      "trap 'echo USR1 >> $d/sig-$RANK' USR1; trap 'echo USR2 >> $d/sig-$RANK' USR2; ");
+  // The traps are armed before a worker writes its file: signal only once all have.
+  WaitForWorkers(0, 4);
+  for (Subprocess* a : agents) a->Signal(SIGUSR1);
+  const auto seen = [this](int rank, absl::string_view sig) {
+    return absl::StrContains(testing::ReadFileOrEmpty(dir_.File(absl::StrCat("sig-", rank))), sig);
+  };
+  const auto all_seen = [&seen](absl::string_view sig) {
+    for (int r = 0; r < 4; ++r) {
+      if (!seen(r, sig)) return false;
+    }
+    return true;
+  };
+  for (absl::Time deadline = absl::Now() + kPrompt; !all_seen("USR1") && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  for (int r = 0; r < 4; ++r) EXPECT_TRUE(seen(r, "USR1")) << "rank " << r;
+  for (Subprocess* a : agents) {
+    EXPECT_TRUE(a->Running()) << "SIGUSR1 ended the agent\n" << Describe(*a);
+  }
+
+  for (Subprocess* a : agents) a->Signal(SIGUSR2);
+  std::vector<int> codes;
+  WaitAll(agents, codes);
+  for (size_t i = 0; i < agents.size(); ++i) {
+    EXPECT_EQ(codes[i], 0) << Describe(*agents[i]);
+    EXPECT_TRUE(Contains(agents[i]->Stderr(), "forwarded SIGUSR1 to 2 workers"));
+    EXPECT_TRUE(Contains(agents[i]->Stderr(), "forwarded SIGUSR2 to 2 workers"));
+  }
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(testing::ReadFileOrEmpty(dir_.File(absl::StrCat("sig-", r))), "USR1\nUSR2\n")
+        << "rank " << r;
+  }
+  ExpectNothingLeft();
+}
+
+TEST_F(FailureTest, MaxRestartsRestartsWithTheSameRanks) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  // Rank 1 fails in the first round only; the others would sleep through it.
+  const std::vector<Subprocess*> agents = StartAgents(
+      2, "again", "2", {"--nproc-per-node", "2", "--max-restarts", "2"},
+      absl::StrCat("if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then if [ $RANK = 1 ]; then ",
+                   AwaitWorkers(0, 4), "exit 5; fi; ", SleepLong(), "; fi; exit 0"));
+  std::vector<int> codes;
+  WaitAll(agents, codes);
+  for (size_t i = 0; i < agents.size(); ++i) {
+    EXPECT_EQ(codes[i], 0) << Describe(*agents[i]);
+    EXPECT_TRUE(Contains(agents[i]->Stderr(), "restarting the workers (restart 1 of 2)"));
+    EXPECT_TRUE(LacksText(agents[i]->Stderr(), "restart 2 of 2"));
+  }
+  const std::vector<WorkerEnv> first = ReadWorkers(0);
+  const std::vector<WorkerEnv> second = ReadWorkers(1);
+  ASSERT_EQ(first.size(), 4u);
+  ASSERT_EQ(second.size(), 4u);
+  EXPECT_TRUE(ReadWorkers(2).empty()) << "a third round";
+  for (size_t i = 0; i < 4; ++i) {
+    // The same agent and local rank hold the same global rank in both rounds.
+    EXPECT_EQ(second[i].at("RANK"), absl::StrCat(i));
+    EXPECT_EQ(second[i].at("RANK"), first[i].at("RANK"));
+    EXPECT_EQ(second[i].at("TEST_AGENT"), first[i].at("TEST_AGENT")) << "rank " << i;
+    EXPECT_EQ(second[i].at("LOCAL_RANK"), first[i].at("LOCAL_RANK")) << "rank " << i;
+    EXPECT_EQ(second[i].at("GROUP_RANK"), first[i].at("GROUP_RANK")) << "rank " << i;
+    EXPECT_EQ(second[i].at("WORLD_SIZE"), "4") << "rank " << i;
+    EXPECT_EQ(first[i].at("TORCHELASTIC_RESTART_COUNT"), "0") << "rank " << i;
+    EXPECT_EQ(second[i].at("TORCHELASTIC_RESTART_COUNT"), "1") << "rank " << i;
+    EXPECT_EQ(second[i].at("TORCHELASTIC_MAX_RESTARTS"), "2") << "rank " << i;
+  }
+  ExpectNothingLeft();
+}
+
+TEST_F(FailureTest, ElasticJobGoesOnWithoutALostNode) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  // Three of at most three agents start the job at once; node 1 is then lost. The first round
+  // sleeps; the second writes its file and ends.
+  const std::vector<Subprocess*> agents = StartAgents(
+      3, "elastic", "2:3", {"--nproc-per-node", "2", "--max-restarts", "1", "--last-call", "1"},
+      absl::StrCat("if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then ", SleepLong(), "; fi; exit 0"));
+  const std::vector<WorkerEnv> first = WaitForWorkers(0, 6);
+  for (const WorkerEnv& w : first) EXPECT_EQ(w.at("WORLD_SIZE"), "6");
+  agents[1]->Signal(SIGKILL);
+  EXPECT_EQ(agents[1]->Wait(kLongWait), 128 + SIGKILL);
+
+  std::vector<int> codes;
+  WaitAll({agents[0], agents[2]}, codes);
+  for (int i : {0, 2}) {
+    EXPECT_EQ(agents[i]->exit_code().value_or(-1), 0) << Describe(*agents[i]);
+    EXPECT_TRUE(Contains(agents[i]->Stderr(), "lost contact with the agent on n1"));
+  }
+  const std::vector<WorkerEnv> second = ReadWorkers(1);
+  ASSERT_EQ(second.size(), 4u);
+  // The survivors, n0 and n2, are group ranks 0 and 1 of 2 now, with ranks 0-3 between them.
+  const char* agent_of_rank[] = {"n0", "n0", "n2", "n2"};
+  for (size_t r = 0; r < 4; ++r) {
+    const WorkerEnv& w = second[r];
+    EXPECT_EQ(w.at("RANK"), absl::StrCat(r));
+    EXPECT_EQ(w.at("TEST_AGENT"), agent_of_rank[r]) << "rank " << r;
+    EXPECT_EQ(w.at("WORLD_SIZE"), "4") << "rank " << r;
+    EXPECT_EQ(w.at("GROUP_RANK"), absl::StrCat(r / 2)) << "rank " << r;
+    EXPECT_EQ(w.at("GROUP_WORLD_SIZE"), "2") << "rank " << r;
+    EXPECT_EQ(w.at("LOCAL_RANK"), absl::StrCat(r % 2)) << "rank " << r;
+    EXPECT_EQ(w.at("TORCHELASTIC_RESTART_COUNT"), "1") << "rank " << r;
+  }
+  ExpectNothingLeft();
+}
+
+TEST_F(FailureTest, ElasticRoundCompletesAtMinAfterLastCall) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  const absl::Duration last_call = absl::Seconds(2);
+  const std::vector<Subprocess*> agents =
+      StartAgents(2, "fewer", "2:3", {"--nproc-per-node", "2", "--last-call", "2"}, "exit 0");
+  ASSERT_NO_FATAL_FAILURE(WaitForJoined("fewer", 2));
+  const absl::Time min_reached = absl::Now();
+  const std::vector<WorkerEnv> workers = WaitForWorkers(0, 4);
+  // Polling adds a little on both sides; the round must not have completed at once.
+  EXPECT_GE(absl::Now() - min_reached, last_call - absl::Milliseconds(500));
+  std::vector<int> codes;
+  WaitAll(agents, codes);
+  for (size_t i = 0; i < agents.size(); ++i) EXPECT_EQ(codes[i], 0) << Describe(*agents[i]);
+  ASSERT_EQ(workers.size(), 4u);
+  for (size_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(workers[r].at("RANK"), absl::StrCat(r));
+    EXPECT_EQ(workers[r].at("WORLD_SIZE"), "4") << "rank " << r;
+    EXPECT_EQ(workers[r].at("GROUP_WORLD_SIZE"), "2") << "rank " << r;
+    EXPECT_EQ(workers[r].at("GROUP_RANK"), absl::StrCat(r / 2)) << "rank " << r;
+  }
+  ExpectNothingLeft();
+}
+
+TEST_F(FailureTest, TorchRecordErrorIsTheRootCause) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  const std::string script = dir_.File("train.py");
+  {
+    std::ofstream f(script);
+    f << "from torch.distributed.elastic.multiprocessing.errors import record\n"
+         "\n"
+         "\n"
+         "@record\n"
+         "def main():\n"
+         "    raise ValueError(\"some message\")\n"
+         "\n"
+         "\n"
+         "if __name__ == \"__main__\":\n"
+         "    main()\n";
+  }
+  // Rank 1 runs the script (its command line keeps the marker); rank 0 would sleep.
+  const std::vector<Subprocess*> agents =
+      StartAgents(2, "record", "2", {},
+                  absl::StrCat("if [ $RANK = 1 ]; then exec ", RDZV_TORCH_PYTHON, " ", script, " ",
+                               marker_, "; fi; ", SleepLong()));
+  std::vector<int> codes;
+  WaitAll(agents, codes);
+  for (size_t i = 0; i < agents.size(); ++i) {
+    EXPECT_EQ(codes[i], 1) << Describe(*agents[i]);
+    const std::string err = agents[i]->Stderr();
+    EXPECT_TRUE(Contains(LineWith(err, "job record failed"),
+                         "rank 1 (local rank 0, node 1) on n1 exited with code 1"));
+    // The error file's message and traceback, not the stderr tail.
+    EXPECT_TRUE(Contains(err, "rank 1's error:"));
+    EXPECT_TRUE(Contains(err, "    ValueError: some message"));
+    EXPECT_TRUE(Contains(err, "raise ValueError(\"some message\")"));
+  }
+  ExpectNothingLeft();
+}
+
+// Each worker prints one line to stdout and one to stderr.
+constexpr char kTalk[] = "echo \"out of rank $RANK\"; echo \"err of rank $RANK\" >&2; exit 0";
+
+TEST_F(FailureTest, LogDirGetsOneFilePerRankAndTheConsoleStaysQuiet) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  const std::string logs = dir_.File("logs");
+  std::vector<Subprocess*> agents =
+      StartAgents(2, "logs", "2", {"--nproc-per-node", "2", "--log-dir", logs}, kTalk);
+  std::vector<int> codes;
+  WaitAll(agents, codes);
+  for (size_t i = 0; i < agents.size(); ++i) {
+    EXPECT_EQ(codes[i], 0) << Describe(*agents[i]);
+    EXPECT_TRUE(LacksText(agents[i]->Stdout(), "of rank"));
+    EXPECT_TRUE(LacksText(agents[i]->Stderr(), "of rank"));
+  }
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(logs, ec)) {
+    files.push_back(entry.path().filename().string());
+  }
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(absl::StrJoin(files, " "), "rank-0.log rank-1.log rank-2.log rank-3.log");
+  for (int r = 0; r < 4; ++r) {
+    const std::string text = testing::ReadFileOrEmpty(absl::StrCat(logs, "/rank-", r, ".log"));
+    // Exactly this rank's two lines, in either order (two pipes).
+    EXPECT_TRUE(Contains(text, absl::StrCat("out of rank ", r, "\n"))) << "rank " << r;
+    EXPECT_TRUE(Contains(text, absl::StrCat("err of rank ", r, "\n"))) << "rank " << r;
+    EXPECT_EQ(text.size(), absl::StrCat("out of rank ", r, "\nerr of rank ", r, "\n").size())
+        << text;
+  }
+}
+
+TEST_F(FailureTest, LogDirWithTeeAlsoShowsTheConsole) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  const std::string logs = dir_.File("logs");
+  std::vector<Subprocess*> agents =
+      StartAgents(2, "tee", "2", {"--nproc-per-node", "2", "--log-dir", logs, "--tee"}, kTalk);
+  std::vector<int> codes;
+  WaitAll(agents, codes);
+  for (size_t i = 0; i < agents.size(); ++i) {
+    EXPECT_EQ(codes[i], 0) << Describe(*agents[i]);
+    for (int local = 0; local < 2; ++local) {
+      const int r = static_cast<int>(i) * 2 + local;
+      EXPECT_TRUE(Contains(agents[i]->Stdout(), absl::StrCat("[", r, "]: out of rank ", r, "\n")));
+      EXPECT_TRUE(Contains(agents[i]->Stderr(), absl::StrCat("[", r, "]: err of rank ", r, "\n")));
+      EXPECT_TRUE(Contains(testing::ReadFileOrEmpty(absl::StrCat(logs, "/rank-", r, ".log")),
+                           absl::StrCat("out of rank ", r, "\n")));
+    }
+  }
+}
+
+TEST_F(FailureTest, LocalRanksFilterShowsOnlyLocalRankZero) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  std::vector<Subprocess*> agents =
+      StartAgents(2, "filter", "2", {"--nproc-per-node", "2", "--local-ranks-filter", "0"}, kTalk);
+  std::vector<int> codes;
+  WaitAll(agents, codes);
+  for (size_t i = 0; i < agents.size(); ++i) {
+    EXPECT_EQ(codes[i], 0) << Describe(*agents[i]);
+    const int shown = static_cast<int>(i) * 2, hidden = shown + 1;
+    const std::string out = agents[i]->Stdout(), err = agents[i]->Stderr();
+    EXPECT_TRUE(Contains(out, absl::StrCat("[", shown, "]: out of rank ", shown, "\n")));
+    EXPECT_TRUE(Contains(err, absl::StrCat("[", shown, "]: err of rank ", shown, "\n")));
+    EXPECT_TRUE(LacksText(out, absl::StrCat("of rank ", hidden)));
+    EXPECT_TRUE(LacksText(err, absl::StrCat("of rank ", hidden)));
+  }
+}
+
+TEST_F(FailureTest, RankPrefixCanBeTurnedOff) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  std::vector<Subprocess*> agents =
+      StartAgents(1, "plain", "1", {"--nproc-per-node", "2", "--rank-prefix=false"}, kTalk);
+  std::vector<int> codes;
+  WaitAll(agents, codes);
+  EXPECT_EQ(codes[0], 0) << Describe(*agents[0]);
+  const std::string out = agents[0]->Stdout();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(LineWith(out, absl::StrCat("out of rank ", r)), absl::StrCat("out of rank ", r));
+  }
+  EXPECT_TRUE(LacksText(out, "]: "));
+}
+
+}  // namespace
+}  // namespace rdzv

@@ -1,0 +1,329 @@
+#!/usr/bin/env python3
+"""Failures and signals under a real Slurm: the local 3-node cluster of
+deploy/slurm/local-cluster.sh.
+
+What a user does and checks when a job goes wrong or is told to stop: a worker that crashes,
+an agent that is killed, scancel of a job, a user signal sent with scancel, and the
+checkpoint-and-requeue template (deploy/slurm/ddp-requeue.sbatch). Every test asserts the exit
+code, how soon the job ended, what the output says, and that no process of the job is left.
+
+Inputs and conventions are those of test_slurm.py (whose helpers this suite reuses): ctest sets
+RDZV_AGENT_BIN, RDZVD_BIN, RDZV_SOURCE_DIR and RDZV_TORCH_PYTHON, and the cluster must be up
+(ctest's slurm_cluster fixture starts it).
+
+  sudo deploy/slurm/local-cluster.sh start
+  RDZV_AGENT_BIN=build/client/rdzv-agent RDZVD_BIN=build/server/rdzvd \\
+      /usr/bin/python3 tests/slurm/test_failures.py -v
+"""
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import unittest
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_slurm  # noqa: E402  (the shared setup, environment and cleanup)
+from test_slurm import AGENT, SOURCE_DIR, SlurmTestCase, base_env, marked_pids  # noqa: E402
+
+REQUEUE_TEMPLATE = os.path.join(SOURCE_DIR, "deploy", "slurm", "ddp-requeue.sbatch")
+CHECKPOINT_DEMO = os.path.join(SOURCE_DIR, "deploy", "examples", "checkpoint_demo.py")
+
+# How soon a job must be over once it has failed or been cancelled: the agents stop their
+# workers with SIGTERM (SIGKILL 3 s later), and Slurm's KillWait on the local cluster is 5 s.
+PROMPT = 20
+
+
+def setUpModule():
+    test_slurm.setUpModule()
+
+
+def describe(pids):
+    lines = []
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                lines.append(f"{p}: " + f.read().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            pass
+    return "; ".join(lines)
+
+
+def read_text(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+class FailureCase(SlurmTestCase):
+    """SlurmTestCase with a marker in every process's environment and ways to wait on things."""
+
+    def setUp(self):
+        self.marker = uuid.uuid4().hex
+        # Registered first, so it runs last: after the base class has cancelled the job.
+        self.addCleanup(self.assert_nothing_left, 10)
+        super().setUp()
+
+    def env(self, **extra):
+        return base_env(RDZV_TEST_MARKER=self.marker, **extra)
+
+    def wait_for(self, condition, timeout, what):
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() >= deadline:
+                self.fail(f"{what}: not within {timeout}s")
+            time.sleep(0.1)
+
+    def assert_nothing_left(self, timeout):
+        """No process of the job (agent, guard, worker, its children) within TIMEOUT seconds."""
+        deadline = time.monotonic() + timeout
+        while marked_pids(self.marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = marked_pids(self.marker)
+        self.assertEqual(left, [], "left running: " + describe(left))
+
+    def job_id(self, timeout=30):
+        """The Slurm job id of this test's job, once squeue lists it."""
+        found = []
+
+        def listed():
+            out = subprocess.run(["squeue", "-h", "--name", self.job_name, "-o", "%A"],
+                                 env=base_env(), capture_output=True, text=True, timeout=30)
+            found[:] = out.stdout.split()
+            return bool(found)
+
+        self.wait_for(listed, timeout, f"squeue never listed job {self.job_name}")
+        return found[0]
+
+    def job_state(self, job_id):
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"], env=base_env(),
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.strip()
+
+    def ready_count(self, out_dir):
+        return len([n for n in os.listdir(out_dir) if n.startswith("ready-")])
+
+    def scancel(self, *args):
+        done = subprocess.run(["scancel", *args], env=base_env(), capture_output=True,
+                              text=True, timeout=30)
+        self.assertEqual(done.returncode, 0, f"scancel {shlex.join(args)}: {done.stderr}")
+
+    def agent_pid_on(self, node):
+        """The rdzv-agent task on NODE: among this job's processes that run the agent binary
+        (its guards are forks of it), the one whose parent is not one of them."""
+        agent = os.path.realpath(AGENT)
+        candidates = {}
+        for pid in marked_pids(self.marker):
+            try:
+                if os.path.realpath(f"/proc/{pid}/exe") != agent:
+                    continue
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if f"SLURMD_NODENAME={node}".encode() not in f.read().split(b"\0"):
+                        continue
+                with open(f"/proc/{pid}/stat") as f:
+                    candidates[pid] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+        agents = [pid for pid, parent in candidates.items() if parent not in candidates]
+        self.assertEqual(len(agents), 1, f"agents on {node}: {describe(candidates)}")
+        return agents[0]
+
+
+class WorkerFailureTest(FailureCase):
+
+    def test_segv_rank_stops_every_node(self):
+        out_dir = self.out_dir()
+        script = (f'touch {out_dir}/ready-$RANK; '
+                  'if [ "$RANK" = 4 ]; then sleep 1; ulimit -c 0; kill -SEGV $$; fi; '
+                  'sleep 60; echo "rank $RANK was not stopped"')
+        proc = self.start_srun(["-N3", "--ntasks-per-node=1"], ["/bin/sh", "-c", script],
+                               env=self.env(), agent_args=["--nproc-per-node", "2"])
+        code, out, err, seconds = self.finish(proc, 90)
+        output = out + err
+        self.assertEqual(code, 139, output)
+        self.assertEqual(self.ready_count(out_dir), 6, output)
+        self.assertLess(seconds, PROMPT, f"srun took {seconds:.1f}s to return\n{output}")
+        # Every agent prints the root cause: rank 4 is node 2's (n3's) first worker.
+        causes = re.findall(r"job slurm-\d+\.0 failed: (.*)", output)
+        self.assertEqual(len(causes), 3, output)
+        for cause in causes:
+            self.assertEqual(cause, "rank 4 (local rank 0, node 2) on n3 was killed by SIGSEGV "
+                             "(exit code 139)")
+        self.assertNotIn("was not stopped", output)
+        self.assert_nothing_left(5)
+
+
+class LostAgentTest(FailureCase):
+
+    def test_sigkill_of_one_agent_ends_the_job(self):
+        out_dir = self.out_dir()
+        script = f'touch {out_dir}/ready-$RANK; sleep 60; echo "rank $RANK was not stopped"'
+        proc = self.start_srun(["-N3", "--ntasks-per-node=1"], ["/bin/sh", "-c", script],
+                               env=self.env(), agent_args=["--nproc-per-node", "2"])
+        self.wait_for(lambda: self.ready_count(out_dir) == 6, 60, "six workers")
+        os.kill(self.agent_pid_on("n2"), signal.SIGKILL)
+        code, out, err, seconds = self.finish(proc, 90)
+        output = out + err
+        self.assertNotEqual(code, 0, output)
+        self.assertLess(seconds, PROMPT, f"srun took {seconds:.1f}s to return\n{output}")
+        # The two agents left say which one they lost.
+        self.assertEqual(len(re.findall(r"failed: lost contact with the agent on n2\b", output)),
+                         2, output)
+        self.assertNotIn("was not stopped", output)
+        self.assert_nothing_left(5)
+
+
+class CancelTest(FailureCase):
+
+    def test_scancel_of_a_batch_job_leaves_nothing(self):
+        out_dir = self.out_dir()
+        script = os.path.join(self.tmp, "job.sbatch")
+        with open(script, "w") as f:
+            f.write(textwrap.dedent(f"""\
+                #!/bin/bash
+                srun {shlex.quote(AGENT)} --nproc-per-node 2 -- \\
+                    /bin/sh -c 'touch {out_dir}/ready-$RANK; sleep 60'
+            """))
+        submit = self.start(["sbatch", "--parsable", f"--job-name={self.job_name}",
+                             f"--chdir={self.tmp}", f"--output={self.tmp}/slurm-%j.out",
+                             "--nodes=3", "--ntasks-per-node=1", script], self.env())
+        code, out, err, _ = self.finish(submit, 60)
+        self.assertEqual(code, 0, err)
+        job_id = out.strip().split(";")[0]
+        self.wait_for(lambda: self.ready_count(out_dir) == 6, 60, "six workers")
+        started = time.monotonic()
+        self.scancel(job_id)
+        self.assert_nothing_left(10)
+        seconds = time.monotonic() - started
+        self.assertLess(seconds, 10, f"the job's processes took {seconds:.1f}s to go")
+
+
+# A worker that records the user signals it gets, then ends once it has seen SIGUSR1 (bash
+# runs the trap between commands, so the short sleeps keep it responsive; the sleeps that the
+# signal kills make bash print "User defined signal 1"; the loop counts in bash, as a `seq` would
+# be killed too). It says it is ready only once its trap is set: before that, SIGUSR1 would kill
+# it.
+SIGNAL_WORKER = ("trap 'echo USR1 >> {out}/sig-$RANK' USR1; touch {out}/ready-$RANK; "
+                 "i=0; while [ $((i += 1)) -le 600 ]; do [ -s {out}/sig-$RANK ] && exit 0; "
+                 "sleep 0.05; done; "
+                 "echo \"rank $RANK never got SIGUSR1\"; exit 9")
+
+
+class UserSignalTest(FailureCase):
+
+    def check_every_worker_got_usr1(self, out_dir, output):
+        for rank in range(6):
+            lines = read_text(os.path.join(out_dir, f"sig-{rank}")).split()
+            self.assertGreaterEqual(lines.count("USR1"), 1, f"rank {rank}\n{output}")
+            self.assertEqual(set(lines), {"USR1"}, f"rank {rank}\n{output}")
+        # Every agent passed it on. (Slurm also signals every process of the step itself, so a
+        # worker may have ended before its agent got to it, and may get the signal twice.)
+        self.assertEqual(len(re.findall(r"forwarded SIGUSR1 to [0-2] workers", output)), 3,
+                         output)
+        self.assertNotIn("never got SIGUSR1", output)
+        self.assertNotIn("failed", output)
+
+    def test_scancel_signal_reaches_every_worker_of_an_srun_job(self):
+        out_dir = self.out_dir()
+        proc = self.start_srun(["-N3", "--ntasks-per-node=1"],
+                               ["bash", "-c", SIGNAL_WORKER.format(out=out_dir)],
+                               env=self.env(), agent_args=["--nproc-per-node", "2"])
+        self.wait_for(lambda: self.ready_count(out_dir) == 6, 60, "six workers")
+        self.scancel("--signal=USR1", self.job_id())
+        code, out, err, _ = self.finish(proc, 90)
+        self.assertEqual(code, 0, out + err)
+        self.check_every_worker_got_usr1(out_dir, out + err)
+
+    def test_scancel_signal_reaches_the_steps_of_a_batch_job(self):
+        # Without --batch or --full, scancel signals the job's steps only: the batch shell,
+        # which does not handle SIGUSR1, is left alone and the job ends normally.
+        out_dir = self.out_dir()
+        script = os.path.join(self.tmp, "job.sbatch")
+        with open(script, "w") as f:
+            f.write(textwrap.dedent(f"""\
+                #!/bin/bash
+                srun {shlex.quote(AGENT)} --nproc-per-node 2 -- \\
+                    bash -c {shlex.quote(SIGNAL_WORKER.format(out=out_dir))}
+                echo "srun exited $?"
+            """))
+        output_file = os.path.join(self.tmp, "slurm-%j.out")
+        batch = self.start(["sbatch", "--wait", "--parsable", f"--job-name={self.job_name}",
+                            f"--chdir={self.tmp}", f"--output={output_file}", "--nodes=3",
+                            "--ntasks-per-node=1", script], self.env())
+        self.wait_for(lambda: self.ready_count(out_dir) == 6, 60, "six workers")
+        job_id = self.job_id()
+        self.scancel("--signal=USR1", job_id)
+        code, _, err, _ = self.finish(batch, 90)
+        output = read_text(output_file.replace("%j", job_id))
+        self.assertEqual(code, 0, f"{err}\n{output}")
+        self.assertIn("srun exited 0", output)
+        self.check_every_worker_got_usr1(out_dir, output)
+
+
+class RequeueTemplateTest(FailureCase):
+    """deploy/slurm/ddp-requeue.sbatch with deploy/examples/checkpoint_demo.py: the warning
+    signal makes every worker checkpoint, the job requeues itself, and its next run resumes."""
+
+    STEPS = 60
+
+    def test_checkpoint_requeue_resume(self):
+        checkpoints = self.out_dir("checkpoints")
+        output_file = os.path.join(self.tmp, "slurm-%j.out")
+        # No GPUs and 8 CPUs per node here: ask for none and one; two workers per node through
+        # the agent's variable.
+        env = self.env(RDZV_AGENT=AGENT, PYTHON=sys.executable, TRAIN_SCRIPT=CHECKPOINT_DEMO,
+                       RDZV_NPROC_PER_NODE=2, CHECKPOINT_DIR=checkpoints)
+        batch = self.start(["sbatch", "--wait", "--parsable", f"--job-name={self.job_name}",
+                            f"--chdir={self.tmp}", f"--output={output_file}", "--nodes=2",
+                            "--gpus-per-node=0", "--cpus-per-task=1", REQUEUE_TEMPLATE,
+                            "--steps", str(self.STEPS)], env)
+        job_id = self.job_id()
+        output_path = output_file.replace("%j", job_id)
+
+        # The warning --signal=B:USR1@120 would give near the time limit, now: to the batch
+        # shell only, once every worker is training.
+        self.wait_for(lambda: len(re.findall(r"rank \d: step 10\b", read_text(output_path))) == 4,
+                      60, "four workers at step 10")
+        self.scancel("--batch", "--signal=USR1", job_id)
+
+        # Slurm holds a requeued job back for a while (BeginTime); let it start again now.
+        self.wait_for(lambda: "run 2 of job" in read_text(output_path) or
+                      self.job_state(job_id).startswith("PENDING"), 60, "the job requeued")
+        if "run 2 of job" not in read_text(output_path):
+            update = subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                                    env=base_env(), capture_output=True, text=True, timeout=30)
+            self.assertEqual(update.returncode, 0, update.stderr)
+
+        code, _, err, _ = self.finish(batch, 180)
+        output = read_text(output_path)
+        self.assertEqual(code, 0, f"{err}\n{output}")
+        first, sep, second = output.partition(f"run 2 of job {job_id}")
+        self.assertTrue(sep, f"the job did not run again\n{output}")
+        self.assertIn(f"run 1 of job {job_id}", first)
+        self.assertIn("SIGUSR1: asking the workers to checkpoint", first)
+        self.assertIn(f"workers checkpointed; requeueing job {job_id}", first)
+        self.assertNotIn("run 3 of job", second)
+        self.assertNotIn("SIGUSR1", second)
+        total = sum(range(self.STEPS))
+        for rank in range(4):
+            stopped = re.findall(rf"(?m)^\[{rank}\]: rank {rank}: checkpointed at step (\d+)$",
+                                 first)
+            self.assertEqual(len(stopped), 1, f"rank {rank}\n{output}")
+            self.assertGreaterEqual(int(stopped[0]), 10)
+            self.assertLess(int(stopped[0]), self.STEPS)
+            self.assertRegex(second, rf"(?m)^\[{rank}\]: rank {rank}: resumed from step "
+                             rf"{stopped[0]} \(restart 1\)$")
+            # Neither a lost nor a repeated step: the same total as an uninterrupted run.
+            self.assertRegex(second, rf"(?m)^\[{rank}\]: rank {rank}: finished {self.STEPS} "
+                             rf"steps, total {total}$")
+            self.assertNotIn(f"rank {rank}: finished", first)
+
+
+if __name__ == "__main__":
+    unittest.main()
