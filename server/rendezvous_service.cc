@@ -27,16 +27,40 @@ Clock SteadyClock() {
 // and go out one after another; a requested finish waits until the queue has drained. The queue
 // is a list: it is almost always empty, and an empty std::deque still costs half a KiB, which
 // thousands of idle streams pay.
-// Owned by gRPC: it deletes itself in OnDone, after telling the service.
+//
+// Events are queued under the service's lock, which fixes their order, but the write that sends
+// them is started after the lock is released (Push, then StartWrites): started from a thread
+// that is not gRPC's (the timer's), a write runs to the socket inline, and a broadcast to
+// thousands of streams would hold the lock, and every gRPC thread waiting for it, for as long.
+// A Push that asks for StartWrites holds the stream alive until that call is over.
+//
+// Owned by gRPC: it deletes itself once OnDone has run and no StartWrites is pending.
 class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::JoinEvent> {
  public:
   JoinStream(RendezvousService* service, StreamId id) : service_(service), id_(id) {}
 
-  void Send(v1::JoinEvent event) {
+  // Queues `event`. True when the caller must call StartWrites() (outside the service's lock).
+  bool Push(v1::JoinEvent event) {
     absl::MutexLock lock(&mu_);
-    if (finishing_) return;
+    if (finishing_) return false;
     queue_.push_back(std::move(event));
-    if (queue_.size() == 1) StartWrite(&queue_.front());
+    if (writing_) return false;
+    ++holds_;
+    return true;
+  }
+
+  // Starts writing the queue unless a write is already in flight; ends the hold of a Push.
+  void StartWrites() {
+    bool last;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!writing_ && !queue_.empty()) {
+        writing_ = true;
+        StartWrite(&queue_.front());
+      }
+      last = --holds_ == 0 && done_;
+    }
+    if (last) delete this;
   }
 
   void Close(const grpc::Status& status) {
@@ -53,6 +77,7 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
   void OnWriteDone(bool ok) override {
     absl::MutexLock lock(&mu_);
     queue_.pop_front();
+    writing_ = false;
     if (!ok) {
       // The client is gone; OnCancel/OnDone will follow.
       queue_.clear();
@@ -66,6 +91,7 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
       return;
     }
     if (!queue_.empty()) {
+      writing_ = true;
       StartWrite(&queue_.front());
     } else if (pending_finish_) {
       Finish(*pending_finish_);
@@ -90,7 +116,13 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
 
   void OnDone() override {
     service_->StreamDone(id_);
-    delete this;
+    bool last;
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      last = holds_ == 0;
+    }
+    if (last) delete this;
   }
 
  private:
@@ -98,8 +130,11 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
   const StreamId id_;
   absl::Mutex mu_;
   std::list<v1::JoinEvent> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<grpc::Status> pending_finish_ ABSL_GUARDED_BY(mu_);
+  int holds_ ABSL_GUARDED_BY(mu_) = 0;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 RendezvousService::RendezvousService(Clock clock, ServiceOptions options)
@@ -121,6 +156,15 @@ std::string PeerAddress(const std::string& peer) {
 
 grpc::ServerWriteReactor<v1::JoinEvent>* RendezvousService::Join(
     grpc::CallbackServerContext* context, const v1::JoinRequest* request) {
+  std::vector<JoinStream*> writers;
+  JoinStream* stream = JoinLocked(context, request, writers);
+  StartWrites(writers);
+  return stream;
+}
+
+RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServerContext* context,
+                                                             const v1::JoinRequest* request,
+                                                             std::vector<JoinStream*>& writers) {
   absl::MutexLock lock(&mu_);
   const StreamId id = next_stream_++;
   auto* stream = new JoinStream(this, id);
@@ -148,23 +192,27 @@ grpc::ServerWriteReactor<v1::JoinEvent>* RendezvousService::Join(
                spec.agent.host, spec.agent.node_index, spec.agent.nproc);
   Decisions decisions;
   state_.Join(clock_(), id, spec, decisions);
-  Apply(decisions);
+  Apply(decisions, writers);
   return stream;
 }
 
 void RendezvousService::StreamDone(StreamId id) {
-  absl::MutexLock lock(&mu_);
-  if (streams_.erase(id) == 0) return;
-  Decisions decisions;
-  state_.StreamClosed(clock_(), id, decisions);
-  Apply(decisions);
+  std::vector<JoinStream*> writers;
+  {
+    absl::MutexLock lock(&mu_);
+    if (streams_.erase(id) == 0) return;
+    Decisions decisions;
+    state_.StreamClosed(clock_(), id, decisions);
+    Apply(decisions, writers);
+  }
+  StartWrites(writers);
 }
 
-void RendezvousService::Apply(Decisions& decisions) {
+void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& writers) {
   for (Decisions::Send& send : decisions.sends) {
     auto it = streams_.find(send.stream);
     if (it == streams_.end()) continue;
-    it->second->Send(ToProto(send.event));
+    if (it->second->Push(ToProto(send.event))) writers.push_back(it->second);
   }
   for (const Decisions::Close& close : decisions.closes) {
     auto it = streams_.find(close.stream);
@@ -178,11 +226,16 @@ void RendezvousService::Apply(Decisions& decisions) {
   }
 }
 
+void RendezvousService::StartWrites(const std::vector<JoinStream*>& writers) {
+  for (JoinStream* stream : writers) stream->StartWrites();
+}
+
 grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerContext* context,
                                                         const v1::ReportExitRequest* request,
                                                         v1::ReportExitResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status status;
+  std::vector<JoinStream*> writers;
   {
     absl::MutexLock lock(&mu_);
     if (request->has_failure()) {
@@ -195,9 +248,10 @@ grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerCont
         *response->mutable_abort() = ToProto(*abort);
       }
       status = abort.status();
-      Apply(decisions);
+      Apply(decisions, writers);
     }
   }
+  StartWrites(writers);
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
@@ -206,12 +260,14 @@ grpc::ServerUnaryReactor* RendezvousService::Leave(grpc::CallbackServerContext* 
                                                    const v1::LeaveRequest* request,
                                                    v1::LeaveResponse* /*response*/) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::vector<JoinStream*> writers;
   {
     absl::MutexLock lock(&mu_);
     Decisions decisions;
     state_.Leave(clock_(), request->job_id(), request->agent_id(), decisions);
-    Apply(decisions);
+    Apply(decisions, writers);
   }
+  StartWrites(writers);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -249,10 +305,14 @@ grpc::ServerUnaryReactor* RendezvousService::GetStatus(grpc::CallbackServerConte
 }
 
 void RendezvousService::Tick() {
-  absl::MutexLock lock(&mu_);
-  Decisions decisions;
-  state_.Tick(clock_(), decisions);
-  Apply(decisions);
+  std::vector<JoinStream*> writers;
+  {
+    absl::MutexLock lock(&mu_);
+    Decisions decisions;
+    state_.Tick(clock_(), decisions);
+    Apply(decisions, writers);
+  }
+  StartWrites(writers);
 }
 
 void RendezvousService::Shutdown() {

@@ -1,13 +1,16 @@
 // RendezvousService: the gRPC callback service that adapts rdzv.v1 calls into RendezvousState
 // events and carries out the decisions. A waiting Join is a stored reactor, not a thread, so
 // thousands of agents can wait at once. All state sits behind one mutex; no reaction blocks
-// beyond it, and the core's work per event is O(log n) except at round completion.
+// beyond it, and the core's work per event is O(log n) except at round completion. Events are
+// queued on their streams under the mutex (which fixes their order) and written after it is
+// released, so that a broadcast to thousands of streams never holds it for the writes.
 //
 // Thread-safe. Call Shutdown() before destroying the grpc::Server that serves it.
 #ifndef RDZV_SERVER_RENDEZVOUS_SERVICE_H_
 #define RDZV_SERVER_RENDEZVOUS_SERVICE_H_
 
 #include <functional>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -60,7 +63,13 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
  private:
   class JoinStream;
 
-  void Apply(Decisions& decisions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  JoinStream* JoinLocked(grpc::CallbackServerContext* context, const v1::JoinRequest* request,
+                         std::vector<JoinStream*>& writers);
+  // Queues the decisions' events and closes streams; `writers` receives the streams whose
+  // writes the caller must start with StartWrites once mu_ is released.
+  void Apply(Decisions& decisions, std::vector<JoinStream*>& writers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartWrites(const std::vector<JoinStream*>& writers) ABSL_LOCKS_EXCLUDED(mu_);
   void StreamDone(StreamId id);
 
   const Clock clock_;
