@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -96,6 +97,16 @@ void KillAdopted() {
   }
 }
 
+// Async-signal-safe, unlike the C++ clocks.
+int64_t MonotonicNanos() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// How long after a signal reached the guard directly the agent's copy counts as the same one.
+constexpr int64_t kSameSignalNanos = 2'000'000'000;
+
 // Ends the guard the way the worker ended, so that the agent sees the worker's exit status.
 [[noreturn]] void ExitLike(int status) {
   if (WIFSIGNALED(status)) {
@@ -156,6 +167,7 @@ void KillAdopted() {
   close(err_fd);
   close(status_fd);
 
+  int64_t direct_at[NSIG] = {};
   for (;;) {
     siginfo_t info;
     const int sig = sigwaitinfo(&handled, &info);
@@ -177,7 +189,15 @@ void KillAdopted() {
       KillAdopted();
       _exit(128 + SIGKILL);
     }
-    kill(-worker, sig);
+    // Pass on what the agent sends. A signal from anyone else (Slurm signalling every process
+    // of the step, as scancel does) reached the worker directly too: pass on neither it nor the
+    // agent's copy of it that follows, so that a checkpoint handler runs once.
+    const int64_t now = MonotonicNanos();
+    if (info.si_pid != agent) {
+      direct_at[sig] = now;
+    } else if (direct_at[sig] == 0 || now - direct_at[sig] > kSameSignalNanos) {
+      kill(-worker, sig);
+    }
   }
 }
 
