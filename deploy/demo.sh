@@ -14,7 +14,7 @@ deploy/install-deps.sh
 cmake --preset release >/dev/null
 cmake --build --preset release -j "$(nproc)" --target rdzv-agent rdzvd
 
-trap 'deploy/slurm/local-cluster.sh stop' EXIT
+trap '"$root/deploy/slurm/local-cluster.sh" stop' EXIT
 deploy/slurm/local-cluster.sh start
 eval "$(deploy/slurm/local-cluster.sh env)"
 
