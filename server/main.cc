@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   bool help = false;
   int64_t progress_ms = options.service.state.progress_interval / 1000;
+  int64_t keepalive_ms = absl::ToInt64Milliseconds(options.keepalive);
 
   rdzv::FlagParser parser("rdzvd", kUsage);
   parser.Add({"listen", "RDZV_LISTEN", "HOST:PORT", "address to serve on (default 0.0.0.0:29400)",
@@ -50,6 +51,10 @@ int main(int argc, char** argv) {
   parser.Add({"progress-interval-ms", "RDZV_PROGRESS_INTERVAL_MS", "MS",
               "how often waiting agents hear how their round fills (default 3000)",
               [&](absl::string_view v) { return ParseMillis(v, &progress_ms); }});
+  parser.Add({"keepalive-ms", "RDZV_KEEPALIVE_MS", "MS",
+              "ping each agent this often; one that does not answer within as long again is\n"
+              "lost and its job ends (default 1000; 0 turns pings off)",
+              [&](absl::string_view v) { return ParseMillis(v, &keepalive_ms); }});
   parser.Add({"help", "", "", "print this help", [&](absl::string_view) {
                 help = true;
                 return absl::OkStatus();
@@ -75,6 +80,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.service.state.progress_interval = progress_ms * 1000;
+  options.keepalive = absl::Milliseconds(keepalive_ms);
 
   // Block the stop signals in every thread so that only sigwait below sees them.
   sigset_t stop;

@@ -25,6 +25,10 @@ struct ServerOptions {
   std::string listen = "0.0.0.0:29400";
   ServiceOptions service;
   absl::Duration tick_interval = absl::Milliseconds(100);
+  // The server pings each agent's connection this often and drops it when an answer takes
+  // longer than this again: a node that vanished without closing its connection (power, network)
+  // is noticed, and its job ended, within twice this. Zero turns the pings off.
+  absl::Duration keepalive = absl::Seconds(1);
 };
 
 class Server {

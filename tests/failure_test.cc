@@ -333,6 +333,30 @@ TEST_F(FailureTest, LostAgentEndsTheJobForTheOthers) {
   ExpectNothingLeft();
 }
 
+// A node that vanishes without closing its connection (power, a cable): here an agent frozen
+// with SIGSTOP, which keeps its socket open but answers nothing. rdzvd's keepalive pings go
+// unanswered, and the job ends for the others within about two ping intervals.
+TEST_F(FailureTest, SilentAgentIsNoticedAndEndsTheJob) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  const std::vector<Subprocess*> agents =
+      StartAgents(3, "silent", "3", {"--nproc-per-node", "1"}, SleepLong());
+  WaitForWorkers(0, 3);
+  agents[1]->Signal(SIGSTOP);
+
+  std::vector<int> codes;
+  const absl::Duration took = WaitAll({agents[0], agents[2]}, codes);
+  EXPECT_LT(took, absl::Seconds(5));
+  for (int i : {0, 2}) {
+    Subprocess& a = *agents[i];
+    EXPECT_NE(a.exit_code().value_or(0), 0) << Describe(a);
+    EXPECT_TRUE(
+        Contains(LineWith(a.Stderr(), "job silent failed"), "lost contact with the agent on n1"));
+  }
+  agents[1]->Signal(SIGKILL);
+  EXPECT_EQ(agents[1]->Wait(kLongWait), 128 + SIGKILL);
+  ExpectNothingLeft();
+}
+
 TEST_F(FailureTest, SigtermToOneAgentStopsEveryAgent) {
   ASSERT_NO_FATAL_FAILURE(StartRdzvd());
   const std::vector<Subprocess*> agents =
