@@ -361,21 +361,7 @@ absl::StatusOr<std::vector<JobStatusView>> Client::Status(const std::string& job
   grpc::Status s = impl_->stub()->GetStatus(&ctx, request, &response);
   if (!s.ok()) return FromGrpcStatus(s);
   std::vector<JobStatusView> jobs;
-  for (const v1::JobStatus& j : response.jobs()) {
-    JobStatusView v;
-    v.job_id = j.job_id();
-    v.round = j.round();
-    v.state = j.state();
-    v.joined = j.joined();
-    v.min_agents = j.min_agents();
-    v.max_agents = j.max_agents();
-    v.world_size = j.world_size();
-    for (const v1::AgentStatus& a : j.agents()) {
-      v.agents.push_back(
-          {a.agent_id(), a.host(), a.node_index(), a.nproc(), a.rank_offset(), a.state()});
-    }
-    jobs.push_back(std::move(v));
-  }
+  for (const v1::JobStatus& j : response.jobs()) jobs.push_back(FromProto(j));
   return jobs;
 }
 

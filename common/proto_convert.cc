@@ -87,6 +87,43 @@ AbortEvent FromProto(const v1::Abort& p) {
   return a;
 }
 
+v1::JobStatus ToProto(const JobStatusView& j) {
+  v1::JobStatus p;
+  p.set_job_id(j.job_id);
+  p.set_round(j.round);
+  p.set_state(j.state);
+  p.set_joined(j.joined);
+  p.set_min_agents(j.min_agents);
+  p.set_max_agents(j.max_agents);
+  p.set_world_size(j.world_size);
+  for (const AgentStatusView& a : j.agents) {
+    v1::AgentStatus* ap = p.add_agents();
+    ap->set_agent_id(a.agent_id);
+    ap->set_host(a.host);
+    ap->set_node_index(a.node_index);
+    ap->set_nproc(a.nproc);
+    ap->set_rank_offset(a.rank_offset);
+    ap->set_state(a.state);
+  }
+  return p;
+}
+
+JobStatusView FromProto(const v1::JobStatus& p) {
+  JobStatusView j;
+  j.job_id = p.job_id();
+  j.round = p.round();
+  j.state = p.state();
+  j.joined = p.joined();
+  j.min_agents = p.min_agents();
+  j.max_agents = p.max_agents();
+  j.world_size = p.world_size();
+  for (const v1::AgentStatus& a : p.agents()) {
+    j.agents.push_back(
+        {a.agent_id(), a.host(), a.node_index(), a.nproc(), a.rank_offset(), a.state()});
+  }
+  return j;
+}
+
 ProgressEvent FromProto(const v1::Progress& p) {
   ProgressEvent e;
   e.joined = p.joined();

@@ -23,6 +23,8 @@ v1::WorkerFailure ToProto(const FailureInfo& failure);
 FailureInfo FromProto(const v1::WorkerFailure& failure);
 
 v1::Abort ToProto(const AbortEvent& abort);
+v1::JobStatus ToProto(const JobStatusView& job);
+JobStatusView FromProto(const v1::JobStatus& job);
 AbortEvent FromProto(const v1::Abort& abort);
 
 }  // namespace rdzv

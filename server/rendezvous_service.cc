@@ -281,25 +281,7 @@ grpc::ServerUnaryReactor* RendezvousService::GetStatus(grpc::CallbackServerConte
     absl::MutexLock lock(&mu_);
     jobs = state_.Status(request->job_id());
   }
-  for (const JobStatusView& j : jobs) {
-    v1::JobStatus* p = response->add_jobs();
-    p->set_job_id(j.job_id);
-    p->set_round(j.round);
-    p->set_state(j.state);
-    p->set_joined(j.joined);
-    p->set_min_agents(j.min_agents);
-    p->set_max_agents(j.max_agents);
-    p->set_world_size(j.world_size);
-    for (const AgentStatusView& a : j.agents) {
-      v1::AgentStatus* ap = p->add_agents();
-      ap->set_agent_id(a.agent_id);
-      ap->set_host(a.host);
-      ap->set_node_index(a.node_index);
-      ap->set_nproc(a.nproc);
-      ap->set_rank_offset(a.rank_offset);
-      ap->set_state(a.state);
-    }
-  }
+  for (const JobStatusView& j : jobs) *response->add_jobs() = ToProto(j);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
