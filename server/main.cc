@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   bool help = false;
   int64_t progress_ms = options.service.state.progress_interval / 1000;
   int64_t keepalive_ms = absl::ToInt64Milliseconds(options.keepalive);
+  int64_t keepalive_timeout_ms = absl::ToInt64Milliseconds(options.keepalive_timeout);
 
   rdzv::FlagParser parser("rdzvd", kUsage);
   parser.Add({"listen", "RDZV_LISTEN", "HOST:PORT", "address to serve on (default 0.0.0.0:29400)",
@@ -52,9 +53,12 @@ int main(int argc, char** argv) {
               "how often waiting agents hear how their round fills (default 3000)",
               [&](absl::string_view v) { return ParseMillis(v, &progress_ms); }});
   parser.Add({"keepalive-ms", "RDZV_KEEPALIVE_MS", "MS",
-              "ping each agent this often; one that does not answer within as long again is\n"
-              "lost and its job ends (default 1000; 0 turns pings off)",
+              "ping each agent this often; one that does not answer within\n"
+              "--keepalive-timeout-ms is lost and its job ends (default 1000; 0 turns pings off)",
               [&](absl::string_view v) { return ParseMillis(v, &keepalive_ms); }});
+  parser.Add({"keepalive-timeout-ms", "RDZV_KEEPALIVE_TIMEOUT_MS", "MS",
+              "how long a ping may wait for its answer (default 3000)",
+              [&](absl::string_view v) { return ParseMillis(v, &keepalive_timeout_ms); }});
   parser.Add({"help", "", "", "print this help", [&](absl::string_view) {
                 help = true;
                 return absl::OkStatus();
@@ -81,6 +85,11 @@ int main(int argc, char** argv) {
   }
   options.service.state.progress_interval = progress_ms * 1000;
   options.keepalive = absl::Milliseconds(keepalive_ms);
+  options.keepalive_timeout = absl::Milliseconds(keepalive_timeout_ms);
+  if (keepalive_ms > 0 && keepalive_timeout_ms == 0) {
+    std::fprintf(stderr, "rdzvd: --keepalive-timeout-ms is 0; give a ping at least 1 ms\n");
+    return 2;
+  }
 
   // Block the stop signals in every thread so that only sigwait below sees them.
   sigset_t stop;

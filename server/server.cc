@@ -36,9 +36,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   if (options.keepalive > absl::ZeroDuration()) {
-    const int ms = static_cast<int>(absl::ToInt64Milliseconds(options.keepalive));
-    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms);
-    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                               static_cast<int>(absl::ToInt64Milliseconds(options.keepalive)));
+    builder.AddChannelArgument(
+        GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+        static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_timeout)));
   }
   // Bandwidth probing sizes flow-control windows for bulk transfers; our messages are tiny, and
   // each probe is an extra write and read per agent (per assignment and abort too).
