@@ -652,6 +652,7 @@ struct Options {
   bool check = false;
   bool floor = true;
   bool verbose = false;
+  int64_t hold_ms = 0;
   bool launch = false;
   int64_t launch_reps = 5;
   std::vector<int64_t> launch_nodes = {8, 32};
@@ -705,6 +706,8 @@ struct ScaleResult {
   double rss_attached_mib = 0;
   double hwm_mib = 0;
   double abort_s = 0;
+  // rdzvd's CPU use while the N agents sit assigned and idle (--hold-ms), in percent of a core.
+  double idle_cpu_pct = 0;
   std::vector<double> abort_per_proc_ms;
   int64_t errors = 0;
   bool correct = false;
@@ -865,6 +868,14 @@ class ScaleRun {
     r_.cpu_join_s = attached.cpu_s - cpu1;
     r_.rss_attached_mib = static_cast<double>(attached.rss_kib) / 1024.0;
     Collect(*join, *t1, r_.join_wall_s, r_.join_p50_ms, r_.join_p99_ms, r_.client_cpu_join_s);
+    if (o_.hold_ms > 0) {
+      // What N live agents cost rdzvd while nothing happens: keepalive pings, timers.
+      absl::SleepFor(absl::Milliseconds(200));
+      const double before = ReadProcStats(server).cpu_s;
+      absl::SleepFor(absl::Milliseconds(o_.hold_ms));
+      r_.idle_cpu_pct = 100.0 * (ReadProcStats(server).cpu_s - before) /
+                        (static_cast<double>(o_.hold_ms) / 1000.0);
+    }
     std::vector<int64_t> ranks;
     for (const Reply& rep : *join) {
       if (rep.Int("lost") != 0) Error(absl::StrCat(rep.Int("lost"), " agents lost their stream"));
@@ -889,7 +900,8 @@ class ScaleRun {
     for (const Reply& rep : *aborts) {
       received += rep.Int("received");
       last = std::max(last, rep.Int("last"));
-      r_.abort_per_proc_ms.push_back(static_cast<double>(rep.Int("last") - t_fail) / 1e6);
+      r_.abort_per_proc_ms.push_back(
+          rep.Int("received") > 0 ? static_cast<double>(rep.Int("last") - t_fail) / 1e6 : NAN);
     }
     r_.abort_s = static_cast<double>(last - t_fail) / 1e9;
     if (o_.verbose) {
@@ -1000,12 +1012,14 @@ int RunScale(const Options& o) {
       per_proc.push_back(absl::StrFormat("%.1f", ms));
     std::printf(
         "        floor: p50 %.1f ms, p99 %.1f ms, rdzvd cpu %.2f s; client cpu: rendezvous %.2f s, "
-        "floor %.2f s\n        abort per process (ms): %s\n",
+        "floor %.2f s\n        rdzvd idle with N attached: %.1f%% of a core; abort per process "
+        "(ms): %s\n",
         med([](const ScaleResult& r) { return r.floor_p50_ms; }),
         med([](const ScaleResult& r) { return r.floor_p99_ms; }),
         med([](const ScaleResult& r) { return r.cpu_floor_s; }),
         med([](const ScaleResult& r) { return r.client_cpu_join_s; }),
         med([](const ScaleResult& r) { return r.client_cpu_floor_s; }),
+        med([](const ScaleResult& r) { return r.idle_cpu_pct; }),
         absl::StrJoin(per_proc, " ").c_str());
     std::fflush(stdout);
   }
@@ -1211,6 +1225,10 @@ int Main(int argc, char** argv) {
   p.Add({"check", "", "", "exit 1 on any client error or wrong assignment", on(o.check)});
   p.Add({"floor", "", "BOOL", "measure the floor before each rendezvous (default true)",
          on(o.floor)});
+  p.Add({"hold-ms", "", "MS",
+         "keep the N agents attached this long after the rendezvous and report rdzvd's CPU use "
+         "meanwhile (default 0: no hold)",
+         [&](absl::string_view v) { return ParseCount(v, o.hold_ms, 0); }});
   p.Add({"verbose", "", "", "print each phase's CLOCK_MONOTONIC span (to line up profiles)",
          on(o.verbose)});
   p.Add({"rdzvd-arg", "", "ARG", "pass ARG to rdzvd (repeatable)", [&](absl::string_view v) {
