@@ -105,10 +105,12 @@ class FailureTest : public ::testing::Test {
   }
 
   // A real rdzvd on a free loopback port; returns once it accepts connections.
-  void StartRdzvd() {
+  void StartRdzvd(std::vector<std::string> extra_args = {}) {
     for (int attempt = 0; attempt < 5; ++attempt) {
       const int port = testing::FreeLoopbackPort();
-      Subprocess& rdzvd = Start({RDZVD_BIN, "--listen", absl::StrCat("127.0.0.1:", port)});
+      std::vector<std::string> argv = {RDZVD_BIN, "--listen", absl::StrCat("127.0.0.1:", port)};
+      argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+      Subprocess& rdzvd = Start(argv);
       if (testing::WaitForLoopbackPort(port, kLongWait) && rdzvd.Running()) {
         endpoint_ = absl::StrCat("127.0.0.1:", port);
         return;
@@ -335,9 +337,9 @@ TEST_F(FailureTest, LostAgentEndsTheJobForTheOthers) {
 
 // A node that vanishes without closing its connection (power, a cable): here an agent frozen
 // with SIGSTOP, which keeps its socket open but answers nothing. rdzvd's keepalive pings go
-// unanswered, and the job ends for the others within about two ping intervals.
+// unanswered, and the job ends for the others within the ping interval plus its timeout.
 TEST_F(FailureTest, SilentAgentIsNoticedAndEndsTheJob) {
-  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd({"--keepalive-ms", "500", "--keepalive-timeout-ms", "1000"}));
   const std::vector<Subprocess*> agents =
       StartAgents(3, "silent", "3", {"--nproc-per-node", "1"}, SleepLong());
   WaitForWorkers(0, 3);
@@ -345,7 +347,7 @@ TEST_F(FailureTest, SilentAgentIsNoticedAndEndsTheJob) {
 
   std::vector<int> codes;
   const absl::Duration took = WaitAll({agents[0], agents[2]}, codes);
-  EXPECT_LT(took, absl::Seconds(5));
+  EXPECT_LT(took, absl::Seconds(8)) << "1.5 s of pings, and room for a loaded machine";
   for (int i : {0, 2}) {
     Subprocess& a = *agents[i];
     EXPECT_NE(a.exit_code().value_or(0), 0) << Describe(a);
