@@ -1,7 +1,7 @@
 #include "common/logging.h"
 
-#include <spdlog/sinks/stdout_sinks.h>
 #include <grpc/support/log.h>
+#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <string>
