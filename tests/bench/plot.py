@@ -6,7 +6,7 @@ Usage: /usr/bin/python3 tests/bench/plot.py BENCH.csv [--before OLD.csv]
 
 BENCH.csv is `rdzv-bench --csv` output: per N, the rendezvous (first join sent to last
 assignment received) and the floor (the same number of fresh channels making one empty call
-each), medians over repetitions. --before adds an earlier run's rendezvous as a dashed line.
+each), medians over repetitions. --before adds an earlier run's rendezvous and floor, dashed.
 --compare takes compare_torchrun.py's CSV and adds its "N agents true" medians: real agent
 processes from launch to exit, for rdzv-agent and for torchrun (c10d).
 """
@@ -56,7 +56,10 @@ def main():
     ax.plot(ns, floor, "s:", color="tab:gray", label="floor: N channels, one empty call each")
     if args.before:
         bns, before = medians(args.before, "join_wall_s")
+        _, before_floor = medians(args.before, "floor_wall_s")
         ax.plot(bns, before, "o--", color="tab:blue", alpha=0.45, label="rdzvd before tuning")
+        ax.plot(bns, before_floor, "s--", color="tab:gray", alpha=0.45,
+                label="floor before tuning")
     if args.compare:
         tns, tr = compare_points(args.compare, "torchrun")
         if tns:
