@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
               "--keepalive-timeout-ms is lost and its job ends (default 1000; 0 turns pings off)",
               [&](absl::string_view v) { return ParseMillis(v, &keepalive_ms); }});
   parser.Add({"keepalive-timeout-ms", "RDZV_KEEPALIVE_TIMEOUT_MS", "MS",
-              "how long a ping may wait for its answer (default 3000)",
+              "how long a ping may wait for its answer (default 1000)",
               [&](absl::string_view v) { return ParseMillis(v, &keepalive_timeout_ms); }});
   parser.Add({"help", "", "", "print this help", [&](absl::string_view) {
                 help = true;

@@ -27,13 +27,11 @@ struct ServerOptions {
   absl::Duration tick_interval = absl::Milliseconds(100);
   // The server pings each agent's connection this often and drops it when an answer takes
   // longer than keepalive_timeout: a node that vanished without closing its connection (power,
-  // network) is noticed, and its job ended, within the two together. Zero turns the pings off.
-  // Each ping costs the server a write and a read: 10,000 agents at one per second keep a
-  // fifth to two fifths of a core busy for the whole job.
+  // network) is noticed, and its job ended, within the two together (2 s by default). Zero turns
+  // the pings off. Each ping costs the server a write and a read: 10,000 idle agents at one per
+  // second keep about a fifth of a core busy for the whole job.
   absl::Duration keepalive = absl::Seconds(1);
-  // Longer than the interval: a server or agent busy with thousands of connections (a round of
-  // 10,000 agents completing on two cores) answers late, and one second then drops live agents.
-  absl::Duration keepalive_timeout = absl::Seconds(3);
+  absl::Duration keepalive_timeout = absl::Seconds(1);
 };
 
 class Server {
