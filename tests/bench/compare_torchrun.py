@@ -8,19 +8,36 @@ Cases, all on loopback:
   fail-fast    2 agents x 2 workers; rank 1 exits 1 after 2 s, the others sleep 100 s: wall
                time until every agent and worker is gone (also counted from the failure)
 
+A case that needs a Slurm cluster with 3 usable nodes (deploy/slurm/local-cluster.sh start),
+not in the default --cases:
+  srun-failfast  srun -N3 --ntasks-per-node=1, 2 workers per node: global rank 4 exits 3 after
+               1 s, the others sleep --srun-sleep (60) s. Time from the failure (rank 4 writes a
+               timestamp just before it exits) until srun, every agent and every worker is gone,
+               and srun's exit code. rdzv: `srun ... rdzv-agent --nproc-per-node 2` (node 0
+               hosts the rendezvous); torchrun: c10d on a loopback port, once under plain srun
+               (the survivors run on until their sleep ends) and once under
+               `srun --kill-on-bad-exit=1` (the usual glue), each a row of its own against the
+               same rdzv runs. Runs --reps times for rdzv and --failfast-reps times for torchrun.
+               Slurm's environment is the one this runs in when SLURM_CONF is set, otherwise
+               what `deploy/slurm/local-cluster.sh env` prints; with no cluster up the case is
+               skipped with one line saying how to start it.
+
 Usage: /usr/bin/python3 tests/bench/compare_torchrun.py --build-dir build/release [--reps 3]
-       [--failfast-reps 1] [--nodes 8,32] [--csv FILE] [--cases standalone,agents,failfast]
+       [--failfast-reps 1] [--nodes 8,32] [--csv FILE]
+       [--cases standalone,agents,failfast,srun-failfast] [--srun-sleep 60]
 
 Debian's torchrun 1.13 crashes under Python 3.11 in Std.from_str (iterating an IntFlag skips
 NONE), so torchrun runs as `python3 -c` with that one lookup replaced at run time; nothing on
 the system is edited. Everything started here runs in a session of its own and is killed on the
-way out, and every wait has a timeout.
+way out (Slurm jobs are cancelled with scancel, stray workers found by their command line are
+killed), and every wait has a timeout.
 """
 
 import argparse
 import csv
 import os
 import random
+import shlex
 import shutil
 import signal
 import socket
@@ -49,11 +66,13 @@ main()
 """
 
 _started = []  # every Popen, so that nothing outlives the script
+_slurm_jobs = []  # (job name, environment) of every srun, cancelled on the way out
+_markers = []  # command-line markers of every worker started under srun
 
 
-def start(argv, log):
+def start(argv, log, env=None):
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                         start_new_session=True)
+                         start_new_session=True, env=env)
     _started.append(p)
     return p
 
@@ -66,6 +85,22 @@ def kill_all():
             except ProcessLookupError:
                 pass
             p.wait()
+
+
+def scancel(name, env):
+    try:
+        subprocess.run(["scancel", "--name", name], env=env, stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+
+
+def cleanup():
+    for name, env in _slurm_jobs:
+        scancel(name, env)
+    kill_all()
+    for marker in _markers:
+        kill_marked(marker)
 
 
 def processes_with(marker):
@@ -204,6 +239,103 @@ def run_failfast(tools, tool, rep, sleep_s):
     return gone, since_failure, ok
 
 
+def slurm_env(repo):
+    """The environment for srun, or None after one line saying why the srun case is skipped.
+
+    SLURM_CONF comes from this environment or else from `local-cluster.sh env`; every other
+    SLURM_* variable is dropped, so that srun always makes an allocation of its own (never a
+    step of one this runs in, which scancel --name could then cancel)."""
+    script = os.path.join(repo, "deploy", "slurm", "local-cluster.sh")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    if "SLURM_CONF" not in env and os.access(script, os.X_OK):
+        try:
+            out = subprocess.run([script, "env"], stdin=subprocess.DEVNULL, capture_output=True,
+                                 text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        for line in out.splitlines():
+            words = shlex.split(line)
+            if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+                key, value = words[1].split("=", 1)
+                env[key] = value
+    usable = set()
+    if shutil.which("srun") and shutil.which("sinfo"):
+        try:
+            out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=env,
+                                 stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                 timeout=30)
+            for line in out.stdout.splitlines() if out.returncode == 0 else []:
+                words = line.split()
+                if len(words) == 2 and words[1] in ("idle", "mixed", "allocated"):
+                    usable.add(words[0])
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    if len(usable) < 3:
+        print(f"compare_torchrun: skipping srun-failfast: no Slurm cluster with 3 usable nodes "
+              f"(SLURM_CONF={env.get('SLURM_CONF', 'unset')}); start one with "
+              f"`{os.path.relpath(script)} start`", flush=True)
+        return None
+    return env
+
+
+def run_srun_failfast(tools, tool, rep, sleep_s, env, kill_on_bad_exit=False):
+    """3 nodes x 2 workers under srun, rank 4 fails: seconds from the failure until srun and
+    everything it started is gone, seconds until srun returned, srun's exit code, how many
+    marked processes were still alive when srun returned, and whether the run was clean."""
+    # The fractional sleep names this run's workers in the process table; it is in the command
+    # line of srun, of every agent or torchrun (after `--`) and of every worker.
+    marker = f"{sleep_s}.{random.randrange(10**6, 10**7)}"
+    variant = tool + ("-kill-on-bad-exit" if kill_on_bad_exit else "")
+    stamp = os.path.join(tools.logdir, f"srun-{variant}-failed-{rep}")
+    script = (f'if [ "$RANK" = 4 ]; then sleep 1; date +%s.%N > {stamp}; exit 3; fi; '
+              f"exec sleep {marker}")
+    name = f"cmp-sff-{variant}-{rep}-{os.getpid()}-{random.randrange(10**6)}"
+    srun = ["srun", "--job-name", name, "-N3", "--ntasks-per-node=1"]
+    if kill_on_bad_exit:
+        srun.append("--kill-on-bad-exit=1")
+    worker = ["sh", "-c", script]
+    if tool == "rdzv":
+        argv = srun + [tools.agent, "--nproc-per-node", "2", "--"] + worker
+    else:
+        argv = srun + tools.torchrun("--nnodes", "3", "--nproc_per_node", "2", "--rdzv_backend",
+                                     "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
+                                     "--rdzv_id", name, "--no_python", *worker)
+    _slurm_jobs.append((name, env))
+    _markers.append(marker)
+    limit = sleep_s + 60
+    t0_wall, t0 = time.time(), time.monotonic()
+    p = start(argv, tools.log(f"srun-{variant}.log"), env)
+    try:
+        code = p.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        scancel(name, env)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        code = None
+    returned = time.monotonic()
+    at_return = len(processes_with(marker))
+    # srun is gone; every agent and worker must be too (on their nodes, not below srun).
+    deadline = returned + max(5.0, limit - (returned - t0))
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gone = time.monotonic()
+    left = processes_with(marker)
+    if left:
+        scancel(name, env)
+        kill_marked(marker)
+    else:
+        _slurm_jobs.remove((name, env))
+        _markers.remove(marker)
+    try:
+        with open(stamp) as f:
+            failed = t0 + (float(f.read()) - t0_wall)
+        since_failure, srun_after = gone - failed, returned - failed
+    except (OSError, ValueError):
+        since_failure = srun_after = float("nan")
+    ok = code is not None and not left and since_failure == since_failure
+    return since_failure, srun_after, code, at_return, ok
+
+
 def median(v):
     return statistics.median(v) if v else float("nan")
 
@@ -219,11 +351,20 @@ def main():
                     help="runs of the fail-fast case (default 1: torchrun's takes ~100 s)")
     ap.add_argument("--nodes", default="8,32", help="agent counts (default 8,32)")
     ap.add_argument("--sleep", type=int, default=100, help="the healthy workers' sleep, seconds")
-    ap.add_argument("--cases", default="standalone,agents,failfast")
+    ap.add_argument("--srun-sleep", type=int, default=60,
+                    help="the healthy workers' sleep in srun-failfast, seconds (default 60)")
+    ap.add_argument("--cases", default="standalone,agents,failfast",
+                    help="comma-separated; also srun-failfast, which needs a Slurm cluster "
+                    "(default standalone,agents,failfast)")
     ap.add_argument("--tools", default="rdzv,torchrun")
     ap.add_argument("--csv", help="also write one row per run to this file")
     args = ap.parse_args()
     cases = set(args.cases.split(","))
+    unknown = cases - {"standalone", "agents", "failfast", "srun-failfast"}
+    if unknown:
+        ap.error(f"unknown --cases {','.join(sorted(unknown))}")
+    # SIGTERM unwinds like Ctrl-C, so that everything started is still killed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tool_list = args.tools.split(",")
     nodes = [int(n) for n in args.nodes.split(",") if n]
 
@@ -231,14 +372,18 @@ def main():
     tools = Tools(args, logdir)
     if not os.access(tools.agent, os.X_OK):
         sys.exit(f"compare_torchrun: no rdzv-agent at {tools.agent}; pass --build-dir")
-    rows = []  # (tool, case, agents, rep, seconds, ok)
+    rows = []  # (tool, case, agents, rep, seconds, ok, exit code or None)
     ok_all = True
+    srun_case = "srun-failfast: after failure"
+    srun_kob_case = "srun-failfast kill-on-bad-exit"
+    rdzv_case_for = {srun_kob_case: srun_case}  # rdzv runs under plain srun in both rows
+    srun_notes = []  # (label, rep, exit code, seconds until srun returned, alive at return)
 
-    def record(tool, case, n, rep, seconds, ok):
+    def record(tool, case, n, rep, seconds, ok, code=None):
         nonlocal ok_all
-        rows.append((tool, case, n, rep, seconds, ok))
+        rows.append((tool, case, n, rep, seconds, ok, code))
         ok_all = ok_all and ok
-        print(f"  {tool:9s} {case:26s} rep {rep}: {seconds:8.3f} s{'' if ok else '  FAILED'}",
+        print(f"  {tool:9s} {case:32s} rep {rep}: {seconds:8.3f} s{'' if ok else '  FAILED'}",
               flush=True)
 
     try:
@@ -259,27 +404,55 @@ def main():
                     gone, since, ok = run_failfast(tools, tool, rep, args.sleep)
                     record(tool, "fail-fast: all gone", 2, rep, gone, ok)
                     record(tool, "fail-fast: after failure", 2, rep, since, ok)
+        srun_env = None
+        if "srun-failfast" in cases:
+            srun_env = slurm_env(os.path.normpath(os.path.join(here, "..", "..")))
+        if srun_env is not None:
+            variants = [(t, kob) for t in tool_list for kob in ([False, True] if t == "torchrun"
+                                                                 else [False])]
+            for tool, kob in variants:
+                label = tool + (" --kill-on-bad-exit=1" if kob else "")
+                for rep in range(args.reps if tool == "rdzv" else args.failfast_reps):
+                    since, srun_after, code, alive, ok = run_srun_failfast(
+                        tools, tool, rep, args.srun_sleep, srun_env, kob)
+                    record(tool, srun_kob_case if kob else srun_case, 3, rep, since, ok, code)
+                    print(f"  {'':9s} srun exit {code}, returned {srun_after:.3f} s after the "
+                          f"failure; {alive} processes of the run alive then", flush=True)
+                    srun_notes.append((label, rep, code, srun_after, alive))
     finally:
-        kill_all()
+        cleanup()
 
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["tool", "case", "agents", "rep", "wall_s", "ok"])
+            w.writerow(["tool", "case", "agents", "rep", "wall_s", "ok", "exit_code"])
             for r in rows:
-                w.writerow([r[0], r[1], r[2], r[3], f"{r[4]:.4f}", int(r[5])])
+                w.writerow([r[0], r[1], r[2], r[3], f"{r[4]:.4f}", int(r[5]),
+                            "" if r[6] is None else r[6]])
 
     print()
-    print(f"{'case':28s} {'rdzv_s':>9s} {'torchrun_s':>11s} {'torchrun/rdzv':>14s}")
+    print(f"{'case':34s} {'rdzv_s':>9s} {'torchrun_s':>11s} {'torchrun/rdzv':>14s}")
     seen = []
     for r in rows:
         if r[1] not in seen:
             seen.append(r[1])
     for case in seen:
-        med = {t: median([r[4] for r in rows if r[0] == t and r[1] == case]) for t in tool_list}
+        med = {t: median([r[4] for r in rows
+                          if r[0] == t and r[1] == (rdzv_case_for.get(case, case)
+                                                    if t == "rdzv" else case)])
+               for t in tool_list}
         rd, tr = med.get("rdzv", float("nan")), med.get("torchrun", float("nan"))
         ratio = tr / rd if rd and rd == rd and tr == tr else float("nan")
-        print(f"{case:28s} {rd:9.3f} {tr:11.3f} {ratio:13.1f}x")
+        print(f"{case:34s} {rd:9.3f} {tr:11.3f} {ratio:13.1f}x")
+    if srun_notes:
+        print(f"\n{srun_kob_case}: torchrun under srun --kill-on-bad-exit=1, against the rdzv "
+              f"runs under plain srun")
+        for label in dict.fromkeys(n[0] for n in srun_notes):
+            mine = [n for n in srun_notes if n[0] == label]
+            print(f"srun-failfast {label}: srun exit codes "
+                  f"{','.join(str(n[2]) for n in mine)}; srun returned "
+                  f"{median([n[3] for n in mine]):.3f} s after the failure (median); "
+                  f"processes of the run alive then: {','.join(str(n[4]) for n in mine)}")
     if not ok_all:
         print(f"compare_torchrun: some runs failed; logs in {logdir}", file=sys.stderr)
         return 1
