@@ -20,7 +20,8 @@ v1::JoinRequest ToProto(const JoinSpec& spec) {
   r.set_master_addr_override(spec.master_addr_override);
   r.set_master_port_override(spec.master_port_override);
   r.set_restart_count(spec.restart_count);
-  r.set_protocol_version(kProtocolVersion);
+  r.set_protocol_version(spec.resume ? 2 : 1);
+  if (spec.resume) *r.mutable_resume() = ToProto(*spec.resume);
   return r;
 }
 
@@ -40,6 +41,7 @@ JoinSpec FromProto(const v1::JoinRequest& r) {
   spec.master_addr_override = r.master_addr_override();
   spec.master_port_override = r.master_port_override();
   spec.restart_count = r.restart_count();
+  if (r.has_resume()) spec.resume = FromProto(r.resume());
   return spec;
 }
 
@@ -149,6 +151,22 @@ AssignmentEvent FromProto(const v1::Assignment& p) {
   return a;
 }
 
+v1::Assignment ToProto(const AssignmentEvent& e) {
+  v1::Assignment a;
+  a.set_round(e.round);
+  a.set_rank_offset(e.slot.rank_offset);
+  a.set_world_size(e.world_size);
+  a.set_group_rank(e.slot.group_rank);
+  a.set_group_world_size(e.group_world_size);
+  a.set_local_rank_offset(e.slot.local_rank_offset);
+  a.set_local_world_size(e.slot.local_world_size);
+  a.set_master_addr(e.master_addr);
+  a.set_master_port(e.master_port);
+  a.set_restart_count(e.restart_count);
+  a.set_agents(e.agents);
+  return a;
+}
+
 v1::JoinEvent ToProto(const Event& event) {
   v1::JoinEvent out;
   std::visit(
@@ -161,18 +179,7 @@ v1::JoinEvent ToProto(const Event& event) {
           for (const auto& h : e.joined_hosts) p->add_joined_hosts(h);
           for (int64_t i : e.missing_node_indices) p->add_missing_node_indices(i);
         } else if constexpr (std::is_same_v<T, AssignmentEvent>) {
-          v1::Assignment* a = out.mutable_assignment();
-          a->set_round(e.round);
-          a->set_rank_offset(e.slot.rank_offset);
-          a->set_world_size(e.world_size);
-          a->set_group_rank(e.slot.group_rank);
-          a->set_group_world_size(e.group_world_size);
-          a->set_local_rank_offset(e.slot.local_rank_offset);
-          a->set_local_world_size(e.slot.local_world_size);
-          a->set_master_addr(e.master_addr);
-          a->set_master_port(e.master_port);
-          a->set_restart_count(e.restart_count);
-          a->set_agents(e.agents);
+          *out.mutable_assignment() = ToProto(e);
         } else {
           *out.mutable_abort() = ToProto(e);
         }

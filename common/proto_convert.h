@@ -8,8 +8,10 @@
 
 namespace rdzv {
 
-// The protocol revision this build speaks; a server refuses clients newer than itself.
-inline constexpr int32_t kProtocolVersion = 1;
+// The protocol revision this build speaks; a server refuses requests newer than itself. A
+// request states the lowest revision it needs: 2 for a resume, else 1, so that joins still
+// work against an older server.
+inline constexpr int32_t kProtocolVersion = 2;
 
 v1::JoinRequest ToProto(const JoinSpec& spec);
 JoinSpec FromProto(const v1::JoinRequest& request);
@@ -17,6 +19,7 @@ JoinSpec FromProto(const v1::JoinRequest& request);
 v1::JoinEvent ToProto(const Event& event);
 
 ProgressEvent FromProto(const v1::Progress& progress);
+v1::Assignment ToProto(const AssignmentEvent& assignment);
 AssignmentEvent FromProto(const v1::Assignment& assignment);
 
 v1::WorkerFailure ToProto(const FailureInfo& failure);

@@ -33,6 +33,8 @@ struct RendezvousState::Job {
   Micros last_progress = 0;
   Micros ended_at = 0;
   Micros last_detach = 0;  // an ended job's TTL runs from the later of this and ended_at
+  // Set while a job rebuilt from resuming agents waits for the rest of them.
+  Micros resume_deadline = 0;
   int32_t attached = 0;
   int32_t world_size = 0;
   absl::flat_hash_map<std::string, Member> members;
@@ -181,9 +183,97 @@ void RendezvousState::OpenRound(Job& job, const JoinSpec& spec) {
   job.abort.reset();
 }
 
+void RendezvousState::Attach(Job& job, Member& member, StreamId stream) {
+  Detach(job, member);
+  member.stream = stream;
+  streams_[stream] = {job.id, member.spec.agent.agent_id};
+  ++job.attached;
+}
+
+void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec, Decisions& out) {
+  const AssignmentEvent& held = *spec.resume;
+  Job* job = FindJob(spec.job_id);
+  if (job == nullptr) {
+    // This server does not know the job: it restarted while the job ran. The round is rebuilt
+    // from the assignments its agents bring back; the ones not back in time count as lost.
+    auto created = std::make_unique<Job>();
+    job = created.get();
+    job->id = spec.job_id;
+    job->phase = Phase::kRunning;
+    job->round = held.round;
+    job->restart_count = held.restart_count;
+    job->min_agents = spec.min_agents;
+    job->max_agents = spec.max_agents;
+    job->last_call = spec.last_call;
+    job->world_size = held.world_size;
+    job->assignment = held;
+    job->assignment.slot = Slot{};
+    job->resume_deadline = now + options_.resume_window;
+    jobs_.emplace(spec.job_id, std::move(created));
+  }
+
+  switch (job->phase) {
+    case Phase::kEnded:
+      // It ended while this agent was away (losing an agent ends a job, this one included).
+      out.sends.push_back({stream, *job->abort});
+      out.closes.push_back({stream, absl::OkStatus()});
+      return;
+    case Phase::kFilling:
+      out.closes.push_back(
+          {stream, absl::AbortedError(absl::StrFormat(
+                       "job %s started round %d without this agent, which ran round %d", job->id,
+                       job->round, held.round))});
+      return;
+    case Phase::kRunning:
+      break;
+  }
+  if (job->round != held.round || job->world_size != held.world_size) {
+    out.closes.push_back(
+        {stream, absl::AbortedError(absl::StrFormat(
+                     "job %s runs round %d (world size %d), not this agent's round %d (world "
+                     "size %d)",
+                     job->id, job->round, job->world_size, held.round, held.world_size))});
+    return;
+  }
+  auto it = job->members.find(spec.agent.agent_id);
+  if (it == job->members.end()) {
+    if (job->resume_deadline == 0) {
+      out.closes.push_back(
+          {stream, absl::AbortedError(absl::StrFormat("round %d of job %s has no agent %s",
+                                                      job->round, job->id, spec.agent.agent_id))});
+      return;
+    }
+    auto [claim, inserted] = job->claims.emplace(held.slot.rank_offset, spec.agent.agent_id);
+    if (!inserted) {
+      out.closes.push_back({stream, absl::FailedPreconditionError(absl::StrFormat(
+                                        "rank %d of job %s is already held by the agent on %s",
+                                        held.slot.rank_offset, job->id,
+                                        job->members.at(claim->second).spec.agent.host))});
+      return;
+    }
+    it = job->members.emplace(spec.agent.agent_id, Member{}).first;
+    it->second.spec = spec;
+    it->second.spec.resume.reset();
+    it->second.slot = held.slot;
+    if (static_cast<int32_t>(job->members.size()) >= job->assignment.agents) {
+      job->resume_deadline = 0;  // everyone is back
+    }
+  } else if (it->second.stream != 0 && it->second.stream != stream) {
+    out.closes.push_back({it->second.stream, absl::AbortedError("replaced by a newer join")});
+  }
+  Attach(*job, it->second, stream);
+  AssignmentEvent a = job->assignment;
+  a.slot = it->second.slot;
+  out.sends.push_back({stream, a});
+}
+
 void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec, Decisions& out) {
   if (absl::Status s = ValidateSpec(spec); !s.ok()) {
     out.closes.push_back({stream, s});
+    return;
+  }
+  if (spec.resume) {
+    Resume(now, stream, spec, out);
     return;
   }
   Job* job = FindJob(spec.job_id);
@@ -472,6 +562,16 @@ void RendezvousState::Tick(Micros now, Decisions& out) {
           if (member.stream != 0) out.sends.push_back({member.stream, p});
         }
       }
+    } else if (job.phase == Phase::kRunning && job.resume_deadline != 0 &&
+               now >= job.resume_deadline) {
+      job.resume_deadline = 0;
+      AbortEvent abort;
+      abort.reason = absl::StrFormat(
+          "%d of %d agents did not come back within %ds after the rendezvous server restarted",
+          job.assignment.agents - static_cast<int32_t>(job.members.size()), job.assignment.agents,
+          options_.resume_window / 1'000'000);
+      abort.exit_code = 1;
+      EndJob(job, now, std::move(abort), out);
     } else if (job.phase == Phase::kEnded && job.attached == 0 &&
                now - std::max(job.ended_at, job.last_detach) >= options_.ended_job_ttl) {
       expired.push_back(id);

@@ -32,21 +32,6 @@ namespace rdzv {
 using Micros = int64_t;
 using StreamId = uint64_t;
 
-struct JoinSpec {
-  std::string job_id;
-  AgentSpec agent;
-  int32_t min_agents = 1;
-  int32_t max_agents = 1;
-  Micros last_call = 0;
-  std::vector<std::string> addresses;  // best first
-  // The address the server saw the agent connect from (filled in by the server).
-  std::string peer_address;
-  int32_t master_port = 0;
-  std::string master_addr_override;
-  int32_t master_port_override = 0;
-  int32_t restart_count = 0;
-};
-
 struct ProgressEvent {
   int32_t joined = 0;
   int32_t expected = 0;
@@ -63,6 +48,24 @@ struct AssignmentEvent {
   int32_t master_port = 0;
   int32_t restart_count = 0;
   int32_t agents = 0;
+};
+
+struct JoinSpec {
+  std::string job_id;
+  AgentSpec agent;
+  int32_t min_agents = 1;
+  int32_t max_agents = 1;
+  Micros last_call = 0;
+  std::vector<std::string> addresses;  // best first
+  // The address the server saw the agent connect from (filled in by the server).
+  std::string peer_address;
+  int32_t master_port = 0;
+  std::string master_addr_override;
+  int32_t master_port_override = 0;
+  int32_t restart_count = 0;
+  // Set by an agent whose workers run on after it lost its server: the assignment they run
+  // under. It asks to rejoin that round; it never starts or joins another.
+  std::optional<AssignmentEvent> resume;
 };
 
 struct FailureInfo {
@@ -114,6 +117,9 @@ struct StateOptions {
   // How long an ended job is kept (so reconnecting agents learn how it ended) once no agent
   // is attached any more.
   Micros ended_job_ttl = 60'000'000;
+  // How long a job that this server rebuilds from resuming agents (it restarted while the job
+  // ran) waits for the rest of them; then the missing ones count as lost and the job ends.
+  Micros resume_window = 30'000'000;
 };
 
 struct AgentStatusView {
@@ -144,7 +150,9 @@ class RendezvousState {
   RendezvousState& operator=(const RendezvousState&) = delete;
 
   // An agent opened `stream` to join `spec.job_id`. A refusal (bad spec, wrong size, late,
-  // duplicate node rank) comes back as a Close of `stream` in `out`.
+  // duplicate node rank) comes back as a Close of `stream` in `out`. With `spec.resume` the
+  // agent asks back into the round it runs in: it gets that assignment again, the job's Abort
+  // if the job ended, or a refusal if the job moved on to another round.
   void Join(Micros now, StreamId stream, const JoinSpec& spec, Decisions& out);
 
   // `stream` ended from the agent's side (cancelled, deadline, connection lost).
@@ -176,6 +184,8 @@ class RendezvousState {
   void CompleteRound(Job& job, Decisions& out);
   void EndJob(Job& job, Micros now, AbortEvent abort, Decisions& out);
   void OpenRound(Job& job, const JoinSpec& spec);
+  void Resume(Micros now, StreamId stream, const JoinSpec& spec, Decisions& out);
+  void Attach(Job& job, Member& member, StreamId stream);
   void Detach(Job& job, Member& member);
   void EraseIfDone(const std::string& job_id);
   ProgressEvent MakeProgress(const Job& job) const;

@@ -870,5 +870,117 @@ TEST_F(RunningJobTest, StatusShowsDetachedMembersOfAnEndedJob) {
   EXPECT_EQ(views[0].agents[0].state, "attached");
 }
 
+// A server restarts while a job of three agents runs: each agent that notices comes back with
+// the assignment its workers run under, and the new server rebuilds the round from them.
+class ResumeTest : public RendezvousStateTest {
+ protected:
+  ResumeTest() : RendezvousStateTest(Options()) {}
+  static StateOptions Options() {
+    StateOptions o;
+    o.resume_window = 10 * kSecond;
+    return o;
+  }
+
+  void SetUp() override {
+    RendezvousState before;
+    specs_ = {Spec("j", "n0", 0, 3, 2), Spec("j", "n1", 1, 3, 2), Spec("j", "n2", 2, 3, 2)};
+    Decisions d;
+    for (size_t i = 0; i < specs_.size(); ++i) before.Join(0, 1 + i, specs_[i], d);
+    const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(d);
+    ASSERT_EQ(got.size(), 3u) << Summary(d);
+    for (size_t i = 0; i < specs_.size(); ++i) held_.push_back(got.at(1 + i));
+  }
+
+  JoinSpec Resuming(size_t i) const {
+    JoinSpec s = specs_[i];
+    s.resume = held_[i];
+    return s;
+  }
+
+  std::vector<JoinSpec> specs_;
+  std::vector<AssignmentEvent> held_;
+};
+
+TEST_F(ResumeTest, RestartedServerRebuildsTheRoundFromReturningAgents) {
+  for (size_t i = 0; i < 3; ++i) {
+    const Decisions d = Join(kSecond, 10 + i, Resuming(i));
+    const std::map<StreamId, AssignmentEvent> back = EventsOf<AssignmentEvent>(d);
+    ASSERT_EQ(back.size(), 1u) << Summary(d);
+    EXPECT_EQ(Describe(back.at(10 + i)), Describe(held_[i]));
+    EXPECT_TRUE(d.closes.empty()) << Summary(d);
+  }
+  // Everyone is back: the window passes without an abort, and the job runs on as before.
+  EXPECT_TRUE(IsEmpty(Tick(20 * kSecond)));
+  const std::vector<JobStatusView> views = state_.Status("j");
+  ASSERT_EQ(views.size(), 1u);
+  EXPECT_EQ(views[0].state, "running");
+  EXPECT_EQ(views[0].world_size, 6);
+
+  // A lost agent still ends it, as in any running job.
+  const Decisions lost = Closed(21 * kSecond, 11);
+  const std::map<StreamId, AbortEvent> aborts = EventsOf<AbortEvent>(lost);
+  EXPECT_EQ(aborts.size(), 2u) << Summary(lost);
+  EXPECT_TRUE(absl::StrContains(aborts.begin()->second.reason, "n1"))
+      << aborts.begin()->second.reason;
+}
+
+TEST_F(ResumeTest, AgentsThatDoNotComeBackInTimeEndTheJob) {
+  ASSERT_EQ(EventsOf<AssignmentEvent>(Join(kSecond, 10, Resuming(0))).size(), 1u);
+  ASSERT_EQ(EventsOf<AssignmentEvent>(Join(2 * kSecond, 12, Resuming(2))).size(), 1u);
+  EXPECT_TRUE(IsEmpty(Tick(10 * kSecond)));  // the window runs from the first return
+
+  const Decisions d = Tick(11 * kSecond);
+  const std::map<StreamId, AbortEvent> aborts = EventsOf<AbortEvent>(d);
+  ASSERT_EQ(aborts.size(), 2u) << Summary(d);
+  EXPECT_EQ(aborts.at(10).reason,
+            "1 of 3 agents did not come back within 10s after the rendezvous server restarted");
+  EXPECT_EQ(aborts.at(12).exit_code, 1);
+
+  // The straggler learns how the job ended instead of starting anything.
+  const Decisions late = Join(12 * kSecond, 11, Resuming(1));
+  ASSERT_EQ(EventsOf<AbortEvent>(late).size(), 1u) << Summary(late);
+  EXPECT_EQ(ClosesOf(late).size(), 1u);
+}
+
+TEST_F(ResumeTest, SameServerAnswersWithTheAbortOfAJobThatEndedMeanwhile) {
+  // The server saw the agent's stream drop, which ended the job.
+  RendezvousState same;
+  Decisions d;
+  for (size_t i = 0; i < specs_.size(); ++i) same.Join(0, 1 + i, specs_[i], d);
+  Decisions lost;
+  same.StreamClosed(kSecond, 2, lost);
+  Decisions back;
+  same.Join(2 * kSecond, 7, Resuming(1), back);
+  const std::map<StreamId, AbortEvent> aborts = EventsOf<AbortEvent>(back);
+  ASSERT_EQ(aborts.size(), 1u) << Summary(back);
+  EXPECT_TRUE(absl::StrContains(aborts.at(7).reason, "lost contact with the agent on n1"))
+      << aborts.at(7).reason;
+  EXPECT_TRUE(EventsOf<AssignmentEvent>(back).empty());
+}
+
+TEST_F(ResumeTest, NeverJoinsAnotherRound) {
+  // The others restarted their workers: round 2 is filling without this agent.
+  JoinSpec next = specs_[0];
+  next.restart_count = 1;
+  ASSERT_TRUE(IsEmpty(Join(kSecond, 20, next)));
+  const absl::Status refused = RefusalOf(Join(2 * kSecond, 21, Resuming(1)), 21);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "without this agent")) << refused;
+}
+
+TEST_F(ResumeTest, RefusesTwoAgentsHoldingTheSameRanks) {
+  ASSERT_EQ(EventsOf<AssignmentEvent>(Join(kSecond, 10, Resuming(0))).size(), 1u);
+  JoinSpec impostor = Resuming(0);
+  impostor.agent.agent_id = "other/agent";
+  impostor.agent.host = "other";
+  const absl::Status refused = RefusalOf(Join(kSecond, 11, impostor), 11);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "already held by the agent on n0")) << refused;
+
+  JoinSpec other_world = Resuming(1);
+  other_world.resume->world_size = 8;
+  EXPECT_EQ(RefusalOf(Join(kSecond, 12, other_world), 12).code(), absl::StatusCode::kAborted);
+}
+
 }  // namespace
 }  // namespace rdzv
