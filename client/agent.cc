@@ -177,11 +177,14 @@ class Agent::Impl {
 
   absl::Status Prepare();
   void WaitSignal();
-  void StartJoin();
+  // Joins the job's current round; with `resume`, rejoins the round the workers run in.
+  void StartJoin(std::optional<AssignmentEvent> resume = std::nullopt);
   bool MayRestart(const AbortEvent& abort) const;
   void Restart();
   void OnSignal(int sig);
   void OnJoined(absl::StatusOr<AssignmentEvent> result);
+  void OnLost(const absl::Status& status);
+  void OnResumed(const absl::StatusOr<AssignmentEvent>& result);
   absl::Status StartWorkers();
   void ReadPipe(Worker& w, Worker::Pipe& pipe);
   void EmitLines(Worker& w, Worker::Pipe& pipe, absl::string_view data, bool eof);
@@ -341,6 +344,8 @@ int Agent::Impl::Run() {
   StartJoin();
   io_.run();
 
+  // A rejoin may still be waiting for a server that is gone.
+  client_->Cancel();
   if (join_thread_.joinable()) join_thread_.join();
   if (report_thread_.joinable()) report_thread_.join();
   client_.reset();
@@ -348,7 +353,7 @@ int Agent::Impl::Run() {
   return exit_code_;
 }
 
-void Agent::Impl::StartJoin() {
+void Agent::Impl::StartJoin(std::optional<AssignmentEvent> resume) {
   const int attempt = ++attempt_;
   // Events from an earlier round's stream are stale once a new round has begun.
   const auto current = [this, attempt] { return attempt == attempt_ && phase_ != Phase::kDone; };
@@ -376,23 +381,60 @@ void Agent::Impl::StartJoin() {
   };
   handlers.on_lost = [this, current](const absl::Status& s) {
     asio::post(io_, [this, current, s] {
-      if (!current() || phase_ != Phase::kRunning) return;
-      AbortEvent abort;
-      abort.reason =
-          absl::StrFormat("lost the rendezvous server at %s (%s)", endpoint_, s.message());
-      abort.exit_code = 1;
-      outcome_ = abort;
-      StopWorkers(abort.reason);
+      if (current()) OnLost(s);
     });
   };
 
   spdlog::debug("joining job {} at {} as {} ({} workers, restart {})", config_.job_id, endpoint_,
                 spec_.agent.agent_id, config_.nproc, spec_.restart_count);
   if (join_thread_.joinable()) join_thread_.join();
-  join_thread_ = std::thread([this, handlers, spec = spec_] {
-    absl::StatusOr<AssignmentEvent> result = client_->Join(spec, handlers);
-    asio::post(io_, [this, result] { OnJoined(result); });
+  JoinSpec spec = spec_;
+  spec.resume = std::move(resume);
+  join_thread_ = std::thread([this, handlers, spec = std::move(spec)] {
+    if (!spec.resume) {
+      absl::StatusOr<AssignmentEvent> result = client_->Join(spec, handlers);
+      asio::post(io_, [this, result] { OnJoined(result); });
+      return;
+    }
+    absl::StatusOr<AssignmentEvent> result =
+        client_->Join(spec, handlers, config_.reconnect_timeout);
+    asio::post(io_, [this, result] { OnResumed(result); });
   });
+}
+
+void Agent::Impl::OnLost(const absl::Status& status) {
+  if (phase_ != Phase::kRunning) return;
+  if (config_.reconnect_timeout <= absl::ZeroDuration()) {
+    AbortEvent abort;
+    abort.reason =
+        absl::StrFormat("lost the rendezvous server at %s (%s)", endpoint_, status.message());
+    abort.exit_code = 1;
+    outcome_ = abort;
+    StopWorkers(abort.reason);
+    return;
+  }
+  spdlog::warn(
+      "job {}: lost the rendezvous server at {} ({}); the workers go on while this agent "
+      "reconnects, for up to {}",
+      config_.job_id, endpoint_, status.message(), absl::FormatDuration(config_.reconnect_timeout));
+  StartJoin(assignment_);
+}
+
+void Agent::Impl::OnResumed(const absl::StatusOr<AssignmentEvent>& result) {
+  // Stopping already: the job ended (an Abort on rejoining), a worker failed, or a signal.
+  if (phase_ != Phase::kRunning) return;
+  if (result.ok()) {
+    spdlog::info("job {}: back in touch with the rendezvous server at {}", config_.job_id,
+                 endpoint_);
+    return;
+  }
+  AbortEvent abort;
+  abort.reason = absl::StrFormat(
+      "lost the rendezvous server at %s and could not rejoin within %s (%s)", endpoint_,
+      absl::FormatDuration(config_.reconnect_timeout), result.status().message());
+  abort.exit_code = 1;
+  outcome_ = abort;
+  StopWorkers(abort.reason);
 }
 
 bool Agent::Impl::MayRestart(const AbortEvent& abort) const {
@@ -472,6 +514,12 @@ void Agent::Impl::OnJoined(absl::StatusOr<AssignmentEvent> result) {
     return;
   }
   if (!result.ok()) {
+    if (outcome_) {
+      // The job had already ended when this agent joined (it came back to a job that failed).
+      PrintRootCause(*outcome_);
+      Finish(outcome_->exit_code);
+      return;
+    }
     spdlog::error("job {}: {}", config_.job_id, result.status().message());
     Finish(1);
     return;

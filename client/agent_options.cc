@@ -144,6 +144,16 @@ FlagParser MakeParser(AgentFlags& f) {
   p.Add({"term-timeout", "RDZV_TERM_TIMEOUT", "DURATION",
          "after SIGTERM, how long workers get before SIGKILL (default 3s)",
          DurationSetter(&f.term_timeout)});
+  p.Add({"reconnect-timeout", "RDZV_RECONNECT_TIMEOUT", "DURATION",
+         "when the rendezvous server is lost mid-job, keep the workers running this long while\n"
+         "rejoining it (default 30s with --rdzv-endpoint, else 0s: an agent that hosts the\n"
+         "server takes it along when it dies)",
+         [&f](absl::string_view v) {
+           absl::Duration d;
+           if (absl::Status s = DurationSetter(&d)(v); !s.ok()) return s;
+           f.reconnect_timeout = d;
+           return absl::OkStatus();
+         }});
   p.Add({"host-name", "RDZV_HOST_NAME", "NAME",
          "this node's name in the rendezvous (default: SLURMD_NODENAME, else the host name)",
          StringSetter(&f.host_name)});
@@ -307,6 +317,8 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
   c.join_timeout = flags.join_timeout;
   c.last_call = flags.last_call;
   c.term_timeout = flags.term_timeout;
+  c.reconnect_timeout = flags.reconnect_timeout.value_or(
+      flags.rdzv_endpoint.empty() ? absl::ZeroDuration() : absl::Seconds(30));
   c.rank_prefix = flags.rank_prefix;
   c.log_dir = flags.log_dir;
   c.tee = flags.tee;

@@ -31,6 +31,7 @@ struct AgentFlags {
   absl::Duration join_timeout = absl::Minutes(10);
   absl::Duration last_call = absl::Seconds(1);
   absl::Duration term_timeout = absl::Seconds(3);
+  std::optional<absl::Duration> reconnect_timeout;
   std::string host_name;  // --host-name: how this node is named in the rendezvous
   std::string log_level = "info";
   std::string mode = "auto";  // auto, node or task (under Slurm)
@@ -75,6 +76,9 @@ struct AgentConfig {
   absl::Duration join_timeout;
   absl::Duration last_call;
   absl::Duration term_timeout;
+  // After losing the server mid-job: how long the workers go on while the agent rejoins. Zero
+  // stops them at once (the default when the server lives in an agent, as it cannot come back).
+  absl::Duration reconnect_timeout;
   bool rank_prefix = true;
   // Worker output: one file per rank in log_dir (when set), and on the console when there is
   // no log_dir or with tee, for the local ranks in local_ranks_filter (all when empty).

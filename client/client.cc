@@ -244,7 +244,12 @@ Client::~Client() {
 }
 
 absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers handlers) {
-  const absl::Time deadline = absl::Now() + impl_->options.join_timeout;
+  return Join(spec, std::move(handlers), impl_->options.join_timeout);
+}
+
+absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers handlers,
+                                             absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
   const v1::JoinRequest request = ToProto(spec);
   {
     absl::MutexLock lock(&impl_->mu);
@@ -256,7 +261,7 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
   const auto unreachable = [&] {
     return absl::UnavailableError(
         absl::StrFormat("cannot reach the rendezvous server at %s for %s (%s)", EndpointNames(),
-                        absl::FormatDuration(impl_->options.join_timeout), last.message()));
+                        absl::FormatDuration(timeout), last.message()));
   };
   for (int attempt = 0;; ++attempt) {
     auto call = std::make_shared<JoinCall>(handlers, impl_->live_calls);
@@ -282,11 +287,11 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
       // Still waiting at the deadline: the round did not fill in time.
       call->Cancel();
       call->AwaitDone();
-      return absl::DeadlineExceededError(
-          absl::StrFormat("the rendezvous did not complete within %s",
-                          absl::FormatDuration(impl_->options.join_timeout)));
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "the rendezvous did not complete within %s", absl::FormatDuration(timeout)));
     }
     if (std::optional<AbortEvent> abort = call->early_abort()) {
+      if (handlers.on_abort) handlers.on_abort(*abort);
       return absl::AbortedError(abort->reason);
     }
     {

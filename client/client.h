@@ -47,7 +47,8 @@ struct ClientOptions {
 struct Handlers {
   // While waiting: how the round fills. Called on a gRPC thread; must not block.
   std::function<void(const ProgressEvent&)> on_progress;
-  // After the assignment: the job ended elsewhere. Called on a gRPC thread; must not block.
+  // The job ended elsewhere: after the assignment, or before it when a join finds the job
+  // already ended (Join then returns Aborted). Called on a gRPC thread; must not block.
   std::function<void(const AbortEvent&)> on_abort;
   // After the assignment: the event stream ended without Leave (server stopped or
   // unreachable). Called on a gRPC thread; must not block.
@@ -67,6 +68,9 @@ class Client {
   // server as Unavailable and a round that did not fill in time as DeadlineExceeded, both after
   // join_timeout; Cancelled after Cancel().
   absl::StatusOr<AssignmentEvent> Join(const JoinSpec& spec, Handlers handlers);
+  // The same with its own time limit instead of join_timeout (a resume after a lost server).
+  absl::StatusOr<AssignmentEvent> Join(const JoinSpec& spec, Handlers handlers,
+                                       absl::Duration timeout);
 
   // Reports a worker failure of this agent; returns the job's first failure.
   absl::StatusOr<AbortEvent> ReportFailure(const FailureInfo& failure);

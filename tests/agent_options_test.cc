@@ -113,6 +113,27 @@ TEST(AgentOptionsTest, VariablesApplyAndFlagsWin) {
   EXPECT_EQ(c->nproc, 2);
 }
 
+// After losing the server mid-job: an rdzvd may come back, so the workers go on while the agent
+// rejoins; a server inside an agent (standalone, or node 0's under srun) cannot.
+TEST(AgentOptionsTest, ReconnectTimeoutDependsOnWhereTheServerRuns) {
+  absl::StatusOr<AgentConfig> external = Resolve(
+      {"--rdzv-endpoint", "head:29400", "--rdzv-id", "exp1", "--nnodes", "2", "--", "./run"});
+  ASSERT_TRUE(external.ok()) << external.status();
+  EXPECT_EQ(external->reconnect_timeout, absl::Seconds(30));
+
+  absl::StatusOr<AgentConfig> standalone = Resolve({"--standalone", "--", "./run"});
+  ASSERT_TRUE(standalone.ok()) << standalone.status();
+  EXPECT_EQ(standalone->reconnect_timeout, absl::ZeroDuration());
+
+  absl::StatusOr<AgentConfig> chosen =
+      Resolve({"--rdzv-endpoint", "head:29400", "--rdzv-id", "exp1", "--nnodes", "2",
+               "--reconnect-timeout", "5m", "--", "./run"});
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ(chosen->reconnect_timeout, absl::Minutes(5));
+
+  EXPECT_FALSE(Resolve({"--standalone", "--reconnect-timeout", "soon", "--", "./run"}).ok());
+}
+
 struct InterpreterCase {
   std::string name;
   std::vector<std::string> command;

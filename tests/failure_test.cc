@@ -113,6 +113,7 @@ class FailureTest : public ::testing::Test {
       Subprocess& rdzvd = Start(argv);
       if (testing::WaitForLoopbackPort(port, kLongWait) && rdzvd.Running()) {
         endpoint_ = absl::StrCat("127.0.0.1:", port);
+        rdzvd_ = &rdzvd;
         return;
       }
       rdzvd.Kill();  // someone took the port between picking and binding it
@@ -243,6 +244,7 @@ class FailureTest : public ::testing::Test {
   ScopedTempDir dir_;
   std::string marker_;
   std::string endpoint_;
+  Subprocess* rdzvd_ = nullptr;
   std::vector<std::unique_ptr<Subprocess>> procs_;  // destroyed (killed) before dir_
 };
 
@@ -337,9 +339,10 @@ TEST_F(FailureTest, LostAgentEndsTheJobForTheOthers) {
 
 // A node that vanishes without closing its connection (power, a cable): here an agent frozen
 // with SIGSTOP, which keeps its socket open but answers nothing. rdzvd's keepalive pings go
-// unanswered, and the job ends for the others within the ping interval plus its timeout.
+// unanswered, and the job ends for the others within the ping interval plus its timeout (1 s
+// each by default).
 TEST_F(FailureTest, SilentAgentIsNoticedAndEndsTheJob) {
-  ASSERT_NO_FATAL_FAILURE(StartRdzvd({"--keepalive-ms", "500", "--keepalive-timeout-ms", "1000"}));
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
   const std::vector<Subprocess*> agents =
       StartAgents(3, "silent", "3", {"--nproc-per-node", "1"}, SleepLong());
   WaitForWorkers(0, 3);
@@ -347,7 +350,7 @@ TEST_F(FailureTest, SilentAgentIsNoticedAndEndsTheJob) {
 
   std::vector<int> codes;
   const absl::Duration took = WaitAll({agents[0], agents[2]}, codes);
-  EXPECT_LT(took, absl::Seconds(8)) << "1.5 s of pings, and room for a loaded machine";
+  EXPECT_LT(took, absl::Seconds(8)) << "2 s of pings, and room for a loaded machine";
   for (int i : {0, 2}) {
     Subprocess& a = *agents[i];
     EXPECT_NE(a.exit_code().value_or(0), 0) << Describe(a);
@@ -356,6 +359,57 @@ TEST_F(FailureTest, SilentAgentIsNoticedAndEndsTheJob) {
   }
   agents[1]->Signal(SIGKILL);
   EXPECT_EQ(agents[1]->Wait(kLongWait), 128 + SIGKILL);
+  ExpectNothingLeft();
+}
+
+// rdzvd dies mid-job and comes back on the same address (systemd restarts it): the agents keep
+// their workers running, rejoin, and the job ends as it would have.
+TEST_F(FailureTest, RestartedRdzvdTakesTheRunningJobBack) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  const std::string finish = "while [ ! -e $d/go ]; do sleep 0.05; done; exit 0";
+  const std::vector<Subprocess*> agents =
+      StartAgents(2, "comeback", "2", {"--nproc-per-node", "2"}, finish);
+  const std::vector<WorkerEnv> before = WaitForWorkers(0, 4);
+
+  rdzvd_->Kill();
+  const std::vector<std::string> argv = {RDZVD_BIN, "--listen", endpoint_};
+  Subprocess& again = Start(argv);
+  ASSERT_TRUE(testing::WaitForLoopbackPort(std::stoi(endpoint_.substr(endpoint_.rfind(':') + 1)),
+                                           kLongWait) &&
+              again.Running())
+      << again.Stderr();
+  ASSERT_NO_FATAL_FAILURE(WaitForJoined("comeback", 2));
+  for (Subprocess* a : agents) {
+    EXPECT_TRUE(a->WaitForOutput("back in touch with the rendezvous server", kLongWait))
+        << Describe(*a);
+    EXPECT_TRUE(a->Running()) << Describe(*a);
+  }
+
+  std::ofstream(absl::StrCat(dir_.path(), "/go")).put('\n');
+  std::vector<int> codes;
+  WaitAll(agents, codes);
+  EXPECT_EQ(codes, std::vector<int>({0, 0})) << Describe(*agents[0]) << Describe(*agents[1]);
+  // The same workers ran throughout: none was restarted.
+  EXPECT_EQ(ReadWorkers(0).size(), before.size());
+  EXPECT_TRUE(ReadWorkers(1).empty());
+  ExpectNothingLeft();
+}
+
+// rdzvd dies and stays away: past --reconnect-timeout every agent stops its workers and says so.
+TEST_F(FailureTest, AgentsGiveUpWhenTheServerStaysAway) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  const std::vector<Subprocess*> agents = StartAgents(
+      2, "gone", "2", {"--nproc-per-node", "1", "--reconnect-timeout", "2s"}, SleepLong());
+  WaitForWorkers(0, 2);
+  rdzvd_->Kill();
+
+  std::vector<int> codes;
+  const absl::Duration took = WaitAll(agents, codes);
+  EXPECT_LT(took, kPrompt);
+  for (Subprocess* a : agents) {
+    EXPECT_EQ(a->exit_code().value_or(0), 1) << Describe(*a);
+    EXPECT_TRUE(Contains(LineWith(a->Stderr(), "job gone failed"), "could not rejoin within 2s"));
+  }
   ExpectNothingLeft();
 }
 
