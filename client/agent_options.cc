@@ -43,7 +43,7 @@ absl::Status SetInt(absl::string_view v, int64_t min, int64_t max, int64_t* out)
 template <typename T>
 std::function<absl::Status(absl::string_view)> IntSetter(T* target, int64_t min, int64_t max) {
   return [target, min, max](absl::string_view v) {
-    int64_t parsed;
+    int64_t parsed = 0;
     if (absl::Status s = SetInt(v, min, max, &parsed); !s.ok()) return s;
     *target = static_cast<T>(parsed);
     return absl::OkStatus();
@@ -103,7 +103,7 @@ FlagParser MakeParser(AgentFlags& f) {
          "workers to start on this node (default: SLURM_GPUS_ON_NODE, else the devices in\n"
          "CUDA_VISIBLE_DEVICES, else 1)",
          [&f](absl::string_view v) {
-           int64_t n;
+           int64_t n = 0;
            if (absl::Status s = SetInt(v, 1, 4096, &n); !s.ok()) return s;
            f.nproc_per_node = static_cast<int32_t>(n);
            return absl::OkStatus();
@@ -112,7 +112,7 @@ FlagParser MakeParser(AgentFlags& f) {
          "this node's index 0..nnodes-1; orders the nodes (default: SLURM_NODEID; without it\n"
          "nodes are ordered by host name)",
          [&f](absl::string_view v) {
-           int64_t n;
+           int64_t n = 0;
            if (absl::Status s = SetInt(v, 0, 1'000'000, &n); !s.ok()) return s;
            f.node_rank = n;
            return absl::OkStatus();
@@ -181,7 +181,7 @@ FlagParser MakeParser(AgentFlags& f) {
          [&f](absl::string_view v) {
            f.local_ranks_filter.clear();
            for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipWhitespace())) {
-             int64_t r;
+             int64_t r = 0;
              if (absl::Status s = SetInt(part, 0, 1'000'000, &r); !s.ok()) {
                return absl::InvalidArgumentError("expected local ranks such as 0 or 0,1");
              }
