@@ -21,6 +21,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <variant>
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
@@ -34,6 +35,7 @@
 #include "client/client.h"
 #include "common/logging.h"
 #include "common/net.h"
+#include "common/rendezvous_state.h"
 #include "common/worker_env.h"
 #include "server/server.h"
 
@@ -212,6 +214,9 @@ class Agent::Impl {
 
   std::unique_ptr<Server> server_;
   std::unique_ptr<Client> client_;
+  // --standalone: the one-agent rendezvous runs in-process, without a server, a port or gRPC.
+  std::unique_ptr<RendezvousState> local_;
+  StreamId local_stream_ = 0;
   std::string endpoint_;                // the server this agent talks to first
   std::vector<std::string> endpoints_;  // every candidate, when not hosting the server
   JoinSpec spec_;
@@ -252,7 +257,9 @@ absl::Status Agent::Impl::Prepare() {
     }
   }
 
-  if (config_.embedded_server) {
+  if (config_.mode == "standalone") {
+    local_ = std::make_unique<RendezvousState>();
+  } else if (config_.embedded_server) {
     absl::Status last;
     for (int port : config_.embedded_ports) {
       ServerOptions options;
@@ -285,15 +292,17 @@ absl::Status Agent::Impl::Prepare() {
     endpoint_ = endpoints_.front();
   }
 
-  ClientOptions client_options;
-  client_options.endpoint = endpoint_;
-  if (endpoints_.size() > 1) {
-    client_options.alternate_endpoints.assign(endpoints_.begin() + 1, endpoints_.end());
+  if (!local_) {
+    ClientOptions client_options;
+    client_options.endpoint = endpoint_;
+    if (endpoints_.size() > 1) {
+      client_options.alternate_endpoints.assign(endpoints_.begin() + 1, endpoints_.end());
+    }
+    client_options.join_timeout = config_.join_timeout;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(client_options);
+    if (!client.ok()) return client.status();
+    client_ = std::move(*client);
   }
-  client_options.join_timeout = config_.join_timeout;
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(client_options);
-  if (!client.ok()) return client.status();
-  client_ = std::move(*client);
 
   absl::StatusOr<ReservedPort> port = ReservedPort::Reserve();
   if (!port.ok()) return port.status();
@@ -345,7 +354,7 @@ int Agent::Impl::Run() {
   io_.run();
 
   // A rejoin may still be waiting for a server that is gone.
-  client_->Cancel();
+  if (client_) client_->Cancel();
   if (join_thread_.joinable()) join_thread_.join();
   if (report_thread_.joinable()) report_thread_.join();
   client_.reset();
@@ -355,6 +364,22 @@ int Agent::Impl::Run() {
 
 void Agent::Impl::StartJoin(std::optional<AssignmentEvent> resume) {
   const int attempt = ++attempt_;
+  if (local_) {
+    Decisions d;
+    const StreamId stream = ++local_stream_;
+    local_->Join(absl::ToUnixMicros(absl::Now()), stream, spec_, d);
+    absl::StatusOr<AssignmentEvent> result = absl::InternalError("no assignment");
+    for (const Decisions::Send& send : d.sends) {
+      const auto* a = std::get_if<AssignmentEvent>(&send.event);
+      if (send.stream == stream && a != nullptr) result = *a;
+    }
+    // Closes of earlier rounds' streams are this agent's own past; only its refusal counts.
+    for (const Decisions::Close& close : d.closes) {
+      if (close.stream == stream) result = close.status;
+    }
+    asio::post(io_, [this, result] { OnJoined(result); });
+    return;
+  }
   // Events from an earlier round's stream are stale once a new round has begun.
   const auto current = [this, attempt] { return attempt == attempt_ && phase_ != Phase::kDone; };
   Handlers handlers;
@@ -488,7 +513,7 @@ void Agent::Impl::OnSignal(int sig) {
       exit_code_ = 128 + sig;
       phase_ = Phase::kStopping;
       spdlog::warn("{} while joining; giving up", SignalName(sig));
-      client_->Cancel();
+      if (client_) client_->Cancel();
       break;
     case Phase::kRunning: {
       FailureInfo f = NewFailure();
@@ -689,6 +714,12 @@ void Agent::Impl::Fail(const FailureInfo& failure) {
 }
 
 void Agent::Impl::ReportFailure(FailureInfo failure) {
+  if (local_) {
+    Decisions ignored;  // no other agent to tell
+    (void)local_->ReportFailure(absl::ToUnixMicros(absl::Now()), spec_.job_id, spec_.agent.agent_id,
+                                failure, ignored);
+    return;
+  }
   if (report_thread_.joinable()) return;  // one report per agent: the first failure
   report_thread_ = std::thread([this, failure, attempt = attempt_] {
     absl::StatusOr<AbortEvent> first = client_->ReportFailure(failure);
@@ -753,7 +784,10 @@ void Agent::Impl::MaybeFinish() {
   }
   phase_ = Phase::kDone;
   if (report_thread_.joinable()) report_thread_.join();
-  if (absl::Status s = client_->Leave(); !s.ok()) {
+  if (local_) {
+    Decisions ignored;
+    local_->Leave(absl::ToUnixMicros(absl::Now()), spec_.job_id, spec_.agent.agent_id, ignored);
+  } else if (absl::Status s = client_->Leave(); !s.ok()) {
     spdlog::debug("leave: {}", s.message());
   }
   if (server_) {

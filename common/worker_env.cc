@@ -44,10 +44,11 @@ EnvList WorkerVariables(const WorkerContext& ctx, int32_t local_index) {
       {"TORCHELASTIC_MAX_RESTARTS", n(ctx.max_restarts)},
       // The agent hosts no TCPStore: rank 0 creates it at MASTER_ADDR:MASTER_PORT.
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
-      {"RDZV_ENDPOINT", ctx.rdzv_endpoint},
       {"RDZV_RUN_ID", ctx.run_id},
       {"RDZV_ROUND", n(ctx.round)},
   };
+  // A standalone agent keeps its rendezvous in-process: there is no server to name.
+  if (!ctx.rdzv_endpoint.empty()) vars.emplace_back("RDZV_ENDPOINT", ctx.rdzv_endpoint);
   if (!ctx.error_file_dir.empty()) {
     vars.emplace_back("TORCHELASTIC_ERROR_FILE", ErrorFilePath(ctx, local_index));
   }

@@ -514,6 +514,40 @@ TEST_F(FailureTest, MaxRestartsRestartsWithTheSameRanks) {
   ExpectNothingLeft();
 }
 
+// --standalone keeps its rendezvous in-process; restarts and the root cause work as with a server.
+TEST_F(FailureTest, StandaloneRestartsThenReportsTheFailure) {
+  std::vector<std::string> argv = {RDZV_AGENT_BIN,
+                                   "--standalone",
+                                   "--nproc-per-node",
+                                   "2",
+                                   "--max-restarts",
+                                   "1",
+                                   "--host-name",
+                                   "solo",
+                                   "--"};
+  // Rank 1 fails in every round: one restart, then the job fails with its code.
+  for (std::string& a : Worker(absl::StrCat("if [ $RANK = 1 ]; then ", AwaitWorkers(0, 2),
+                                            "echo broke >&2; exit 5; fi; ", SleepLong()),
+                               "")) {
+    argv.push_back(std::move(a));
+  }
+  Subprocess& agent = Start(std::move(argv), {{"TEST_AGENT", "solo"}});
+  EXPECT_EQ(agent.Wait(kLongWait), 5) << Describe(agent);
+  EXPECT_TRUE(Contains(agent.Stderr(), "restarting the workers (restart 1 of 1)"));
+  EXPECT_TRUE(Contains(LineWith(agent.Stderr(), "failed:"),
+                       "rank 1 (local rank 1, node 0) on solo exited with code 5"));
+  const std::vector<WorkerEnv> first = ReadWorkers(0);
+  const std::vector<WorkerEnv> second = ReadWorkers(1);
+  ASSERT_EQ(first.size(), 2u);
+  ASSERT_EQ(second.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(second[i].at("RANK"), first[i].at("RANK"));
+    EXPECT_EQ(second[i].at("WORLD_SIZE"), "2");
+    EXPECT_EQ(second[i].at("TORCHELASTIC_RESTART_COUNT"), "1");
+  }
+  ExpectNothingLeft();
+}
+
 TEST_F(FailureTest, ElasticJobGoesOnWithoutALostNode) {
   ASSERT_NO_FATAL_FAILURE(StartRdzvd());
   // Three of at most three agents start the job at once; node 1 is then lost. The first round
