@@ -667,7 +667,12 @@ absl::Status StartRdzvd(const Options& o, Child& rdzvd, int& port, const std::st
   for (int attempt = 0; attempt < 5; ++attempt) {
     absl::StatusOr<int> p = FreePort();
     if (!p.ok()) return p.status();
-    std::vector<std::string> argv = {o.rdzvd, "--listen", absl::StrCat("127.0.0.1:", *p)};
+    // Pings stay on, at rdzvd's default interval, but with a longer timeout: the simulated
+    // agents share two cores with rdzvd, and a client process busy with a thousand new channels
+    // can take over a second to answer (a real node answers in microseconds), which rdzvd's
+    // default 1 s timeout would take for a lost node. --rdzvd-arg values come after, and win.
+    std::vector<std::string> argv = {o.rdzvd, "--listen", absl::StrCat("127.0.0.1:", *p),
+                                     "--keepalive-timeout-ms=5000"};
     argv.insert(argv.end(), o.rdzvd_args.begin(), o.rdzvd_args.end());
     if (absl::Status s = rdzvd.Start(argv, false, log); !s.ok()) return s;
     const int64_t deadline = NowNs() + 10'000'000'000;
@@ -1231,7 +1236,9 @@ int Main(int argc, char** argv) {
          [&](absl::string_view v) { return ParseCount(v, o.hold_ms, 0); }});
   p.Add({"verbose", "", "", "print each phase's CLOCK_MONOTONIC span (to line up profiles)",
          on(o.verbose)});
-  p.Add({"rdzvd-arg", "", "ARG", "pass ARG to rdzvd (repeatable)", [&](absl::string_view v) {
+  p.Add({"rdzvd-arg", "", "ARG",
+         "pass ARG to rdzvd (repeatable; after the bench's own --keepalive-timeout-ms=5000)",
+         [&](absl::string_view v) {
            o.rdzvd_args.emplace_back(v);
            return absl::OkStatus();
          }});
