@@ -316,6 +316,7 @@ absl::Status Agent::Impl::Prepare() {
   spec_.agent.nproc = config_.nproc;
   spec_.min_agents = config_.min_agents;
   spec_.max_agents = config_.max_agents;
+  spec_.max_restarts = config_.max_restarts;
   spec_.last_call = absl::ToInt64Microseconds(config_.last_call);
   // The address that routes to the rendezvous server is one the other nodes, which reach the
   // same server, can use to reach us; the interfaces' addresses follow as fallbacks.

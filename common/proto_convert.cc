@@ -22,6 +22,7 @@ v1::JoinRequest ToProto(const JoinSpec& spec) {
   r.set_restart_count(spec.restart_count);
   r.set_protocol_version(spec.resume ? 2 : 1);
   if (spec.resume) *r.mutable_resume() = ToProto(*spec.resume);
+  if (spec.max_restarts) r.set_max_restarts(*spec.max_restarts);
   return r;
 }
 
@@ -42,6 +43,7 @@ JoinSpec FromProto(const v1::JoinRequest& r) {
   spec.master_port_override = r.master_port_override();
   spec.restart_count = r.restart_count();
   if (r.has_resume()) spec.resume = FromProto(r.resume());
+  if (r.has_max_restarts()) spec.max_restarts = r.max_restarts();
   return spec;
 }
 

@@ -26,6 +26,7 @@ struct RendezvousState::Job {
   Phase phase = Phase::kFilling;
   int32_t round = 0;
   int32_t restart_count = 0;
+  std::optional<int32_t> max_restarts;  // the first member's that stated one
   int32_t min_agents = 1;
   int32_t max_agents = 1;
   Micros last_call = 0;
@@ -176,6 +177,7 @@ void RendezvousState::OpenRound(Job& job, const JoinSpec& spec) {
   job.phase = Phase::kFilling;
   job.round += 1;
   job.restart_count = spec.restart_count;
+  job.max_restarts = spec.max_restarts;
   job.min_agents = spec.min_agents;
   job.max_agents = spec.max_agents;
   job.last_call = spec.last_call;
@@ -323,6 +325,14 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec, De
                      SizeText(job->min_agents, job->max_agents)))});
     return;
   }
+  if (spec.max_restarts && job->max_restarts && *spec.max_restarts != *job->max_restarts) {
+    out.closes.push_back(
+        {stream, absl::FailedPreconditionError(
+                     absl::StrFormat("this agent has --max-restarts %d but job %s was started with "
+                                     "--max-restarts %d; give every agent the same --max-restarts",
+                                     *spec.max_restarts, job->id, *job->max_restarts))});
+    return;
+  }
 
   member_it = job->members.find(spec.agent.agent_id);
   if (member_it != job->members.end()) {
@@ -377,6 +387,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec, De
   }
 
   Member& member = job->members[spec.agent.agent_id];
+  if (!job->max_restarts) job->max_restarts = spec.max_restarts;
   member.spec = spec;
   member.stream = stream;
   streams_[stream] = {job->id, spec.agent.agent_id};

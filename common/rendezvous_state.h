@@ -66,6 +66,8 @@ struct JoinSpec {
   // Set by an agent whose workers run on after it lost its server: the assignment they run
   // under. It asks to rejoin that round; it never starts or joins another.
   std::optional<AssignmentEvent> resume;
+  // The agent's --max-restarts; every agent of a job must have the same. Unset: not checked.
+  std::optional<int32_t> max_restarts;
 };
 
 struct FailureInfo {

@@ -413,6 +413,22 @@ TEST_F(AgentTest, NnodesDisagreementIsRefused) {
   EXPECT_EQ(first.Wait(kPrompt), 128 + SIGTERM) << first.Stderr();
 }
 
+TEST_F(AgentTest, MaxRestartsDisagreementIsRefused) {
+  StartRdzvd();
+  Subprocess& first =
+      StartAgent("first", "restarts", 2, {"--node-rank", "0", "--max-restarts", "2"});
+  ASSERT_NO_FATAL_FAILURE(WaitForJoined("restarts", 1));
+  Subprocess& second = StartAgent("second", "restarts", 2, {"--node-rank", "1"});
+  EXPECT_NE(second.Wait(kPrompt), 0);
+  EXPECT_TRUE(Contains(LineWith(second.Stderr(), "--max-restarts 0"),
+                       "job restarts was started with --max-restarts 2"))
+      << second.Stderr();
+
+  EXPECT_TRUE(first.Running());
+  first.Signal(SIGTERM);
+  EXPECT_EQ(first.Wait(kPrompt), 128 + SIGTERM) << first.Stderr();
+}
+
 TEST_F(AgentTest, SecondAgentWithTheSameNodeRankIsRefused) {
   StartRdzvd();
   Subprocess& first = StartAgent("first", "dup", 2, {"--node-rank", "0", "--host-name", "first"});

@@ -319,6 +319,25 @@ TEST_P(NnodesMismatchTest, IsRefusedMentioningNnodes) {
   EXPECT_EQ(state_.Status("j").at(0).joined, 1);
 }
 
+// Agents that disagree on --max-restarts would part ways at the first failure: some restart and
+// wait for the others, which have exited. The disagreement is refused when it joins.
+TEST_F(RendezvousStateTest, MaxRestartsMismatchIsRefused) {
+  JoinSpec first = Spec("j", "n0", 0, 3);
+  first.max_restarts = 2;
+  JoinSpec unstated = Spec("j", "n1", 1, 3);  // an older client: not checked
+  JoinSpec second = Spec("j", "n2", 2, 3);
+  second.max_restarts = 0;
+  EXPECT_TRUE(IsEmpty(Join(0, 1, first)));
+  EXPECT_TRUE(IsEmpty(Join(0, 2, unstated)));
+  const absl::Status s = RefusalOf(Join(0, 3, second), 3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(s.message(),
+            "this agent has --max-restarts 0 but job j was started with --max-restarts 2; give "
+            "every agent the same --max-restarts");
+  second.max_restarts = 2;
+  EXPECT_EQ(EventsOf<AssignmentEvent>(Join(0, 4, second)).size(), 3u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, NnodesMismatchTest,
                          testing::Values(NnodesCase{"Fixed", 3, 3, 2, 2, "2", "3"},
                                          NnodesCase{"ElasticMax", 2, 4, 2, 3, "2:3", "2:4"},
