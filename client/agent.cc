@@ -617,7 +617,8 @@ absl::Status Agent::Impl::StartWorkers() {
     const bool shown =
         console && (config_.local_ranks_filter.empty() ||
                     absl::c_linear_search(config_.local_ranks_filter, w->local_rank));
-    absl::StatusOr<SpawnedProcess> spawned = launcher_->Spawn({config_.command, env.entries});
+    absl::StatusOr<SpawnedProcess> spawned =
+        launcher_->Spawn({config_.command, env.entries, {w->error_file, run_dir_}});
     if (!spawned.ok()) return spawned.status();
     w->pid = spawned->pid;
     w->out.stream = std::make_unique<asio::posix::stream_descriptor>(io_, spawned->stdout_fd);

@@ -49,10 +49,17 @@ absl::StatusOr<std::string> FindProgram(const ProcessSpec& spec) {
 
 // The signals a guard handles: stop requests and user signals are passed on to the worker's
 // group; SIGCHLD tells it the worker ended.
+// The guard's parent-death signal: one the agent never sends, so that the agent's death cannot
+// pass for a SIGTERM to be forwarded. (The kernel sends it as soon as the agent's main thread
+// exits, while getppid() may still name the agent, its other threads not yet gone.)
+int AgentDiedSignal() { return SIGRTMIN; }
+
 sigset_t GuardSignals() {
   sigset_t set;
   sigemptyset(&set);
-  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD}) sigaddset(&set, s);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD, AgentDiedSignal()}) {
+    sigaddset(&set, s);
+  }
   return set;
 }
 
@@ -130,11 +137,12 @@ constexpr int64_t kSameSignalNanos = 2'000'000'000;
 // ends or the agent dies (PR_SET_PDEATHSIG) kills whatever is left in the group: a worker's
 // children never outlive the job, even when the agent is killed with SIGKILL.
 [[noreturn]] void GuardWorker(const char* program, char* const argv[], char* const envp[],
-                              int out_fd, int err_fd, int status_fd, pid_t agent) {
+                              char* const orphan_paths[], int out_fd, int err_fd, int status_fd,
+                              pid_t agent) {
   setpgid(0, 0);
   const sigset_t handled = GuardSignals();
   sigprocmask(SIG_BLOCK, &handled, nullptr);
-  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  prctl(PR_SET_PDEATHSIG, AgentDiedSignal());
   if (getppid() != agent) _exit(127);  // the agent died before the line above
   prctl(PR_SET_CHILD_SUBREAPER, 1);
 
@@ -181,12 +189,17 @@ constexpr int64_t kSameSignalNanos = 2'000'000'000;
       }
       continue;
     }
-    if (getppid() != agent) {
+    if (sig == AgentDiedSignal() || getppid() != agent) {
       kill(-worker, SIGKILL);  // the agent is gone: so is the job
       kill(worker, SIGKILL);
       while (waitpid(worker, nullptr, 0) < 0 && errno == EINTR) {
       }
       KillAdopted();
+      // Each worker's guard removes its own files, then tries the shared directory: the last
+      // one to get there finds it empty.
+      for (char* const* path = orphan_paths; *path != nullptr; ++path) {
+        if (unlink(*path) != 0) rmdir(*path);
+      }
       _exit(128 + SIGKILL);
     }
     // Pass on what the agent sends. A signal from anyone else (Slurm signalling every process
@@ -215,6 +228,11 @@ class PosixProcessLauncher final : public ProcessLauncher {
     argv.push_back(nullptr);
     for (const std::string& e : spec.env) envp.push_back(const_cast<char*>(e.c_str()));
     envp.push_back(nullptr);
+    std::vector<char*> orphan_paths;
+    for (const std::string& p : spec.remove_if_orphaned) {
+      orphan_paths.push_back(const_cast<char*>(p.c_str()));
+    }
+    orphan_paths.push_back(nullptr);
 
     int out[2], err[2], status_pipe[2];
     if (pipe2(out, O_CLOEXEC) != 0) return Errno("pipe");
@@ -236,8 +254,8 @@ class PosixProcessLauncher final : public ProcessLauncher {
       close(out[0]);
       close(err[0]);
       close(status_pipe[0]);
-      GuardWorker(program->c_str(), argv.data(), envp.data(), out[1], err[1], status_pipe[1],
-                  agent);
+      GuardWorker(program->c_str(), argv.data(), envp.data(), orphan_paths.data(), out[1], err[1],
+                  status_pipe[1], agent);
     }
     // Also from the parent, so that a signal sent right after Spawn reaches the guard.
     setpgid(pid, pid);

@@ -23,6 +23,9 @@ namespace rdzv {
 struct ProcessSpec {
   std::vector<std::string> argv;  // argv[0] is looked up in PATH when it has no '/'
   std::vector<std::string> env;   // "NAME=value"
+  // Removed by the guard, in this order, should the agent die before the worker ends (files are
+  // unlinked, empty directories removed): what the agent would have cleaned up itself.
+  std::vector<std::string> remove_if_orphaned;
 };
 
 struct SpawnedProcess {

@@ -81,7 +81,10 @@ bool ProcessAlive(pid_t pid) {
 
 class FailureTest : public ::testing::Test {
  protected:
-  void SetUp() override { marker_ = testing::UniqueMarker(); }
+  void SetUp() override {
+    marker_ = testing::UniqueMarker();
+    std::filesystem::create_directory(TmpDir());
+  }
 
   void TearDown() override {
     // Whatever a test left running (it failed, or it did not wait) is killed now, and nothing
@@ -90,7 +93,17 @@ class FailureTest : public ::testing::Test {
     EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker_, absl::Seconds(10)), "\n"),
               "")
         << "processes left behind";
+    // Nor any agent's private directory (the workers' error files), however the agent ended.
+    std::vector<std::string> left;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(TmpDir(), ec)) {
+      left.push_back(entry.path().string());
+    }
+    EXPECT_EQ(absl::StrJoin(left, " "), "") << "left in the agents' TMPDIR";
   }
+
+  // The agents' TMPDIR.
+  std::string TmpDir() const { return absl::StrCat(dir_.path(), "/tmp"); }
 
   Subprocess& Start(std::vector<std::string> argv,
                     std::vector<std::pair<std::string, std::string>> env = {}) {
@@ -100,6 +113,7 @@ class FailureTest : public ::testing::Test {
     options.unset_env_prefixes = {"SLURM_", "RDZV_", "TORCHELASTIC_"};
     options.env = std::move(env);
     options.env.emplace_back("RDZV_CONFIG", "/dev/null");
+    options.env.emplace_back("TMPDIR", TmpDir());
     procs_.push_back(std::make_unique<Subprocess>(std::move(options)));
     return *procs_.back();
   }
