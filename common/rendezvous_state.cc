@@ -295,10 +295,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec, De
     const bool next_round = spec.restart_count > job->restart_count;
     if (is_member && !next_round) {
       // A reconnect after the end: tell it how the job ended.
-      Detach(*job, member_it->second);
-      member_it->second.stream = stream;
-      streams_[stream] = {job->id, spec.agent.agent_id};
-      ++job->attached;
+      Attach(*job, member_it->second, stream);
       out.sends.push_back({stream, *job->abort});
       return;
     }
@@ -341,10 +338,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec, De
     if (member.stream != 0 && member.stream != stream) {
       out.closes.push_back({member.stream, absl::AbortedError("replaced by a newer join")});
     }
-    Detach(*job, member);
-    member.stream = stream;
-    streams_[stream] = {job->id, spec.agent.agent_id};
-    ++job->attached;
+    Attach(*job, member, stream);
     if (job->phase == Phase::kRunning) {
       AssignmentEvent a = job->assignment;
       a.slot = member.slot;
@@ -389,9 +383,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec, De
   Member& member = job->members[spec.agent.agent_id];
   if (!job->max_restarts) job->max_restarts = spec.max_restarts;
   member.spec = spec;
-  member.stream = stream;
-  streams_[stream] = {job->id, spec.agent.agent_id};
-  ++job->attached;
+  Attach(*job, member, stream);
   job->last_join = now;
   if (static_cast<int32_t>(job->members.size()) == job->max_agents) {
     CompleteRound(*job, out);

@@ -187,6 +187,7 @@ class RendezvousState {
   void EndJob(Job& job, Micros now, AbortEvent abort, Decisions& out);
   void OpenRound(Job& job, const JoinSpec& spec);
   void Resume(Micros now, StreamId stream, const JoinSpec& spec, Decisions& out);
+  // Makes `stream` the member's (detaching any earlier one).
   void Attach(Job& job, Member& member, StreamId stream);
   void Detach(Job& job, Member& member);
   void EraseIfDone(const std::string& job_id);
