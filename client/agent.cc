@@ -417,14 +417,16 @@ void Agent::Impl::StartJoin(std::optional<AssignmentEvent> resume) {
   JoinSpec spec = spec_;
   spec.resume = std::move(resume);
   join_thread_ = std::thread([this, handlers, spec = std::move(spec)] {
-    if (!spec.resume) {
-      absl::StatusOr<AssignmentEvent> result = client_->Join(spec, handlers);
-      asio::post(io_, [this, result] { OnJoined(result); });
-      return;
-    }
+    const bool resuming = spec.resume.has_value();
     absl::StatusOr<AssignmentEvent> result =
-        client_->Join(spec, handlers, config_.reconnect_timeout);
-    asio::post(io_, [this, result] { OnResumed(result); });
+        client_->Join(spec, handlers, resuming ? config_.reconnect_timeout : config_.join_timeout);
+    asio::post(io_, [this, resuming, result] {
+      if (resuming) {
+        OnResumed(result);
+      } else {
+        OnJoined(result);
+      }
+    });
   });
 }
 
