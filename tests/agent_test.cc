@@ -22,11 +22,14 @@
 #include "client/client.h"
 #include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
+#include "tests/testing/output.h"
 #include "tests/testing/subprocess.h"
 
 namespace rdzv {
 namespace {
 
+using testing::Contains;
+using testing::LineWith;
 using testing::ScopedTempDir;
 using testing::Subprocess;
 using testing::SubprocessOptions;
@@ -53,19 +56,6 @@ constexpr const char* kWorkerVars[] = {"RANK",
                                        "TEST_AGENT"};
 
 using WorkerEnv = std::map<std::string, std::string>;
-
-::testing::AssertionResult Contains(absl::string_view text, absl::string_view needle) {
-  if (absl::StrContains(text, needle)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << needle << "\" not found in:\n" << text;
-}
-
-// The line of `text` that contains `needle`, or "".
-std::string LineWith(absl::string_view text, absl::string_view needle) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::StrContains(line, needle)) return std::string(line);
-  }
-  return "";
-}
 
 class AgentTest : public ::testing::Test {
  protected:

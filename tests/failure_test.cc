@@ -25,11 +25,15 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
+#include "tests/testing/output.h"
 #include "tests/testing/subprocess.h"
 
 namespace rdzv {
 namespace {
 
+using testing::Contains;
+using testing::LacksText;
+using testing::LineWith;
 using testing::ScopedTempDir;
 using testing::Subprocess;
 using testing::SubprocessOptions;
@@ -53,24 +57,6 @@ constexpr const char* kWorkerVars[] = {"RANK",
                                        "TEST_AGENT"};
 
 using WorkerEnv = std::map<std::string, std::string>;
-
-::testing::AssertionResult Contains(absl::string_view text, absl::string_view needle) {
-  if (absl::StrContains(text, needle)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << needle << "\" not found in:\n" << text;
-}
-
-::testing::AssertionResult LacksText(absl::string_view text, absl::string_view needle) {
-  if (!absl::StrContains(text, needle)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << needle << "\" unexpectedly in:\n" << text;
-}
-
-// The line of `text` that contains `needle`, or "".
-std::string LineWith(absl::string_view text, absl::string_view needle) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::StrContains(line, needle)) return std::string(line);
-  }
-  return "";
-}
 
 bool ProcessAlive(pid_t pid) {
   const std::string stat = testing::ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/stat"));

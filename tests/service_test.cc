@@ -27,6 +27,7 @@
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
+#include "tests/testing/output.h"
 
 namespace rdzv {
 namespace {
@@ -34,11 +35,7 @@ namespace {
 // Generous: a round of a thousand agents on two cores is slow, but never this slow.
 constexpr absl::Duration kLongWait = absl::Seconds(60);
 
-::testing::AssertionResult Contains(absl::string_view text, absl::string_view needle) {
-  if (absl::StrContains(text, needle)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << "\"" << text << "\" does not contain \"" << needle << "\"";
-}
+using testing::Contains;
 
 std::unique_ptr<Server> StartServer() {
   ServerOptions options;
