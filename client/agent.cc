@@ -43,6 +43,10 @@ namespace rdzv {
 namespace {
 
 constexpr size_t kTailLines = 20;
+// How long a failing agent waits for its last output to be read before it exits.
+constexpr absl::Duration kOutputDrainLimit = absl::Milliseconds(500);
+// How much longer an agent stays after a job ended because an agent or the server was lost.
+constexpr absl::Duration kLostPeerLinger = absl::Milliseconds(100);
 
 std::string NewAgentId(const std::string& host) {
   std::random_device rd;
@@ -229,6 +233,7 @@ class Agent::Impl {
   AssignmentEvent assignment_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::optional<AbortEvent> outcome_;  // why the job is ending, once it is
+  bool server_lost_ = false;           // it is ending because the rendezvous server went away
   int exit_code_ = 0;
   bool waiting_logged_ = false;
   int attempt_ = 0;   // joins started, to tell current events from stale ones
@@ -360,6 +365,11 @@ int Agent::Impl::Run() {
   if (report_thread_.joinable()) report_thread_.join();
   client_.reset();
   if (server_) server_->Shutdown();
+  // A failed job's explanation is the line users look for; see that it has left this process.
+  if (exit_code_ != 0) AwaitOutputRead(kOutputDrainLimit);
+  // When another agent (or the server's) was killed, srun drops output still on its way once
+  // the last task has exited: stay a little longer, so that what the others wrote gets through.
+  if (outcome_ && (server_lost_ || IsLostAgent(*outcome_))) absl::SleepFor(kLostPeerLinger);
   return exit_code_;
 }
 
@@ -438,6 +448,7 @@ void Agent::Impl::OnLost(const absl::Status& status) {
         absl::StrFormat("lost the rendezvous server at %s (%s)", endpoint_, status.message());
     abort.exit_code = 1;
     outcome_ = abort;
+    server_lost_ = true;
     StopWorkers(abort.reason);
     return;
   }
@@ -462,6 +473,7 @@ void Agent::Impl::OnResumed(const absl::StatusOr<AssignmentEvent>& result) {
       absl::FormatDuration(config_.reconnect_timeout), result.status().message());
   abort.exit_code = 1;
   outcome_ = abort;
+  server_lost_ = true;
   StopWorkers(abort.reason);
 }
 
@@ -470,7 +482,7 @@ bool Agent::Impl::MayRestart(const AbortEvent& abort) const {
   // A worker's failure, or (with --nnodes MIN:MAX) a lost node the others can go on without.
   // A stop request (a signal to an agent) ends the job.
   if (abort.first_failure) return abort.first_failure->rank >= 0;
-  return config_.min_agents < config_.max_agents && absl::StrContains(abort.reason, "lost contact");
+  return config_.min_agents < config_.max_agents && IsLostAgent(abort);
 }
 
 void Agent::Impl::Restart() {

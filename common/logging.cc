@@ -3,7 +3,11 @@
 #include <grpc/support/log.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -20,7 +24,26 @@ void GrpcLogToSpdlog(gpr_log_func_args* args) {
   spdlog::log(level, "grpc {}:{}: {}", args->file, args->line, args->message);
 }
 
+// Bytes written to the pipe `fd` that its reader has not taken yet; 0 when fd is no pipe.
+int Unread(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode)) return 0;
+  int queued = 0;
+  return ioctl(fd, FIONREAD, &queued) == 0 ? queued : 0;
+}
+
 }  // namespace
+
+void AwaitOutputRead(absl::Duration limit) {
+  if (spdlog::default_logger_raw() != nullptr) spdlog::default_logger_raw()->flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const absl::Time deadline = absl::Now() + limit;
+  while (Unread(STDOUT_FILENO) > 0 || Unread(STDERR_FILENO) > 0) {
+    if (absl::Now() >= deadline) return;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
 
 absl::Status SetUpLogging(absl::string_view program, absl::string_view level) {
   const spdlog::level::level_enum parsed = spdlog::level::from_str(std::string(level));

@@ -9,12 +9,19 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace rdzv {
 
 // Installs the default logger for `program` at `level` (trace, debug, info, warn, error, off).
 // InvalidArgument for an unknown level.
 absl::Status SetUpLogging(absl::string_view program, absl::string_view level);
+
+// Flushes stdout and stderr and, where they are pipes, waits up to `limit` until the reader has
+// taken everything written to them. For a process about to exit with its last words: once a task
+// of a job step has been killed by a signal, srun stops forwarding output when the last task
+// has exited, and lines that slurmstepd had not yet read from a pipe are lost.
+void AwaitOutputRead(absl::Duration limit);
 
 }  // namespace rdzv
 

@@ -152,6 +152,23 @@ AbortEvent AbortFor(const FailureInfo& failure) {
   return abort;
 }
 
+namespace {
+constexpr absl::string_view kLostAgent = "lost contact with the agent on ";
+}  // namespace
+
+AbortEvent AbortForLostAgent(const std::string& host, int32_t group_rank, int32_t first_rank,
+                             int32_t last_rank) {
+  AbortEvent abort;
+  abort.reason = absl::StrFormat("%s%s (node %d, ranks %d-%d)", kLostAgent, host, group_rank,
+                                 first_rank, last_rank);
+  abort.exit_code = 1;
+  return abort;
+}
+
+bool IsLostAgent(const AbortEvent& abort) {
+  return !abort.first_failure && absl::StartsWith(abort.reason, kLostAgent);
+}
+
 RendezvousState::RendezvousState(StateOptions options) : options_(options) {}
 RendezvousState::~RendezvousState() = default;
 
@@ -472,13 +489,11 @@ void RendezvousState::StreamClosed(Micros now, StreamId stream, Decisions& out) 
       break;
     case Phase::kRunning:
       if (!member.left) {
-        AbortEvent abort;
-        abort.reason =
-            absl::StrFormat("lost contact with the agent on %s (node %d, ranks %d-%d)",
-                            member.spec.agent.host, member.slot.group_rank, member.slot.rank_offset,
-                            member.slot.rank_offset + member.spec.agent.nproc - 1);
-        abort.exit_code = 1;
-        EndJob(*job, now, std::move(abort), out);
+        EndJob(*job, now,
+               AbortForLostAgent(member.spec.agent.host, member.slot.group_rank,
+                                 member.slot.rank_offset,
+                                 member.slot.rank_offset + member.spec.agent.nproc - 1),
+               out);
       }
       break;
     case Phase::kEnded:

@@ -98,6 +98,14 @@ struct AbortEvent {
 // The abort that a failure causes: it names the failure, and its exit code is the failure's.
 AbortEvent AbortFor(const FailureInfo& failure);
 
+// The abort that losing a running agent causes, e.g. "lost contact with the agent on n2 (node 1,
+// ranks 2-3)"; exit code 1.
+AbortEvent AbortForLostAgent(const std::string& host, int32_t group_rank, int32_t first_rank,
+                             int32_t last_rank);
+
+// Whether `abort` ended a job because one of its agents went away (killed, its node down).
+bool IsLostAgent(const AbortEvent& abort);
+
 using Event = std::variant<ProgressEvent, AssignmentEvent, AbortEvent>;
 
 struct Decisions {
