@@ -191,6 +191,8 @@ class Agent::Impl {
   void OnJoined(absl::StatusOr<AssignmentEvent> result);
   void OnLost(const absl::Status& status);
   void OnResumed(const absl::StatusOr<AssignmentEvent>& result);
+  // Ends the job (exit code 1) because the rendezvous server is gone for good.
+  void EndForLostServer(std::string reason);
   absl::Status StartWorkers();
   void ReadPipe(Worker& w, Worker::Pipe& pipe);
   void EmitLines(Worker& w, Worker::Pipe& pipe, absl::string_view data, bool eof);
@@ -443,13 +445,8 @@ void Agent::Impl::StartJoin(std::optional<AssignmentEvent> resume) {
 void Agent::Impl::OnLost(const absl::Status& status) {
   if (phase_ != Phase::kRunning) return;
   if (config_.reconnect_timeout <= absl::ZeroDuration()) {
-    AbortEvent abort;
-    abort.reason =
-        absl::StrFormat("lost the rendezvous server at %s (%s)", endpoint_, status.message());
-    abort.exit_code = 1;
-    outcome_ = abort;
-    server_lost_ = true;
-    StopWorkers(abort.reason);
+    EndForLostServer(
+        absl::StrFormat("lost the rendezvous server at %s (%s)", endpoint_, status.message()));
     return;
   }
   spdlog::warn(
@@ -467,14 +464,18 @@ void Agent::Impl::OnResumed(const absl::StatusOr<AssignmentEvent>& result) {
                  endpoint_);
     return;
   }
-  AbortEvent abort;
-  abort.reason = absl::StrFormat(
+  EndForLostServer(absl::StrFormat(
       "lost the rendezvous server at %s and could not rejoin within %s (%s)", endpoint_,
-      absl::FormatDuration(config_.reconnect_timeout), result.status().message());
+      absl::FormatDuration(config_.reconnect_timeout), result.status().message()));
+}
+
+void Agent::Impl::EndForLostServer(std::string reason) {
+  AbortEvent abort;
+  abort.reason = std::move(reason);
   abort.exit_code = 1;
-  outcome_ = abort;
+  outcome_ = std::move(abort);
   server_lost_ = true;
-  StopWorkers(abort.reason);
+  StopWorkers(outcome_->reason);
 }
 
 bool Agent::Impl::MayRestart(const AbortEvent& abort) const {
