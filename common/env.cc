@@ -1,23 +1,10 @@
 #include "common/env.h"
 
-#include <cstdlib>
-#include <cstring>
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 
-extern char** environ;
-
 namespace rdzv {
-
-EnvLookup ProcessEnv() {
-  return [](std::string_view name) -> std::optional<std::string> {
-    const char* v = std::getenv(std::string(name).c_str());
-    if (v == nullptr) return std::nullopt;
-    return std::string(v);
-  };
-}
 
 EnvLookup EnvFromList(EnvList vars) {
   return [vars = std::move(vars)](std::string_view name) -> std::optional<std::string> {
@@ -26,16 +13,6 @@ EnvLookup EnvFromList(EnvList vars) {
     }
     return std::nullopt;
   };
-}
-
-EnvList ProcessEnvList() {
-  EnvList out;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const char* eq = std::strchr(*e, '=');
-    if (eq == nullptr) continue;
-    out.emplace_back(std::string(*e, static_cast<size_t>(eq - *e)), std::string(eq + 1));
-  }
-  return out;
 }
 
 absl::StatusOr<EnvList> ParseConfigText(absl::string_view text) {

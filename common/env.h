@@ -1,5 +1,5 @@
 // Environment access through an injected lookup, so that parsers stay pure and tests can hand
-// them any environment they like.
+// them any environment they like. The real process environment is in process_env.h.
 #ifndef RDZV_COMMON_ENV_H_
 #define RDZV_COMMON_ENV_H_
 
@@ -16,14 +16,8 @@ namespace rdzv {
 
 using EnvLookup = std::function<std::optional<std::string>(std::string_view name)>;
 
-// An EnvLookup over the real process environment (getenv), for main()s.
-EnvLookup ProcessEnv();
-
 // An EnvLookup over a fixed list, for tests and for environments built in memory.
 EnvLookup EnvFromList(EnvList vars);
-
-// The current process environment as a list, in its own order.
-EnvList ProcessEnvList();
 
 // Parses a site configuration file's text: "NAME=value" lines, '#' comments and blank lines
 // ignored, values optionally in double quotes. InvalidArgument names the first bad line.

@@ -3,6 +3,19 @@
 #include <type_traits>
 
 namespace rdzv {
+namespace {
+
+// A cause from the wire: values this build does not know are unspecified.
+AbortCause CauseFromProto(int value) {
+  if (value < 0 || value > kMaxAbortCause) return AbortCause::kUnspecified;
+  return static_cast<AbortCause>(value);
+}
+
+static_assert(v1::AbortCause_MAX == kMaxAbortCause, "AbortCause and v1.AbortCause differ");
+
+v1::AbortCause CauseToProto(AbortCause cause) { return static_cast<v1::AbortCause>(cause); }
+
+}  // namespace
 
 v1::JoinRequest ToProto(const JoinSpec& spec) {
   v1::JoinRequest r;
@@ -58,6 +71,7 @@ v1::WorkerFailure ToProto(const FailureInfo& f) {
   p.set_stderr_tail(f.stderr_tail);
   p.set_error_message(f.error_message);
   p.set_time_us(f.time_us);
+  p.set_cause(CauseToProto(f.cause));
   return p;
 }
 
@@ -72,6 +86,7 @@ FailureInfo FromProto(const v1::WorkerFailure& p) {
   f.stderr_tail = p.stderr_tail();
   f.error_message = p.error_message();
   f.time_us = p.time_us();
+  f.cause = CauseFromProto(p.cause());
   return f;
 }
 
@@ -80,6 +95,7 @@ v1::Abort ToProto(const AbortEvent& a) {
   if (a.first_failure) *p.mutable_first_failure() = ToProto(*a.first_failure);
   p.set_reason(a.reason);
   p.set_exit_code(a.exit_code);
+  p.set_cause(CauseToProto(a.cause));
   return p;
 }
 
@@ -88,6 +104,7 @@ AbortEvent FromProto(const v1::Abort& p) {
   if (p.has_first_failure()) a.first_failure = FromProto(p.first_failure());
   a.reason = p.reason();
   a.exit_code = p.exit_code();
+  a.cause = CauseFromProto(p.cause());
   return a;
 }
 

@@ -15,25 +15,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/rendezvous_types.h"
 
 namespace rdzv {
-
-// What rank assignment needs to know about one agent.
-struct AgentSpec {
-  std::string agent_id;
-  std::string host;
-  int64_t node_index = -1;  // --node-rank / SLURM_NODEID, or -1
-  int64_t order = -1;       // global position (SLURM_PROCID in per-task mode), or -1
-  int32_t nproc = 1;        // workers this agent runs
-};
-
-// Where one agent's workers sit in the job.
-struct Slot {
-  int32_t rank_offset = 0;        // global rank of the agent's first worker
-  int32_t group_rank = 0;         // dense node index
-  int32_t local_rank_offset = 0;  // local rank of the agent's first worker on its node
-  int32_t local_world_size = 0;   // workers on this node, over all of its agents
-};
 
 struct RankTable {
   int32_t world_size = 0;

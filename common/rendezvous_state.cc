@@ -1,7 +1,5 @@
 #include "common/rendezvous_state.h"
 
-#include <string.h>
-
 #include <algorithm>
 #include <utility>
 
@@ -16,7 +14,8 @@ enum class Phase { kFilling, kRunning, kEnded };
 
 struct RendezvousState::Member {
   JoinSpec spec;
-  StreamId stream = 0;  // 0: not attached
+  std::string peer_address;  // where it connected from, as the server saw it
+  StreamId stream = 0;       // 0: not attached
   bool left = false;
   Slot slot;
 };
@@ -73,17 +72,15 @@ bool IsLoopback(absl::string_view address) {
 // MASTER_ADDR: the rank-0 agent's best address, unless that is a loopback address while other
 // agents reached the server over the network. Then the others could not reach it (a host name
 // that /etc/hosts maps to 127.0.1.1 is the usual cause), so take a real one.
-std::string ChooseMasterAddress(const JoinSpec& master,
-                                const std::vector<const JoinSpec*>& members) {
+std::string ChooseMasterAddress(const JoinSpec& master, const std::string& master_peer,
+                                const std::vector<const std::string*>& peers) {
   const std::string first = master.addresses.empty() ? "127.0.0.1" : master.addresses.front();
   if (!IsLoopback(first)) return first;
-  const bool remote_peers = std::any_of(members.begin(), members.end(), [](const JoinSpec* m) {
-    return !m->peer_address.empty() && !IsLoopback(m->peer_address);
+  const bool remote_peers = std::any_of(peers.begin(), peers.end(), [](const std::string* p) {
+    return !p->empty() && !IsLoopback(*p);
   });
   if (!remote_peers) return first;
-  if (!master.peer_address.empty() && !IsLoopback(master.peer_address)) {
-    return master.peer_address;
-  }
+  if (!master_peer.empty() && !IsLoopback(master_peer)) return master_peer;
   for (const std::string& a : master.addresses) {
     if (!IsLoopback(a)) return a;
   }
@@ -119,55 +116,6 @@ std::string SizeText(int32_t min, int32_t max) {
 }
 
 }  // namespace
-
-std::string SignalName(int sig) {
-  const char* abbrev = sigabbrev_np(sig);
-  if (abbrev == nullptr) return absl::StrFormat("signal %d", sig);
-  return absl::StrCat("SIG", abbrev);
-}
-
-std::string DescribeFailure(const FailureInfo& f) {
-  if (f.rank < 0) {
-    return absl::StrFormat("the agent on %s (node %d) %s", f.host, f.group_rank,
-                           f.signal != 0 ? absl::StrCat("received ", SignalName(f.signal))
-                                         : absl::StrCat("failed: ", f.error_message));
-  }
-  std::string who = absl::StrFormat("rank %d (local rank %d, node %d) on %s", f.rank, f.local_rank,
-                                    f.group_rank, f.host);
-  if (f.signal != 0) {
-    return absl::StrFormat("%s was killed by %s (exit code %d)", who, SignalName(f.signal),
-                           f.exit_code);
-  }
-  if (f.exit_code == 127 && !f.error_message.empty()) {
-    return absl::StrFormat("%s could not start: %s", who, f.error_message);
-  }
-  return absl::StrFormat("%s exited with code %d", who, f.exit_code);
-}
-
-AbortEvent AbortFor(const FailureInfo& failure) {
-  AbortEvent abort;
-  abort.first_failure = failure;
-  abort.exit_code = failure.exit_code;
-  abort.reason = DescribeFailure(failure);
-  return abort;
-}
-
-namespace {
-constexpr absl::string_view kLostAgent = "lost contact with the agent on ";
-}  // namespace
-
-AbortEvent AbortForLostAgent(const std::string& host, int32_t group_rank, int32_t first_rank,
-                             int32_t last_rank) {
-  AbortEvent abort;
-  abort.reason = absl::StrFormat("%s%s (node %d, ranks %d-%d)", kLostAgent, host, group_rank,
-                                 first_rank, last_rank);
-  abort.exit_code = 1;
-  return abort;
-}
-
-bool IsLostAgent(const AbortEvent& abort) {
-  return !abort.first_failure && absl::StartsWith(abort.reason, kLostAgent);
-}
 
 RendezvousState::RendezvousState(StateOptions options) : options_(options) {}
 RendezvousState::~RendezvousState() = default;
@@ -209,7 +157,8 @@ void RendezvousState::Attach(Job& job, Member& member, StreamId stream) {
   ++job.attached;
 }
 
-void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec, Decisions& out) {
+void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec,
+                             const CallerInfo& caller, Decisions& out) {
   const AssignmentEvent& held = *spec.resume;
   Job* job = FindJob(spec.job_id);
   if (job == nullptr) {
@@ -273,6 +222,7 @@ void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec, 
     it = job->members.emplace(spec.agent.agent_id, Member{}).first;
     it->second.spec = spec;
     it->second.spec.resume.reset();
+    it->second.peer_address = caller.peer_address;
     it->second.slot = held.slot;
     if (static_cast<int32_t>(job->members.size()) >= job->assignment.agents) {
       job->resume_deadline = 0;  // everyone is back
@@ -286,13 +236,14 @@ void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec, 
   out.sends.push_back({stream, a});
 }
 
-void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec, Decisions& out) {
+void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
+                           const CallerInfo& caller, Decisions& out) {
   if (absl::Status s = ValidateSpec(spec); !s.ok()) {
     out.closes.push_back({stream, s});
     return;
   }
   if (spec.resume) {
-    Resume(now, stream, spec, out);
+    Resume(now, stream, spec, caller, out);
     return;
   }
   Job* job = FindJob(spec.job_id);
@@ -400,6 +351,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec, De
   Member& member = job->members[spec.agent.agent_id];
   if (!job->max_restarts) job->max_restarts = spec.max_restarts;
   member.spec = spec;
+  member.peer_address = caller.peer_address;
   Attach(*job, member, stream);
   job->last_join = now;
   if (static_cast<int32_t>(job->members.size()) == job->max_agents) {
@@ -437,10 +389,11 @@ void RendezvousState::CompleteRound(Job& job, Decisions& out) {
   shared.group_world_size = table->group_world_size;
   shared.restart_count = job.restart_count;
   shared.agents = static_cast<int32_t>(members.size());
-  std::vector<const JoinSpec*> specs_of_members;
-  specs_of_members.reserve(members.size());
-  for (const Member* m : members) specs_of_members.push_back(&m->spec);
-  shared.master_addr = ChooseMasterAddress(master, specs_of_members);
+  std::vector<const std::string*> peers;
+  peers.reserve(members.size());
+  for (const Member* m : members) peers.push_back(&m->peer_address);
+  shared.master_addr =
+      ChooseMasterAddress(master, members[table->master_agent]->peer_address, peers);
   shared.master_port = master.master_port;
   for (const Member* m : members) {
     if (!m->spec.master_addr_override.empty()) shared.master_addr = m->spec.master_addr_override;
@@ -506,6 +459,11 @@ absl::StatusOr<AbortEvent> RendezvousState::ReportFailure(Micros now, const std:
                                                           const std::string& agent_id,
                                                           const FailureInfo& failure,
                                                           Decisions& out) {
+  if (failure.cause != AbortCause::kWorkerFailed && failure.cause != AbortCause::kAgentSignalled) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a failure report names a worker's failure or an agent's stop request, not %s",
+        AbortCauseName(failure.cause)));
+  }
   Job* job = FindJob(job_id);
   if (job == nullptr || !job->members.contains(agent_id)) {
     return absl::NotFoundError(
@@ -584,6 +542,7 @@ void RendezvousState::Tick(Micros now, Decisions& out) {
                now >= job.resume_deadline) {
       job.resume_deadline = 0;
       AbortEvent abort;
+      abort.cause = AbortCause::kResumeTimedOut;
       abort.reason = absl::StrFormat(
           "%d of %d agents did not come back within %ds after the rendezvous server restarted",
           job.assignment.agents - static_cast<int32_t>(job.members.size()), job.assignment.agents,

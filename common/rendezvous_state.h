@@ -26,85 +26,17 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/rank_assignment.h"
+#include "common/rendezvous_types.h"
 
 namespace rdzv {
 
-using Micros = int64_t;
 using StreamId = uint64_t;
 
-struct ProgressEvent {
-  int32_t joined = 0;
-  int32_t expected = 0;
-  std::vector<std::string> joined_hosts;      // a few, for messages
-  std::vector<int64_t> missing_node_indices;  // a few, when nodes carry indices
-};
-
-struct AssignmentEvent {
-  int32_t round = 0;
-  Slot slot;
-  int32_t world_size = 0;
-  int32_t group_world_size = 0;
-  std::string master_addr;
-  int32_t master_port = 0;
-  int32_t restart_count = 0;
-  int32_t agents = 0;
-};
-
-struct JoinSpec {
-  std::string job_id;
-  AgentSpec agent;
-  int32_t min_agents = 1;
-  int32_t max_agents = 1;
-  Micros last_call = 0;
-  std::vector<std::string> addresses;  // best first
-  // The address the server saw the agent connect from (filled in by the server).
+// Who is calling, as the server shell sees it.
+struct CallerInfo {
+  // The address the agent connected from ("" when unknown or in-process).
   std::string peer_address;
-  int32_t master_port = 0;
-  std::string master_addr_override;
-  int32_t master_port_override = 0;
-  int32_t restart_count = 0;
-  // Set by an agent whose workers run on after it lost its server: the assignment they run
-  // under. It asks to rejoin that round; it never starts or joins another.
-  std::optional<AssignmentEvent> resume;
-  // The agent's --max-restarts; every agent of a job must have the same. Unset: not checked.
-  std::optional<int32_t> max_restarts;
 };
-
-struct FailureInfo {
-  std::string host;
-  int32_t group_rank = -1;
-  int32_t rank = -1;
-  int32_t local_rank = -1;
-  int32_t exit_code = 1;
-  int32_t signal = 0;
-  std::string stderr_tail;
-  std::string error_message;
-  int64_t time_us = 0;
-};
-
-// "SIGSEGV" for 11; "signal 77" for a number without a name.
-std::string SignalName(int sig);
-
-// One line naming the failure for users: who (rank, local rank, node, host) and how (exit code
-// or signal), e.g. "rank 4 (local rank 0, node 2) on n3 exited with code 3".
-std::string DescribeFailure(const FailureInfo& failure);
-
-struct AbortEvent {
-  std::optional<FailureInfo> first_failure;
-  std::string reason;
-  int32_t exit_code = 1;
-};
-
-// The abort that a failure causes: it names the failure, and its exit code is the failure's.
-AbortEvent AbortFor(const FailureInfo& failure);
-
-// The abort that losing a running agent causes, e.g. "lost contact with the agent on n2 (node 1,
-// ranks 2-3)"; exit code 1.
-AbortEvent AbortForLostAgent(const std::string& host, int32_t group_rank, int32_t first_rank,
-                             int32_t last_rank);
-
-// Whether `abort` ended a job because one of its agents went away (killed, its node down).
-bool IsLostAgent(const AbortEvent& abort);
 
 using Event = std::variant<ProgressEvent, AssignmentEvent, AbortEvent>;
 
@@ -132,26 +64,6 @@ struct StateOptions {
   Micros resume_window = 30'000'000;
 };
 
-struct AgentStatusView {
-  std::string agent_id;
-  std::string host;
-  int64_t node_index = -1;
-  int32_t nproc = 0;
-  int32_t rank_offset = -1;
-  std::string state;
-};
-
-struct JobStatusView {
-  std::string job_id;
-  int32_t round = 0;
-  std::string state;
-  int32_t joined = 0;
-  int32_t min_agents = 0;
-  int32_t max_agents = 0;
-  int32_t world_size = 0;
-  std::vector<AgentStatusView> agents;
-};
-
 class RendezvousState {
  public:
   explicit RendezvousState(StateOptions options = {});
@@ -163,13 +75,18 @@ class RendezvousState {
   // duplicate node rank) comes back as a Close of `stream` in `out`. With `spec.resume` the
   // agent asks back into the round it runs in: it gets that assignment again, the job's Abort
   // if the job ended, or a refusal if the job moved on to another round.
-  void Join(Micros now, StreamId stream, const JoinSpec& spec, Decisions& out);
+  void Join(Micros now, StreamId stream, const JoinSpec& spec, const CallerInfo& caller,
+            Decisions& out);
+  void Join(Micros now, StreamId stream, const JoinSpec& spec, Decisions& out) {
+    Join(now, stream, spec, CallerInfo{}, out);
+  }
 
   // `stream` ended from the agent's side (cancelled, deadline, connection lost).
   void StreamClosed(Micros now, StreamId stream, Decisions& out);
 
-  // An agent's worker failed. Ends the job unless it already ended; returns the job's first
-  // failure (which may be an earlier one from another agent). NotFound for an unknown job.
+  // An agent's worker failed, or the agent was told to stop. Ends the job unless it already
+  // ended; returns the job's first failure (which may be an earlier one from another agent).
+  // NotFound for an unknown job or agent; InvalidArgument for a failure of another cause.
   absl::StatusOr<AbortEvent> ReportFailure(Micros now, const std::string& job_id,
                                            const std::string& agent_id, const FailureInfo& failure,
                                            Decisions& out);
@@ -194,7 +111,8 @@ class RendezvousState {
   void CompleteRound(Job& job, Decisions& out);
   void EndJob(Job& job, Micros now, AbortEvent abort, Decisions& out);
   void OpenRound(Job& job, const JoinSpec& spec);
-  void Resume(Micros now, StreamId stream, const JoinSpec& spec, Decisions& out);
+  void Resume(Micros now, StreamId stream, const JoinSpec& spec, const CallerInfo& caller,
+              Decisions& out);
   // Makes `stream` the member's (detaching any earlier one).
   void Attach(Job& job, Member& member, StreamId stream);
   void Detach(Job& job, Member& member);

@@ -625,7 +625,7 @@ TEST_F(RunningJobTest, FailureAbortsEveryOtherMember) {
     EXPECT_EQ(a.first_failure->stderr_tail, "Traceback: boom");
     EXPECT_EQ(a.exit_code, 7);
     EXPECT_TRUE(absl::StrContains(a.reason, "n1")) << a.reason;
-    EXPECT_FALSE(IsLostAgent(a)) << a.reason;
+    EXPECT_EQ(a.cause, AbortCause::kWorkerFailed) << a.reason;
   }
   EXPECT_TRUE(EventsOf<AssignmentEvent>(d).empty());
   EXPECT_EQ(state_.Status("j").at(0).state, "ended");
@@ -666,7 +666,7 @@ TEST_F(RunningJobTest, LostAgentAbortsTheOthersNamingItsHost) {
     EXPECT_TRUE(absl::StrContains(a.reason, "n1")) << a.reason;
     EXPECT_FALSE(a.first_failure.has_value());
     EXPECT_NE(a.exit_code, 0);
-    EXPECT_TRUE(IsLostAgent(a)) << a.reason;
+    EXPECT_EQ(a.cause, AbortCause::kAgentLost) << a.reason;
   }
   // A failure reported afterwards learns how the job ended.
   Decisions later;

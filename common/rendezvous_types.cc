@@ -1,0 +1,77 @@
+#include "common/rendezvous_types.h"
+
+#include <string.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace rdzv {
+
+const char* AbortCauseName(AbortCause cause) {
+  switch (cause) {
+    case AbortCause::kUnspecified:
+      return "unspecified";
+    case AbortCause::kWorkerFailed:
+      return "worker_failed";
+    case AbortCause::kAgentSignalled:
+      return "agent_signalled";
+    case AbortCause::kAgentLost:
+      return "agent_lost";
+    case AbortCause::kServerLost:
+      return "server_lost";
+    case AbortCause::kResumeTimedOut:
+      return "resume_timed_out";
+  }
+  return "unspecified";
+}
+
+std::string SignalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  if (abbrev == nullptr) return absl::StrFormat("signal %d", sig);
+  return absl::StrCat("SIG", abbrev);
+}
+
+std::string DescribeFailure(const FailureInfo& f) {
+  switch (f.cause) {
+    case AbortCause::kWorkerFailed:
+      break;
+    case AbortCause::kAgentSignalled:
+      return absl::StrFormat("the agent on %s (node %d) received %s", f.host, f.group_rank,
+                             SignalName(f.signal));
+    default:
+      return absl::StrFormat("the agent on %s (node %d) failed (exit code %d)%s", f.host,
+                             f.group_rank, f.exit_code,
+                             f.error_message.empty() ? "" : absl::StrCat(": ", f.error_message));
+  }
+  std::string who = absl::StrFormat("rank %d (local rank %d, node %d) on %s", f.rank, f.local_rank,
+                                    f.group_rank, f.host);
+  if (f.signal != 0) {
+    return absl::StrFormat("%s was killed by %s (exit code %d)", who, SignalName(f.signal),
+                           f.exit_code);
+  }
+  if (f.exit_code == 127 && !f.error_message.empty()) {
+    return absl::StrFormat("%s could not start: %s", who, f.error_message);
+  }
+  return absl::StrFormat("%s exited with code %d", who, f.exit_code);
+}
+
+AbortEvent AbortFor(const FailureInfo& failure) {
+  AbortEvent abort;
+  abort.cause = failure.cause;
+  abort.first_failure = failure;
+  abort.exit_code = failure.exit_code != 0 ? failure.exit_code : 1;
+  abort.reason = DescribeFailure(failure);
+  return abort;
+}
+
+AbortEvent AbortForLostAgent(const std::string& host, int32_t group_rank, int32_t first_rank,
+                             int32_t last_rank) {
+  AbortEvent abort;
+  abort.cause = AbortCause::kAgentLost;
+  abort.reason = absl::StrFormat("lost contact with the agent on %s (node %d, ranks %d-%d)", host,
+                                 group_rank, first_rank, last_rank);
+  abort.exit_code = 1;
+  return abort;
+}
+
+}  // namespace rdzv
