@@ -20,39 +20,41 @@ bool IsDefault(const std::string& name) {
 
 std::string ErrorFilePath(const WorkerContext& ctx, int32_t local_index) {
   if (ctx.error_file_dir.empty()) return "";
-  return absl::StrCat(ctx.error_file_dir, "/error-", ctx.local_rank_offset + local_index, ".json");
+  return absl::StrCat(ctx.error_file_dir, "/error-",
+                      ctx.assignment.slot.local_rank_offset + local_index, ".json");
 }
 
 EnvList WorkerVariables(const WorkerContext& ctx, int32_t local_index) {
-  const int32_t rank = ctx.rank_offset + local_index;
+  const AssignmentEvent& a = ctx.assignment;
+  const int32_t rank = a.slot.rank_offset + local_index;
   const auto n = [](int64_t v) { return absl::StrCat(v); };
   EnvList vars = {
       {"RANK", n(rank)},
-      {"LOCAL_RANK", n(ctx.local_rank_offset + local_index)},
-      {"WORLD_SIZE", n(ctx.world_size)},
-      {"LOCAL_WORLD_SIZE", n(ctx.local_world_size)},
-      {"GROUP_RANK", n(ctx.group_rank)},
-      {"GROUP_WORLD_SIZE", n(ctx.group_world_size)},
-      {"NODE_RANK", n(ctx.group_rank)},
+      {"LOCAL_RANK", n(a.slot.local_rank_offset + local_index)},
+      {"WORLD_SIZE", n(a.world_size)},
+      {"LOCAL_WORLD_SIZE", n(a.slot.local_world_size)},
+      {"GROUP_RANK", n(a.slot.group_rank)},
+      {"GROUP_WORLD_SIZE", n(a.group_world_size)},
+      {"NODE_RANK", n(a.slot.group_rank)},
       {"ROLE_RANK", n(rank)},
-      {"ROLE_WORLD_SIZE", n(ctx.world_size)},
+      {"ROLE_WORLD_SIZE", n(a.world_size)},
       {"ROLE_NAME", ctx.role},
-      {"MASTER_ADDR", ctx.master_addr},
-      {"MASTER_PORT", n(ctx.master_port)},
+      {"MASTER_ADDR", a.master_addr},
+      {"MASTER_PORT", n(a.master_port)},
       {"TORCHELASTIC_RUN_ID", ctx.run_id},
-      {"TORCHELASTIC_RESTART_COUNT", n(ctx.restart_count)},
+      {"TORCHELASTIC_RESTART_COUNT", n(a.restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", n(ctx.max_restarts)},
       // The agent hosts no TCPStore: rank 0 creates it at MASTER_ADDR:MASTER_PORT.
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       {"RDZV_RUN_ID", ctx.run_id},
-      {"RDZV_ROUND", n(ctx.round)},
+      {"RDZV_ROUND", n(a.round)},
   };
   // A standalone agent keeps its rendezvous in-process: there is no server to name.
   if (!ctx.rdzv_endpoint.empty()) vars.emplace_back("RDZV_ENDPOINT", ctx.rdzv_endpoint);
   if (!ctx.error_file_dir.empty()) {
     vars.emplace_back("TORCHELASTIC_ERROR_FILE", ErrorFilePath(ctx, local_index));
   }
-  if (ctx.local_world_size > 1) vars.emplace_back("OMP_NUM_THREADS", "1");
+  if (a.slot.local_world_size > 1) vars.emplace_back("OMP_NUM_THREADS", "1");
   vars.emplace_back("NCCL_ASYNC_ERROR_HANDLING", "1");
   return vars;
 }

@@ -10,21 +10,16 @@
 #include <utility>
 #include <vector>
 
+#include "common/rendezvous_types.h"
+
 namespace rdzv {
 
+// Everything one agent's workers' environment is made of: the assignment of its round, and
+// what the agent itself adds.
 struct WorkerContext {
-  int32_t rank_offset = 0;
-  int32_t world_size = 1;
-  int32_t group_rank = 0;
-  int32_t group_world_size = 1;
-  int32_t local_rank_offset = 0;
-  int32_t local_world_size = 1;
+  AssignmentEvent assignment;
   int32_t nproc = 1;  // workers this agent runs
-  std::string master_addr;
-  int32_t master_port = 0;
-  int32_t restart_count = 0;
   int32_t max_restarts = 0;
-  int32_t round = 0;
   std::string run_id;
   std::string role = "default";
   std::string rdzv_endpoint;

@@ -40,18 +40,18 @@ Vars EntriesToMap(const std::vector<std::string>& entries) {
 // Node 1 of 3 in a job of 7 workers, running ranks 4 and 5 (the case of nproc {4,2,1}).
 WorkerContext SecondNode() {
   WorkerContext ctx;
-  ctx.rank_offset = 4;
-  ctx.world_size = 7;
-  ctx.group_rank = 1;
-  ctx.group_world_size = 3;
-  ctx.local_rank_offset = 0;
-  ctx.local_world_size = 2;
+  ctx.assignment.slot.rank_offset = 4;
+  ctx.assignment.world_size = 7;
+  ctx.assignment.slot.group_rank = 1;
+  ctx.assignment.group_world_size = 3;
+  ctx.assignment.slot.local_rank_offset = 0;
+  ctx.assignment.slot.local_world_size = 2;
   ctx.nproc = 2;
-  ctx.master_addr = "10.1.0.7";
-  ctx.master_port = 29517;
-  ctx.restart_count = 2;
+  ctx.assignment.master_addr = "10.1.0.7";
+  ctx.assignment.master_port = 29517;
+  ctx.assignment.restart_count = 2;
   ctx.max_restarts = 3;
-  ctx.round = 3;
+  ctx.assignment.round = 3;
   ctx.run_id = "job-42";
   ctx.role = "trainer";
   ctx.rdzv_endpoint = "head:29400";
@@ -61,15 +61,15 @@ WorkerContext SecondNode() {
 // The second of two tasks on a node in per-task mode: one worker, local rank 1.
 WorkerContext SecondTaskOnNode() {
   WorkerContext ctx;
-  ctx.rank_offset = 3;
-  ctx.world_size = 4;
-  ctx.group_rank = 1;
-  ctx.group_world_size = 2;
-  ctx.local_rank_offset = 1;
-  ctx.local_world_size = 2;
+  ctx.assignment.slot.rank_offset = 3;
+  ctx.assignment.world_size = 4;
+  ctx.assignment.slot.group_rank = 1;
+  ctx.assignment.group_world_size = 2;
+  ctx.assignment.slot.local_rank_offset = 1;
+  ctx.assignment.slot.local_world_size = 2;
   ctx.nproc = 1;
-  ctx.master_addr = "gpu001";
-  ctx.master_port = 40000;
+  ctx.assignment.master_addr = "gpu001";
+  ctx.assignment.master_port = 40000;
   ctx.run_id = "77.0";
   return ctx;
 }
@@ -157,12 +157,12 @@ INSTANTIATE_TEST_SUITE_P(Cases, WorkerVariablesTest,
 
 TEST(WorkerVariablesTest, OmpNumThreadsOnlyWhenTheNodeRunsSeveralWorkers) {
   WorkerContext alone;
-  alone.local_world_size = 1;
+  alone.assignment.slot.local_world_size = 1;
   alone.nproc = 1;
   EXPECT_FALSE(ToMap(WorkerVariables(alone, 0)).contains("OMP_NUM_THREADS"));
 
   WorkerContext shared = alone;
-  shared.local_world_size = 4;
+  shared.assignment.slot.local_world_size = 4;
   shared.nproc = 4;
   for (int32_t i = 0; i < 4; ++i) {
     EXPECT_EQ(ToMap(WorkerVariables(shared, i))["OMP_NUM_THREADS"], "1") << "local index " << i;
