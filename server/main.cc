@@ -10,6 +10,7 @@
 #include "absl/strings/string_view.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/process_env.h"
 #include "server/server.h"
 
 namespace {

@@ -3,10 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <chrono>
+#include <asio/post.hpp>
 #include <list>
 #include <optional>
-#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
@@ -17,63 +16,51 @@
 
 namespace rdzv {
 
-Clock SteadyClock() {
-  return [] {
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  };
-}
-
 // One agent's Join stream. gRPC allows one write in flight per stream, so events queue here
 // and go out one after another; a requested finish waits until the queue has drained. The queue
 // is a list: it is almost always empty, and an empty std::deque still costs half a KiB, which
 // thousands of idle streams pay.
 //
-// Events are queued under the service's lock, which fixes their order, but the write that sends
-// them is started after the lock is released (Push, then StartWrites): started from a thread
-// that is not gRPC's (the timer's), a write runs to the socket inline, and a broadcast to
-// thousands of streams would hold the lock, and every gRPC thread waiting for it, for as long.
-// A Push that asks for StartWrites holds the stream alive until that call is over.
+// Events and closes are queued under the service's lock, which fixes their order (Push,
+// PushClose), but the write or finish that sends them is started by a writer thread
+// (StartWrites): started from a thread that is not gRPC's, a write runs to the socket inline, and
+// a broadcast to thousands of streams would otherwise hold the lock, or a gRPC thread, for as
+// long. A Push that asks for StartWrites holds the stream alive until that call is over.
 //
 // Owned by gRPC: it deletes itself once OnDone has run and no StartWrites is pending.
 class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::JoinEvent> {
  public:
   JoinStream(RendezvousService* service, StreamId id) : service_(service), id_(id) {}
 
-  // Queues `event`. True when the caller must call StartWrites() (outside the service's lock).
+  // Queues `event`. True when the caller must have StartWrites() called (outside the service's
+  // lock).
   bool Push(v1::JoinEvent event) {
     absl::MutexLock lock(&mu_);
     if (finishing_) return false;
     queue_.push_back(std::move(event));
-    if (writing_) return false;
-    ++holds_;
-    return true;
+    return Hold();
   }
 
-  // Starts writing the queue unless a write is already in flight; ends the hold of a Push.
+  // Ends the stream with `status` once what is queued has been written. True when the caller
+  // must have StartWrites() called.
+  bool PushClose(const grpc::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (finishing_) return false;
+    finishing_ = true;
+    pending_finish_ = status;
+    return Hold();
+  }
+
+  // Starts writing the queue (or the finish) unless a write is already in flight; ends the hold
+  // of a Push.
   void StartWrites() {
     bool last;
     {
       absl::MutexLock lock(&mu_);
-      if (!writing_ && !queue_.empty()) {
-        writing_ = true;
-        StartWrite(&queue_.front());
-      }
+      if (!done_ && !writing_) WriteNextLocked();
       last = --holds_ == 0 && done_;
     }
     if (last) delete this;
-  }
-
-  void Close(const grpc::Status& status) {
-    absl::MutexLock lock(&mu_);
-    if (finishing_) return;
-    finishing_ = true;
-    if (queue_.empty()) {
-      Finish(status);
-    } else {
-      pending_finish_ = status;
-    }
   }
 
   void OnWriteDone(bool ok) override {
@@ -85,20 +72,10 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
       queue_.clear();
       if (!finishing_) {
         finishing_ = true;
-        Finish(grpc::Status::CANCELLED);
-      } else if (pending_finish_) {
-        Finish(*pending_finish_);
+        pending_finish_ = grpc::Status::CANCELLED;
       }
-      pending_finish_.reset();
-      return;
     }
-    if (!queue_.empty()) {
-      writing_ = true;
-      StartWrite(&queue_.front());
-    } else if (pending_finish_) {
-      Finish(*pending_finish_);
-      pending_finish_.reset();
-    }
+    WriteNextLocked();
   }
 
   void OnCancel() override {
@@ -106,11 +83,8 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
       absl::MutexLock lock(&mu_);
       if (!finishing_) {
         finishing_ = true;
-        if (queue_.empty()) {
-          Finish(grpc::Status::CANCELLED);
-        } else {
-          pending_finish_ = grpc::Status::CANCELLED;
-        }
+        pending_finish_ = grpc::Status::CANCELLED;
+        if (!writing_ && queue_.empty()) WriteNextLocked();
       }
     }
     service_->StreamDone(id_);
@@ -128,19 +102,49 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
   }
 
  private:
+  bool Hold() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_) return false;  // OnWriteDone goes on with the queue
+    ++holds_;
+    return true;
+  }
+
+  // The next write, or the finish once the queue is empty and one was asked for.
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    if (!queue_.empty()) {
+      writing_ = true;
+      StartWrite(&queue_.front());
+    } else if (pending_finish_) {
+      finished_ = true;
+      Finish(*pending_finish_);
+      pending_finish_.reset();
+    }
+  }
+
   RendezvousService* const service_;
   const StreamId id_;
   absl::Mutex mu_;
   std::list<v1::JoinEvent> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;  // a finish is asked for: queue no more
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;   // Finish has been called
   std::optional<grpc::Status> pending_finish_ ABSL_GUARDED_BY(mu_);
   int holds_ ABSL_GUARDED_BY(mu_) = 0;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// A broadcast's writes, spread over the writer threads: a round's assignment or a job's abort
+// to thousands of agents is thousands of writes of a few dozen microseconds each, and the last
+// agent hears it sooner when several threads share them (10,000 agents on two cores: an abort
+// reached all in about 480 ms from one thread, about 390 ms from four).
+constexpr size_t kWriterThreads = 4;
+constexpr size_t kWritesPerTask = 1024;
+
 RendezvousService::RendezvousService(Clock clock, ServiceOptions options)
-    : clock_(std::move(clock)), options_(std::move(options)), state_(options_.state) {}
+    : clock_(std::move(clock)),
+      options_(std::move(options)),
+      state_(options_.state),
+      writer_pool_(kWriterThreads) {}
 
 RendezvousService::~RendezvousService() = default;
 
@@ -160,7 +164,7 @@ grpc::ServerWriteReactor<v1::JoinEvent>* RendezvousService::Join(
     grpc::CallbackServerContext* context, const v1::JoinRequest* request) {
   std::vector<JoinStream*> writers;
   JoinStream* stream = JoinLocked(context, request, writers);
-  StartWrites(writers);
+  StartWrites(std::move(writers));
   return stream;
 }
 
@@ -170,30 +174,30 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
   absl::MutexLock lock(&mu_);
   const StreamId id = next_stream_++;
   auto* stream = new JoinStream(this, id);
-  if (shut_down_) {
-    stream->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the rendezvous server is stopping"));
+  const auto refuse = [&](grpc::Status status) {
+    if (stream->PushClose(status)) writers.push_back(stream);
     return stream;
+  };
+  if (shut_down_) {
+    return refuse(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the rendezvous server is stopping"));
   }
   if (request->protocol_version() > kProtocolVersion) {
-    stream->Close(grpc::Status(
+    return refuse(grpc::Status(
         grpc::StatusCode::FAILED_PRECONDITION,
         absl::StrFormat("the client speaks protocol %d but this rdzvd only %d; upgrade rdzvd",
                         request->protocol_version(), kProtocolVersion)));
-    return stream;
   }
   if (!options_.only_job.empty() && request->job_id() != options_.only_job) {
-    stream->Close(grpc::Status(grpc::StatusCode::NOT_FOUND,
+    return refuse(grpc::Status(grpc::StatusCode::NOT_FOUND,
                                absl::StrFormat("this rdzv server hosts job %s, not %s",
                                                options_.only_job, request->job_id())));
-    return stream;
   }
   streams_.emplace(id, stream);
-  JoinSpec spec = FromProto(*request);
-  spec.peer_address = PeerAddress(context->peer());
+  const JoinSpec spec = FromProto(*request);
   SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", spec.job_id, spec.agent.agent_id,
                spec.agent.host, spec.agent.node_index, spec.agent.nproc);
   Decisions decisions;
-  state_.Join(clock_(), id, spec, decisions);
+  state_.Join(clock_(), id, spec, CallerInfo{PeerAddress(context->peer())}, decisions);
   Apply(decisions, writers);
   return stream;
 }
@@ -207,7 +211,7 @@ void RendezvousService::StreamDone(StreamId id) {
     state_.StreamClosed(clock_(), id, decisions);
     Apply(decisions, writers);
   }
-  StartWrites(writers);
+  StartWrites(std::move(writers));
 }
 
 void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& writers) {
@@ -222,35 +226,30 @@ void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& wr
     if (!close.status.ok() && close.status.code() != absl::StatusCode::kAborted) {
       if (options_.log_jobs) spdlog::info("refused a join: {}", close.status.message());
     }
-    it->second->Close(ToGrpcStatus(close.status));
+    if (it->second->PushClose(ToGrpcStatus(close.status))) writers.push_back(it->second);
     // The stream is finished from our side: the state already forgot it.
     streams_.erase(it);
   }
 }
 
-void RendezvousService::StartWrites(const std::vector<JoinStream*>& writers) {
-  // A started write runs to the socket on the calling thread: a round's assignment or a job's
-  // abort to thousands of agents is thousands of writes of a few dozen microseconds each. Spread
-  // over a few threads, the last agent hears it sooner (10,000 agents on two cores: an abort
-  // reached all in about 480 ms from one thread, about 390 ms from four). Each thread lives for
-  // one broadcast; broadcasts that size come once or twice a round.
-  constexpr size_t kPerThread = 1024;
-  constexpr size_t kMaxThreads = 4;
-  const size_t threads = std::min(kMaxThreads, (writers.size() + kPerThread - 1) / kPerThread);
-  if (threads <= 1) {
-    for (JoinStream* stream : writers) stream->StartWrites();
+void RendezvousService::StartWrites(std::vector<JoinStream*> writers) {
+  if (writers.empty()) return;
+  const size_t tasks =
+      std::min(kWriterThreads, (writers.size() + kWritesPerTask - 1) / kWritesPerTask);
+  if (tasks <= 1) {
+    asio::post(writer_pool_, [writers = std::move(writers)] {
+      for (JoinStream* stream : writers) stream->StartWrites();
+    });
     return;
   }
-  const size_t chunk = (writers.size() + threads - 1) / threads;
-  const auto write_chunk = [&writers, chunk](size_t t) {
-    const size_t end = std::min(writers.size(), (t + 1) * chunk);
-    for (size_t i = t * chunk; i < end; ++i) writers[i]->StartWrites();
-  };
-  std::vector<std::thread> helpers;
-  helpers.reserve(threads - 1);
-  for (size_t t = 1; t < threads; ++t) helpers.emplace_back(write_chunk, t);
-  write_chunk(0);
-  for (std::thread& helper : helpers) helper.join();
+  const size_t chunk = (writers.size() + tasks - 1) / tasks;
+  for (size_t begin = 0; begin < writers.size(); begin += chunk) {
+    std::vector<JoinStream*> part(writers.begin() + begin,
+                                  writers.begin() + std::min(writers.size(), begin + chunk));
+    asio::post(writer_pool_, [part = std::move(part)] {
+      for (JoinStream* stream : part) stream->StartWrites();
+    });
+  }
 }
 
 grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerContext* context,
@@ -274,7 +273,7 @@ grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerCont
       Apply(decisions, writers);
     }
   }
-  StartWrites(writers);
+  StartWrites(std::move(writers));
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
@@ -290,7 +289,7 @@ grpc::ServerUnaryReactor* RendezvousService::Leave(grpc::CallbackServerContext* 
     state_.Leave(clock_(), request->job_id(), request->agent_id(), decisions);
     Apply(decisions, writers);
   }
-  StartWrites(writers);
+  StartWrites(std::move(writers));
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -317,17 +316,24 @@ void RendezvousService::Tick() {
     state_.Tick(clock_(), decisions);
     Apply(decisions, writers);
   }
-  StartWrites(writers);
+  StartWrites(std::move(writers));
 }
 
 void RendezvousService::Shutdown() {
-  absl::MutexLock lock(&mu_);
-  shut_down_ = true;
-  for (auto& [id, stream] : streams_) {
-    stream->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the rendezvous server is stopping"));
+  std::vector<JoinStream*> writers;
+  {
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+    const grpc::Status stopping(grpc::StatusCode::UNAVAILABLE, "the rendezvous server is stopping");
+    for (auto& [id, stream] : streams_) {
+      if (stream->PushClose(stopping)) writers.push_back(stream);
+    }
+    streams_.clear();
   }
-  streams_.clear();
+  StartWrites(std::move(writers));
 }
+
+void RendezvousService::StopWriters() { writer_pool_.join(); }
 
 size_t RendezvousService::open_streams() const {
   absl::MutexLock lock(&mu_);

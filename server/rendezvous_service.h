@@ -1,28 +1,30 @@
 // RendezvousService: the gRPC callback service that adapts rdzv.v1 calls into RendezvousState
 // events and carries out the decisions. A waiting Join is a stored reactor, not a thread, so
 // thousands of agents can wait at once. All state sits behind one mutex; no reaction blocks
-// beyond it, and the core's work per event is O(log n) except at round completion. Events are
-// queued on their streams under the mutex (which fixes their order) and written after it is
-// released, so that a broadcast to thousands of streams never holds it for the writes.
+// beyond it, and the core's work per event is O(log n) except at round completion.
 //
-// Thread-safe. Call Shutdown() before destroying the grpc::Server that serves it.
+// Events and closes are queued on their streams under the mutex (which fixes their order); the
+// writes that send them are started by a fixed pool of writer threads, never by a reaction nor
+// under the mutex, so that a broadcast to thousands of streams holds neither a gRPC thread nor
+// the lock. The pool's threads are made once, with the service.
+//
+// Thread-safe. Call Shutdown() before shutting down the grpc::Server that serves it, and
+// StopWriters() after that server has stopped, before destroying either.
 #ifndef RDZV_SERVER_RENDEZVOUS_SERVICE_H_
 #define RDZV_SERVER_RENDEZVOUS_SERVICE_H_
 
+#include <asio/thread_pool.hpp>
 #include <functional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/rendezvous_state.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
 
 namespace rdzv {
-
-// Microseconds on a monotonic clock; injected so that tests can drive time.
-using Clock = std::function<Micros()>;
-Clock SteadyClock();
 
 struct ServiceOptions {
   StateOptions state;
@@ -57,6 +59,10 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   // Ends every open stream with UNAVAILABLE and refuses new joins.
   void Shutdown();
 
+  // Waits for the writer threads to finish what they were given and stops them. Call it once
+  // the grpc::Server has stopped (its Wait() returned).
+  void StopWriters();
+
   // Streams still open (for tests and status logging).
   size_t open_streams() const;
 
@@ -65,11 +71,12 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
 
   JoinStream* JoinLocked(grpc::CallbackServerContext* context, const v1::JoinRequest* request,
                          std::vector<JoinStream*>& writers);
-  // Queues the decisions' events and closes streams; `writers` receives the streams whose
-  // writes the caller must start with StartWrites once mu_ is released.
+  // Queues the decisions' events and closes on their streams; `writers` receives the streams
+  // whose writes must be started with StartWrites once mu_ is released.
   void Apply(Decisions& decisions, std::vector<JoinStream*>& writers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartWrites(const std::vector<JoinStream*>& writers) ABSL_LOCKS_EXCLUDED(mu_);
+  // Hands the streams to the writer threads, which start their writes.
+  void StartWrites(std::vector<JoinStream*> writers) ABSL_LOCKS_EXCLUDED(mu_);
   void StreamDone(StreamId id);
 
   const Clock clock_;
@@ -79,6 +86,7 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   absl::flat_hash_map<StreamId, JoinStream*> streams_ ABSL_GUARDED_BY(mu_);
   StreamId next_stream_ ABSL_GUARDED_BY(mu_) = 1;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  asio::thread_pool writer_pool_;
 };
 
 }  // namespace rdzv

@@ -85,6 +85,7 @@ void Server::Shutdown() {
     grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     grpc_server_->Wait();
   }
+  service_->StopWriters();
   io_.stop();
   if (timer_thread_.joinable()) timer_thread_.join();
 }
