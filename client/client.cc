@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/grpc_status.h"
 #include "common/net.h"
 #include "common/proto_convert.h"
@@ -47,6 +48,18 @@ class LiveCallToken {
 
  private:
   const std::shared_ptr<LiveCalls> calls_;
+};
+
+// One unary call made with the callback API: it owns what the call needs until its callback
+// has run. The token is the first member, so that it goes last, after the context has let go
+// of the channel.
+template <typename Request, typename Response>
+struct UnaryCall {
+  explicit UnaryCall(std::shared_ptr<LiveCalls> calls) : token(std::move(calls)) {}
+  LiveCallToken token;
+  grpc::ClientContext context;
+  Request request;
+  Response response;
 };
 
 }  // namespace
@@ -175,6 +188,9 @@ struct Client::Impl {
 
   absl::Mutex mu;
   bool cancelled ABSL_GUARDED_BY(mu) = false;
+  // Bumped by every Join and by CancelJoin: a Join whose number is no longer current stops.
+  uint64_t join_generation ABSL_GUARDED_BY(mu) = 0;
+  bool joining ABSL_GUARDED_BY(mu) = false;
   std::shared_ptr<JoinCall> call ABSL_GUARDED_BY(mu);
   const std::shared_ptr<LiveCalls> live_calls = std::make_shared<LiveCalls>();
   std::string job_id ABSL_GUARDED_BY(mu);
@@ -251,11 +267,27 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
                                              absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   const v1::JoinRequest request = ToProto(spec);
+  uint64_t generation;
   {
     absl::MutexLock lock(&impl_->mu);
     impl_->job_id = spec.job_id;
     impl_->agent_id = spec.agent.agent_id;
+    generation = ++impl_->join_generation;
+    impl_->joining = true;
   }
+  struct EndJoining {
+    Impl* impl;
+    uint64_t generation;
+    ~EndJoining() {
+      absl::MutexLock lock(&impl->mu);
+      if (impl->join_generation == generation) impl->joining = false;
+    }
+  } end_joining{impl_.get(), generation};
+  // Cancel() or CancelJoin() (or a newer Join) ends this one.
+  const auto stopped = [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl_->mu) {
+    return impl_->cancelled || impl_->join_generation != generation;
+  };
+
   absl::Status last = absl::UnavailableError("not tried");
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   const auto unreachable = [&] {
@@ -268,7 +300,7 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
     std::shared_ptr<JoinCall> previous;
     {
       absl::MutexLock lock(&impl_->mu);
-      if (impl_->cancelled) return absl::CancelledError("join cancelled");
+      if (stopped()) return absl::CancelledError("join cancelled");
       previous = std::exchange(impl_->call, call);
     }
     if (previous) {
@@ -296,7 +328,12 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
     }
     {
       absl::MutexLock lock(&impl_->mu);
-      if (impl_->cancelled) return absl::CancelledError("join cancelled");
+      if (stopped()) return absl::CancelledError("join cancelled");
+    }
+    if (status->ok()) {
+      // The server ended the stream cleanly before any assignment: this agent left (Leave while
+      // joining) or the server let it go. Not a reason to retry.
+      return absl::AbortedError("the rendezvous server ended the join without an assignment");
     }
     const bool elsewhere = status->code() == absl::StatusCode::kNotFound;
     if (status->code() != absl::StatusCode::kUnavailable &&
@@ -319,42 +356,73 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
     const absl::Duration delay =
         std::min(left, BackoffDelay(impl_->options.backoff, attempt, unit(impl_->rng)));
     absl::MutexLock lock(&impl_->mu);
-    impl_->mu.AwaitWithTimeout(absl::Condition(&impl_->cancelled), delay);
+    impl_->mu.AwaitWithTimeout(absl::Condition(&stopped), delay);
   }
 }
 
 absl::StatusOr<AbortEvent> Client::ReportFailure(const FailureInfo& failure) {
-  v1::ReportExitRequest request;
+  absl::Notification answered;
+  absl::StatusOr<AbortEvent> result;
+  ReportFailureAsync(failure, [&](absl::StatusOr<AbortEvent> r) {
+    result = std::move(r);
+    answered.Notify();
+  });
+  answered.WaitForNotification();
+  return result;
+}
+
+void Client::ReportFailureAsync(const FailureInfo& failure,
+                                std::function<void(absl::StatusOr<AbortEvent>)> done) {
+  using Call = UnaryCall<v1::ReportExitRequest, v1::ReportExitResponse>;
+  auto* call = new Call(impl_->live_calls);
   {
     absl::MutexLock lock(&impl_->mu);
-    request.set_job_id(impl_->job_id);
-    request.set_agent_id(impl_->agent_id);
+    call->request.set_job_id(impl_->job_id);
+    call->request.set_agent_id(impl_->agent_id);
   }
-  *request.mutable_failure() = ToProto(failure);
-  v1::ReportExitResponse response;
-  grpc::ClientContext ctx;
-  impl_->SetDeadline(ctx);
-  grpc::Status s = impl_->stub()->ReportExit(&ctx, request, &response);
-  if (!s.ok()) return FromGrpcStatus(s);
-  return FromProto(response.abort());
+  *call->request.mutable_failure() = ToProto(failure);
+  impl_->SetDeadline(call->context);
+  impl_->stub()->async()->ReportExit(&call->context, &call->request, &call->response,
+                                     [call, done = std::move(done)](grpc::Status s) {
+                                       std::unique_ptr<Call> owned(call);
+                                       if (!s.ok()) {
+                                         done(FromGrpcStatus(s));
+                                       } else {
+                                         done(FromProto(owned->response.abort()));
+                                       }
+                                     });
 }
 
 absl::Status Client::Leave() {
-  v1::LeaveRequest request;
-  std::shared_ptr<JoinCall> call;
+  absl::Notification answered;
+  absl::Status result;
+  LeaveAsync([&](absl::Status s) {
+    result = std::move(s);
+    answered.Notify();
+  });
+  answered.WaitForNotification();
+  return result;
+}
+
+void Client::LeaveAsync(std::function<void(absl::Status)> done) {
+  using Call = UnaryCall<v1::LeaveRequest, v1::LeaveResponse>;
+  auto* call = new Call(impl_->live_calls);
+  std::shared_ptr<JoinCall> join;
   {
     absl::MutexLock lock(&impl_->mu);
-    request.set_job_id(impl_->job_id);
-    request.set_agent_id(impl_->agent_id);
-    call = impl_->call;
+    call->request.set_job_id(impl_->job_id);
+    call->request.set_agent_id(impl_->agent_id);
+    join = impl_->call;
   }
-  if (call) call->MarkLeaving();
-  v1::LeaveResponse response;
-  grpc::ClientContext ctx;
-  impl_->SetDeadline(ctx);
-  grpc::Status s = impl_->stub()->Leave(&ctx, request, &response);
-  if (call) call->Cancel();
-  return FromGrpcStatus(s);
+  // The server closes the event stream in answer; that end is no loss.
+  if (join) join->MarkLeaving();
+  impl_->SetDeadline(call->context);
+  impl_->stub()->async()->Leave(&call->context, &call->request, &call->response,
+                                [call, join, done = std::move(done)](grpc::Status s) {
+                                  std::unique_ptr<Call> owned(call);
+                                  if (join) join->Cancel();
+                                  done(FromGrpcStatus(s));
+                                });
 }
 
 absl::StatusOr<std::vector<JobStatusView>> Client::Status(const std::string& job_id) {
@@ -368,6 +436,21 @@ absl::StatusOr<std::vector<JobStatusView>> Client::Status(const std::string& job
   std::vector<JobStatusView> jobs;
   for (const v1::JobStatus& j : response.jobs()) jobs.push_back(FromProto(j));
   return jobs;
+}
+
+void Client::CancelJoin() {
+  std::shared_ptr<JoinCall> call;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    if (!impl_->joining) return;
+    ++impl_->join_generation;
+    impl_->joining = false;
+    call = impl_->call;
+  }
+  if (call) {
+    call->MarkLeaving();
+    call->Cancel();
+  }
 }
 
 void Client::Cancel() {

@@ -11,9 +11,11 @@
 // After Join returns, the client keeps the job's event stream open: the server uses it to see
 // that this agent is alive and to deliver an Abort when the job fails elsewhere (delivered to
 // Handlers::on_abort on a gRPC thread). Unreachable servers are retried with exponential
-// backoff and jitter until the join timeout.
+// backoff and jitter until the join timeout. client/local_endpoint.h finds the addresses and the
+// master port a JoinSpec needs.
 //
-// Thread-safe; Cancel() may be called from any thread to end a blocking Join early.
+// Thread-safe; Cancel() may be called from any thread to end a blocking Join early. No call
+// sequence crashes: every call, in any order, ends with a value or a status.
 #ifndef RDZV_CLIENT_CLIENT_H_
 #define RDZV_CLIENT_CLIENT_H_
 
@@ -25,7 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/backoff.h"
-#include "common/rendezvous_state.h"
+#include "common/rendezvous_types.h"
 
 namespace rdzv {
 
@@ -72,16 +74,28 @@ class Client {
   absl::StatusOr<AssignmentEvent> Join(const JoinSpec& spec, Handlers handlers,
                                        absl::Duration timeout);
 
-  // Reports a worker failure of this agent; returns the job's first failure.
+  // Reports a worker failure of this agent; returns the job's first failure. Blocks for up to
+  // rpc_timeout.
   absl::StatusOr<AbortEvent> ReportFailure(const FailureInfo& failure);
+  // The same without blocking: `done` runs on a gRPC thread (it must not block) once the server
+  // has answered or the call has failed.
+  void ReportFailureAsync(const FailureInfo& failure,
+                          std::function<void(absl::StatusOr<AbortEvent>)> done);
 
-  // Tells the server this agent is done and closes the event stream.
+  // Tells the server this agent is done and closes the event stream. Blocks for up to
+  // rpc_timeout; LeaveAsync does not, and runs `done` on a gRPC thread.
   absl::Status Leave();
+  void LeaveAsync(std::function<void(absl::Status)> done);
 
   // A snapshot of one job (or all, for an empty id).
   absl::StatusOr<std::vector<JobStatusView>> Status(const std::string& job_id);
 
-  // Ends a Join in progress (it returns Cancelled) and closes the event stream.
+  // Ends a Join in progress, if any (it returns Cancelled); later Joins work as usual. The event
+  // stream of a Join that has returned stays open.
+  void CancelJoin();
+
+  // Ends a Join in progress (it returns Cancelled) and closes the event stream, for good: later
+  // Joins return Cancelled at once.
   void Cancel();
 
  private:

@@ -9,6 +9,8 @@
 #include <string>
 
 #include "client/client.h"
+#include "client/local_endpoint.h"
+#include "common/net.h"
 
 int main(int argc, char** argv) {
   if (argc != 6) {
@@ -31,8 +33,18 @@ int main(int argc, char** argv) {
   spec.agent.nproc = std::atoi(argv[5]);
   spec.agent.host = "launcher-" + std::string(argv[4]);
   spec.agent.agent_id = spec.agent.host + ":" + std::to_string(getpid());
-  spec.addresses = {"127.0.0.1"};
-  spec.master_port = 29500;
+  // This host's addresses as the other nodes see it (the route toward the server), and a free
+  // port for rank 0's TCPStore, held until the workers start.
+  absl::StatusOr<rdzv::HostPort> server = rdzv::ParseHostPort(options.endpoint, 29400);
+  if (!server.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(server.status().message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<rdzv::ReservedPort> master_port = rdzv::PrepareLocalEndpoint(spec, server->host);
+  if (!master_port.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(master_port.status().message()).c_str());
+    return 1;
+  }
 
   rdzv::Handlers handlers;
   handlers.on_abort = [](const rdzv::AbortEvent& abort) {
@@ -43,6 +55,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "join failed: %s\n", std::string(a.status().message()).c_str());
     return 1;
   }
+  master_port->Release();
   // Start workers here: worker i gets RANK a->slot.rank_offset + i and
   // LOCAL_RANK a->slot.local_rank_offset + i, WORLD_SIZE a->world_size, and the master endpoint.
   std::printf("node %d/%d ranks %d..%d of %d local_world_size %d master %s:%d\n",
