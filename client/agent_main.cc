@@ -12,6 +12,7 @@
 #include "client/agent.h"
 #include "client/agent_options.h"
 #include "common/logging.h"
+#include "common/process_env.h"
 
 namespace {
 
@@ -68,7 +69,8 @@ int main(int argc, char** argv) {
   if (absl::Status s = rdzv::SetUpLogging("rdzv-agent", flags->log_level); !s.ok()) {
     return Fail(s.message(), kUsageError);
   }
-  absl::StatusOr<rdzv::AgentConfig> config = rdzv::ResolveAgentConfig(*flags, env, HostName());
+  absl::StatusOr<rdzv::AgentConfig> config =
+      rdzv::ResolveAgentConfig(*flags, env, {HostName(), getpid()});
   if (!config.ok()) return Fail(config.status().message(), kUsageError);
   rdzv::Agent agent(std::move(*config), rdzv::NewPosixProcessLauncher());
   return agent.Run();

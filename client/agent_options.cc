@@ -1,7 +1,5 @@
 #include "client/agent_options.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 
 #include "absl/strings/match.h"
@@ -267,7 +265,7 @@ absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentC
           max_tasks_on_a_node));
     }
     c.mode = "slurm per-node";
-    c.min_agents = c.max_agents = slurm.num_nodes;
+    c.join.min_agents = c.join.max_agents = slurm.num_nodes;
   } else {
     if (flags.nproc_per_node.value_or(1) != 1) {
       return absl::InvalidArgumentError(
@@ -275,19 +273,22 @@ absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentC
           "per node (srun --ntasks-per-node=1) to start several workers per agent");
     }
     c.mode = "slurm per-task";
-    c.nproc = 1;
-    c.order = slurm.proc_id;
+    c.join.agent.nproc = 1;
+    c.join.agent.order = slurm.proc_id;
     const int tasks = slurm.num_tasks > 0 ? slurm.num_tasks : slurm.num_nodes;
-    c.min_agents = c.max_agents = tasks;
+    c.join.min_agents = c.join.max_agents = tasks;
   }
   if (flags.nnodes_max &&
-      (*flags.nnodes_min != c.min_agents || *flags.nnodes_max != c.max_agents)) {
+      (*flags.nnodes_min != c.join.min_agents || *flags.nnodes_max != c.join.max_agents)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--nnodes %d:%d contradicts the Slurm step, which runs %d %s; drop --nnodes inside srun",
-        *flags.nnodes_min, *flags.nnodes_max, c.max_agents, mode == "node" ? "nodes" : "tasks"));
+        *flags.nnodes_min, *flags.nnodes_max, c.join.max_agents,
+        mode == "node" ? "nodes" : "tasks"));
   }
-  if (!flags.node_rank) c.node_index = slurm.node_id;
-  if (flags.rdzv_id.empty()) c.job_id = absl::StrCat("slurm-", slurm.job_id, ".", slurm.step_id);
+  if (!flags.node_rank) c.join.agent.node_index = slurm.node_id;
+  if (flags.rdzv_id.empty()) {
+    c.join.job_id = absl::StrCat("slurm-", slurm.job_id, ".", slurm.step_id);
+  }
 
   if (!flags.rdzv_endpoint.empty()) return absl::OkStatus();
   if (slurm.nodes.empty()) {
@@ -309,24 +310,22 @@ absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentC
 }  // namespace
 
 absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const EnvLookup& env,
-                                               const std::string& hostname) {
+                                               const LocalProcess& self) {
   AgentConfig c;
-  c.max_restarts = flags.max_restarts;
-  c.master_addr = flags.master_addr;
-  c.master_port = flags.master_port;
+  c.join.job_id = flags.rdzv_id;
+  c.join.agent.host =
+      !flags.host_name.empty() ? flags.host_name : env("SLURMD_NODENAME").value_or(self.hostname);
+  c.join.agent.node_index = flags.node_rank.value_or(-1);
+  c.join.max_restarts = flags.max_restarts;
+  c.join.master_addr_override = flags.master_addr;
+  c.join.master_port_override = flags.master_port;
+  c.join.last_call = absl::ToInt64Microseconds(flags.last_call);
   c.join_timeout = flags.join_timeout;
-  c.last_call = flags.last_call;
   c.term_timeout = flags.term_timeout;
   c.reconnect_timeout = flags.reconnect_timeout.value_or(
       flags.rdzv_endpoint.empty() ? absl::ZeroDuration() : absl::Seconds(30));
-  c.rank_prefix = flags.rank_prefix;
-  c.log_dir = flags.log_dir;
-  c.tee = flags.tee;
-  c.local_ranks_filter = flags.local_ranks_filter;
+  c.output = {flags.rank_prefix, flags.log_dir, flags.tee, flags.local_ranks_filter};
   c.command = flags.command;
-  c.node_index = flags.node_rank.value_or(-1);
-  c.host = !flags.host_name.empty() ? flags.host_name : env("SLURMD_NODENAME").value_or(hostname);
-  c.job_id = flags.rdzv_id;
 
   if (c.command.empty()) {
     return absl::InvalidArgumentError(
@@ -339,7 +338,7 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
 
   absl::StatusOr<std::optional<SlurmEnv>> slurm = ParseSlurmEnv(env);
   if (!slurm.ok()) return slurm.status();
-  c.nproc = flags.nproc_per_node.value_or(DefaultNproc(*slurm, env));
+  c.join.agent.nproc = flags.nproc_per_node.value_or(DefaultNproc(*slurm, env));
 
   if (flags.standalone) {
     if (!flags.rdzv_endpoint.empty()) {
@@ -354,8 +353,8 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
     c.embedded_server = true;
     c.embedded_listen_host = "127.0.0.1";
     c.embedded_ports = {0};
-    if (c.job_id.empty()) c.job_id = absl::StrCat("standalone-", getpid());
-    c.node_index = 0;
+    if (c.join.job_id.empty()) c.join.job_id = absl::StrCat("standalone-", self.pid);
+    c.join.agent.node_index = 0;
     return c;
   }
 
@@ -386,12 +385,12 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
           "give all agents of one job the same id, e.g. --rdzv-id exp1");
     }
     c.mode = "explicit";
-    c.min_agents = *flags.nnodes_min;
-    c.max_agents = *flags.nnodes_max;
-    if (c.node_index >= c.max_agents) {
+    c.join.min_agents = *flags.nnodes_min;
+    c.join.max_agents = *flags.nnodes_max;
+    if (c.join.agent.node_index >= c.join.max_agents) {
       return absl::InvalidArgumentError(
           absl::StrFormat("--node-rank %d is out of range for --nnodes %d; expected 0..%d",
-                          c.node_index, c.max_agents, c.max_agents - 1));
+                          c.join.agent.node_index, c.join.max_agents, c.join.max_agents - 1));
     }
     return c;
   }

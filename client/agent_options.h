@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/env.h"
+#include "common/rendezvous_types.h"
 
 namespace rdzv {
 
@@ -50,9 +51,21 @@ absl::StatusOr<AgentFlags> ParseAgentFlags(const std::vector<std::string>& args,
 
 std::string AgentHelp();
 
+// Where worker output goes: one file per rank in log_dir (when set), and on the console when
+// there is no log_dir or with tee, for the local ranks in local_ranks_filter (all when empty).
+struct OutputOptions {
+  bool rank_prefix = true;
+  std::string log_dir;
+  bool tee = false;
+  std::vector<int32_t> local_ranks_filter;
+};
+
 // What the agent does, all decided.
 struct AgentConfig {
-  std::string job_id;
+  std::string mode;  // "standalone", "explicit", "slurm per-node" or "slurm per-task"
+  // What this agent asks of the rendezvous, except what only the running agent knows (its agent
+  // id, its addresses and master port): the job id, this node, the job's size and policies.
+  JoinSpec join;
   // Where the rendezvous server is: a host name or address, and the ports it may listen on,
   // tried in order. The agent that hosts the server uses the host only to learn its own
   // address as the other nodes see it.
@@ -63,33 +76,23 @@ struct AgentConfig {
   bool embedded_server = false;
   std::string embedded_listen_host;
   std::vector<int> embedded_ports;
-  std::string mode;  // "standalone", "explicit", "slurm per-node" or "slurm per-task"
-  int32_t min_agents = 1;
-  int32_t max_agents = 1;
-  int32_t nproc = 1;
-  int64_t node_index = -1;
-  int64_t order = -1;
-  std::string host;
-  int32_t max_restarts = 0;
-  std::string master_addr;
-  int32_t master_port = 0;
   absl::Duration join_timeout;
-  absl::Duration last_call;
   absl::Duration term_timeout;
   // After losing the server mid-job: how long the workers go on while the agent rejoins. Zero
   // stops them at once (the default when the server lives in an agent, as it cannot come back).
   absl::Duration reconnect_timeout;
-  bool rank_prefix = true;
-  // Worker output: one file per rank in log_dir (when set), and on the console when there is
-  // no log_dir or with tee, for the local ranks in local_ranks_filter (all when empty).
-  std::string log_dir;
-  bool tee = false;
-  std::vector<int32_t> local_ranks_filter;
+  OutputOptions output;
   std::vector<std::string> command;
 };
 
+// What ResolveAgentConfig needs to know about the process it configures.
+struct LocalProcess {
+  std::string hostname;  // used when nothing better names this node
+  int64_t pid = 0;       // names a standalone job
+};
+
 // Fills in what the flags leave open: from --standalone, from RDZV_ENDPOINT, or from Slurm's
-// variables. `hostname` is this machine's name (used when nothing better is known).
+// variables.
 //
 // Inside an srun step the job id is Slurm's job and step id, the node index SLURM_NODEID and
 // the agent count the step's node count (per-node mode) or task count (per-task mode, where
@@ -103,7 +106,7 @@ inline constexpr int kEmbeddedPortCandidates = 8;
 int DerivedPort(absl::string_view job_id, absl::string_view step_id);
 
 absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const EnvLookup& env,
-                                               const std::string& hostname);
+                                               const LocalProcess& self);
 
 }  // namespace rdzv
 

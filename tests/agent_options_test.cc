@@ -22,7 +22,7 @@ absl::StatusOr<AgentConfig> Resolve(const std::vector<std::string>& args, const 
   const EnvLookup lookup = EnvFromList(env);
   absl::StatusOr<AgentFlags> flags = ParseAgentFlags(args, lookup);
   if (!flags.ok()) return flags.status();
-  return ResolveAgentConfig(*flags, lookup, kHostname);
+  return ResolveAgentConfig(*flags, lookup, {kHostname, 4242});
 }
 
 TEST(AgentOptionsTest, StandaloneDefaults) {
@@ -32,19 +32,19 @@ TEST(AgentOptionsTest, StandaloneDefaults) {
   EXPECT_EQ(c->embedded_listen_host, "127.0.0.1");
   EXPECT_EQ(c->embedded_ports, std::vector<int>{0});
   EXPECT_EQ(c->rdzv_host, "");
-  EXPECT_TRUE(absl::StartsWith(c->job_id, "standalone-")) << c->job_id;
-  EXPECT_EQ(c->min_agents, 1);
-  EXPECT_EQ(c->max_agents, 1);
-  EXPECT_EQ(c->nproc, 1);
-  EXPECT_EQ(c->node_index, 0);
-  EXPECT_EQ(c->host, kHostname);
-  EXPECT_EQ(c->max_restarts, 0);
-  EXPECT_EQ(c->master_addr, "");
-  EXPECT_EQ(c->master_port, 0);
+  EXPECT_TRUE(absl::StartsWith(c->join.job_id, "standalone-")) << c->join.job_id;
+  EXPECT_EQ(c->join.min_agents, 1);
+  EXPECT_EQ(c->join.max_agents, 1);
+  EXPECT_EQ(c->join.agent.nproc, 1);
+  EXPECT_EQ(c->join.agent.node_index, 0);
+  EXPECT_EQ(c->join.agent.host, kHostname);
+  EXPECT_EQ(c->join.max_restarts, 0);
+  EXPECT_EQ(c->join.master_addr_override, "");
+  EXPECT_EQ(c->join.master_port_override, 0);
   EXPECT_EQ(c->join_timeout, absl::Minutes(10));
-  EXPECT_EQ(c->last_call, absl::Seconds(1));
+  EXPECT_EQ(c->join.last_call, absl::ToInt64Microseconds(absl::Seconds(1)));
   EXPECT_EQ(c->term_timeout, absl::Seconds(3));
-  EXPECT_TRUE(c->rank_prefix);
+  EXPECT_TRUE(c->output.rank_prefix);
   EXPECT_EQ(c->command, (std::vector<std::string>{"python", "train.py"}));
 }
 
@@ -55,14 +55,14 @@ TEST(AgentOptionsTest, StandaloneWithFlags) {
                "--rank-prefix=false", "--host-name", "node-a", "--", "torchrun-like", "--x"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->embedded_server);
-  EXPECT_EQ(c->job_id, "mine");
-  EXPECT_EQ(c->nproc, 4);
-  EXPECT_EQ(c->max_restarts, 2);
-  EXPECT_EQ(c->master_port, 29600);
+  EXPECT_EQ(c->join.job_id, "mine");
+  EXPECT_EQ(c->join.agent.nproc, 4);
+  EXPECT_EQ(c->join.max_restarts, 2);
+  EXPECT_EQ(c->join.master_port_override, 29600);
   EXPECT_EQ(c->join_timeout, absl::Seconds(90));
   EXPECT_EQ(c->term_timeout, absl::Milliseconds(500));
-  EXPECT_FALSE(c->rank_prefix);
-  EXPECT_EQ(c->host, "node-a");
+  EXPECT_FALSE(c->output.rank_prefix);
+  EXPECT_EQ(c->join.agent.host, "node-a");
   EXPECT_EQ(c->command, (std::vector<std::string>{"torchrun-like", "--x"}));
 }
 
@@ -74,12 +74,12 @@ TEST(AgentOptionsTest, Endpoint) {
   EXPECT_FALSE(c->embedded_server);
   EXPECT_EQ(c->rdzv_host, "head");
   EXPECT_EQ(c->rdzv_ports, std::vector<int>{29400});
-  EXPECT_EQ(c->job_id, "exp1");
-  EXPECT_EQ(c->min_agents, 3);
-  EXPECT_EQ(c->max_agents, 3);
-  EXPECT_EQ(c->node_index, 2);
-  EXPECT_EQ(c->nproc, 8);
-  EXPECT_EQ(c->host, kHostname);
+  EXPECT_EQ(c->join.job_id, "exp1");
+  EXPECT_EQ(c->join.min_agents, 3);
+  EXPECT_EQ(c->join.max_agents, 3);
+  EXPECT_EQ(c->join.agent.node_index, 2);
+  EXPECT_EQ(c->join.agent.nproc, 8);
+  EXPECT_EQ(c->join.agent.host, kHostname);
   EXPECT_EQ(c->command, (std::vector<std::string>{"python", "train.py", "--lr", "1e-3"}));
 }
 
@@ -87,16 +87,16 @@ TEST(AgentOptionsTest, EndpointWithoutNodeRankLeavesOrderToHostNames) {
   absl::StatusOr<AgentConfig> c =
       Resolve({"--rdzv-endpoint=head:29400", "--rdzv-id=exp1", "--nnodes=2", "--", "./run"});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->node_index, -1);
+  EXPECT_EQ(c->join.agent.node_index, -1);
 }
 
 TEST(AgentOptionsTest, ElasticNnodes) {
   absl::StatusOr<AgentConfig> c = Resolve({"--rdzv-endpoint", "head:29400", "--rdzv-id", "exp1",
                                            "--nnodes", "2:4", "--last-call", "5s", "--", "./run"});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->min_agents, 2);
-  EXPECT_EQ(c->max_agents, 4);
-  EXPECT_EQ(c->last_call, absl::Seconds(5));
+  EXPECT_EQ(c->join.min_agents, 2);
+  EXPECT_EQ(c->join.max_agents, 4);
+  EXPECT_EQ(c->join.last_call, absl::ToInt64Microseconds(absl::Seconds(5)));
 }
 
 TEST(AgentOptionsTest, VariablesApplyAndFlagsWin) {
@@ -108,9 +108,9 @@ TEST(AgentOptionsTest, VariablesApplyAndFlagsWin) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->rdzv_host, "head");
   EXPECT_EQ(c->rdzv_ports, std::vector<int>{29400});
-  EXPECT_EQ(c->job_id, "from-env");
-  EXPECT_EQ(c->max_agents, 2);
-  EXPECT_EQ(c->nproc, 2);
+  EXPECT_EQ(c->join.job_id, "from-env");
+  EXPECT_EQ(c->join.max_agents, 2);
+  EXPECT_EQ(c->join.agent.nproc, 2);
 }
 
 // After losing the server mid-job: an rdzvd may come back, so the workers go on while the agent
@@ -180,7 +180,7 @@ class AgentOptionsErrorTest : public testing::TestWithParam<ErrorCase> {};
 TEST_P(AgentOptionsErrorTest, RefusesWithAMessageThatSaysWhatToDo) {
   const ErrorCase& c = GetParam();
   absl::StatusOr<AgentConfig> config = Resolve(c.args);
-  ASSERT_FALSE(config.ok()) << "accepted; job " << config->job_id;
+  ASSERT_FALSE(config.ok()) << "accepted; job " << config->join.job_id;
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << config.status();
   for (const std::string& part : c.message_has) {
     EXPECT_TRUE(absl::StrContains(config.status().message(), part))

@@ -65,6 +65,7 @@
 #include "client/client.h"
 #include "common/env.h"
 #include "common/flags.h"
+#include "common/process_env.h"
 
 namespace rdzv::bench {
 namespace {

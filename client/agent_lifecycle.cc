@@ -1,0 +1,330 @@
+#include "client/agent_lifecycle.h"
+
+#include <signal.h>
+
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace rdzv {
+namespace {
+
+using agent_action::Log;
+
+// How long the hosting agent keeps its server up for the others after a failure: they need it
+// only to learn how the job ended and to stop their workers.
+constexpr absl::Duration kAwaitAfterFailure = absl::Seconds(5);
+
+Log Info(std::string text) { return {Log::kInfo, std::move(text)}; }
+Log Warn(std::string text) { return {Log::kWarn, std::move(text)}; }
+Log Error(std::string text) { return {Log::kError, std::move(text)}; }
+
+void Append(AgentActions& to, AgentActions more) {
+  for (AgentAction& a : more) to.push_back(std::move(a));
+}
+
+}  // namespace
+
+AgentLifecycle::AgentLifecycle(LifecycleOptions options) : options_(std::move(options)) {}
+
+AgentActions AgentLifecycle::Start() {
+  if (phase_ != Phase::kIdle) return {};
+  return JoinRound(std::nullopt);
+}
+
+AgentActions AgentLifecycle::JoinRound(std::optional<AssignmentEvent> resume) {
+  ++generation_;
+  resuming_ = resume.has_value();
+  if (!resuming_) phase_ = Phase::kJoining;
+  agent_action::Join join;
+  join.generation = generation_;
+  join.restart_count = restart_count_;
+  join.timeout = resuming_ ? options_.reconnect_timeout : options_.join_timeout;
+  join.resume = std::move(resume);
+  return {std::move(join)};
+}
+
+AgentActions AgentLifecycle::Joined(int32_t generation,
+                                    const absl::StatusOr<AssignmentEvent>& result) {
+  if (generation != generation_) return {};
+  if (resuming_) {
+    resuming_ = false;
+    // Stopping already: the job ended (an Abort on rejoining), a worker failed, or a signal.
+    if (phase_ != Phase::kRunning) return {};
+    if (result.ok()) {
+      return {Info(absl::StrFormat("job %s: back in touch with the rendezvous server at %s",
+                                   options_.job_id, options_.endpoint))};
+    }
+    return EndForLostServer(absl::StrFormat(
+        "lost the rendezvous server at %s and could not rejoin within %s (%s)", options_.endpoint,
+        absl::FormatDuration(options_.reconnect_timeout), result.status().message()));
+  }
+  if (phase_ != Phase::kJoining) {
+    // Given up while joining (a signal).
+    phase_ = Phase::kDone;
+    return {agent_action::Exit{exit_code_, false}};
+  }
+  if (!result.ok()) {
+    phase_ = Phase::kDone;
+    if (outcome_) {
+      // The job had already ended when this agent joined (it came back to a job that failed).
+      return {Error(RootCause(*outcome_)), agent_action::Exit{outcome_->exit_code, false}};
+    }
+    return {Error(absl::StrFormat("job %s: %s", options_.job_id, result.status().message())),
+            agent_action::Exit{1, false}};
+  }
+  assignment_ = *result;
+  restart_count_ = assignment_.restart_count;
+  const AssignmentEvent& a = assignment_;
+  AgentActions actions = {Info(absl::StrFormat(
+      "job %s round %d: node %d of %d, ranks %d-%d of %d, master %s:%d", options_.job_id, a.round,
+      a.slot.group_rank, a.group_world_size, a.slot.rank_offset,
+      a.slot.rank_offset + options_.nproc - 1, a.world_size, a.master_addr, a.master_port))};
+  if (outcome_) {
+    // The job ended elsewhere while this agent's assignment was on its way: start nothing.
+    phase_ = Phase::kStopping;
+    Append(actions, MaybeFinish());
+    return actions;
+  }
+  phase_ = Phase::kRunning;
+  workers_live_ = true;
+  actions.push_back(agent_action::StartWorkers{a});
+  return actions;
+}
+
+AgentActions AgentLifecycle::Progress(int32_t generation, const ProgressEvent& p) {
+  if (generation != generation_ || phase_ != Phase::kJoining) return {};
+  std::string missing;
+  if (!p.missing_node_indices.empty()) {
+    missing = absl::StrCat(
+        "; missing node ranks ", absl::StrJoin(p.missing_node_indices, ","),
+        p.missing_node_indices.size() < static_cast<size_t>(p.expected - p.joined) ? ",..." : "");
+  }
+  return {Info(absl::StrFormat(
+      "job %s: waiting for %d of %d %s (joined: %s%s%s)", options_.job_id, p.expected - p.joined,
+      p.expected, options_.per_task ? "tasks" : "nodes", absl::StrJoin(p.joined_hosts, ","),
+      p.joined > static_cast<int32_t>(p.joined_hosts.size()) ? ",..." : "", missing))};
+}
+
+AgentActions AgentLifecycle::Aborted(int32_t generation, const AbortEvent& abort) {
+  if (generation != generation_ || phase_ == Phase::kDone) return {};
+  outcome_ = abort;
+  if (phase_ == Phase::kRunning) return StopWorkers();
+  // While joining, the join ends with the abort too.
+  return {};
+}
+
+AgentActions AgentLifecycle::ServerLost(int32_t generation, const absl::Status& status) {
+  if (generation != generation_ || phase_ != Phase::kRunning) return {};
+  if (options_.reconnect_timeout <= absl::ZeroDuration()) {
+    return EndForLostServer(absl::StrFormat("lost the rendezvous server at %s (%s)",
+                                            options_.endpoint, status.message()));
+  }
+  AgentActions actions = {Warn(absl::StrFormat(
+      "job %s: lost the rendezvous server at %s (%s); the workers go on while this agent "
+      "reconnects, for up to %s",
+      options_.job_id, options_.endpoint, status.message(),
+      absl::FormatDuration(options_.reconnect_timeout)))};
+  Append(actions, JoinRound(assignment_));
+  return actions;
+}
+
+AgentActions AgentLifecycle::FailureAnswered(int32_t generation,
+                                             const absl::StatusOr<AbortEvent>& first) {
+  report_pending_ = false;
+  AgentActions actions;
+  if (!first.ok()) {
+    actions.push_back(Warn(absl::StrCat("could not report the failure to the rendezvous server: ",
+                                        first.status().message())));
+  } else if (generation == generation_ && phase_ != Phase::kDone) {
+    // The server's answer names the job's first failure, which may be another node's.
+    outcome_ = *first;
+  }
+  Append(actions, MaybeFinish());
+  return actions;
+}
+
+AgentActions AgentLifecycle::WorkersStartFailed(const absl::Status& status, int64_t now_us) {
+  if (phase_ != Phase::kRunning) return {};
+  FailureInfo f = NewFailure(now_us);
+  f.rank = assignment_.slot.rank_offset;
+  f.local_rank = assignment_.slot.local_rank_offset;
+  f.exit_code = 127;
+  f.error_message = std::string(status.message());
+  return Fail(f);
+}
+
+AgentActions AgentLifecycle::WorkerEnded(const WorkerEnd& end, int64_t now_us) {
+  if (end.exit.code() == 0 || phase_ != Phase::kRunning) return {};
+  FailureInfo f = NewFailure(now_us);
+  f.rank = end.rank;
+  f.local_rank = end.local_rank;
+  f.exit_code = end.exit.code();
+  f.signal = end.exit.signal;
+  f.stderr_tail = end.stderr_tail;
+  f.error_message = end.error_message;
+  return Fail(f);
+}
+
+AgentActions AgentLifecycle::AllWorkersDone() {
+  workers_live_ = false;
+  return MaybeFinish();
+}
+
+AgentActions AgentLifecycle::Signal(int sig, int64_t now_us) {
+  if (sig == SIGUSR1 || sig == SIGUSR2) return {agent_action::ForwardSignal{sig}};
+  // SIGINT, SIGTERM, SIGHUP: stop the job, everywhere.
+  switch (phase_) {
+    case Phase::kIdle:
+    case Phase::kJoining:
+      exit_code_ = 128 + sig;
+      phase_ = Phase::kStopping;
+      return {Warn(absl::StrCat(SignalName(sig), " while joining; giving up")),
+              agent_action::CancelJoin{}};
+    case Phase::kRunning: {
+      FailureInfo f = NewFailure(now_us);
+      f.cause = AbortCause::kAgentSignalled;
+      f.signal = sig;
+      f.exit_code = 128 + sig;
+      return Fail(f);
+    }
+    case Phase::kStopping:
+      return {Warn(absl::StrCat(SignalName(sig), " again: killing the workers now")),
+              agent_action::KillWorkers{}};
+    case Phase::kAwaitingOthers:
+      // Told to stop while keeping the server up for the others: stop now.
+      return Finish();
+    case Phase::kLeaving:
+    case Phase::kDone:
+      return {};
+  }
+  return {};
+}
+
+AgentActions AgentLifecycle::Left(const absl::Status& status) {
+  if (phase_ != Phase::kLeaving) return {};
+  AgentActions actions;
+  if (!status.ok()) {
+    actions.push_back(Log{Log::kDebug, absl::StrCat("leave: ", status.message())});
+  }
+  if (!options_.hosts_server) {
+    Append(actions, Finish());
+    return actions;
+  }
+  // The other agents reach the job's end through this process's server: keep it up until they
+  // have gone (after a failure, only as long as they need to stop their workers).
+  phase_ = Phase::kAwaitingOthers;
+  actions.push_back(agent_action::AwaitOthers{outcome_ ? options_.term_timeout + kAwaitAfterFailure
+                                                       : absl::InfiniteDuration()});
+  return actions;
+}
+
+AgentActions AgentLifecycle::OthersGone() {
+  if (phase_ != Phase::kAwaitingOthers) return {};
+  return Finish();
+}
+
+AgentActions AgentLifecycle::Fail(const FailureInfo& failure) {
+  outcome_ = AbortFor(failure);
+  report_pending_ = true;
+  AgentActions actions = {agent_action::ReportFailure{generation_, failure}};
+  Append(actions, StopWorkers());
+  return actions;
+}
+
+AgentActions AgentLifecycle::StopWorkers() {
+  phase_ = Phase::kStopping;
+  if (!workers_live_) return MaybeFinish();
+  return {agent_action::StopWorkers{outcome_ ? outcome_->reason : ""}};
+}
+
+AgentActions AgentLifecycle::EndForLostServer(std::string reason) {
+  AbortEvent abort;
+  abort.cause = AbortCause::kServerLost;
+  abort.reason = std::move(reason);
+  abort.exit_code = 1;
+  outcome_ = std::move(abort);
+  return StopWorkers();
+}
+
+AgentActions AgentLifecycle::MaybeFinish() {
+  if (phase_ != Phase::kRunning && phase_ != Phase::kStopping) return {};
+  // The workers first; and the server's answer to a failure report names the job's first
+  // failure, which is what the root cause must show.
+  if (workers_live_ || report_pending_) return {};
+  if (outcome_ && MayRestart(*outcome_)) return Restart();
+  AgentActions actions;
+  if (outcome_) {
+    actions.push_back(Error(RootCause(*outcome_)));
+  } else {
+    actions.push_back(Info(absl::StrFormat("job %s: all %d workers on %s succeeded",
+                                           options_.job_id, options_.nproc, options_.host)));
+  }
+  phase_ = Phase::kLeaving;
+  actions.push_back(agent_action::Leave{});
+  return actions;
+}
+
+bool AgentLifecycle::MayRestart(const AbortEvent& abort) const {
+  if (assignment_.restart_count >= options_.max_restarts) return false;
+  // A worker's failure, or (with --nnodes MIN:MAX) a lost node the others can go on without.
+  // A stop request (a signal to an agent) ends the job.
+  switch (abort.cause) {
+    case AbortCause::kWorkerFailed:
+      return true;
+    case AbortCause::kAgentLost:
+      return options_.elastic;
+    default:
+      return false;
+  }
+}
+
+AgentActions AgentLifecycle::Restart() {
+  AgentActions actions = {Warn(absl::StrFormat(
+      "job %s: restarting the workers (restart %d of %d) after: %s", options_.job_id,
+      assignment_.restart_count + 1, options_.max_restarts, outcome_->reason))};
+  outcome_.reset();
+  restart_count_ = assignment_.restart_count + 1;
+  Append(actions, JoinRound(std::nullopt));
+  return actions;
+}
+
+AgentActions AgentLifecycle::Finish() {
+  phase_ = Phase::kDone;
+  const bool lost_peer = outcome_ && (outcome_->cause == AbortCause::kAgentLost ||
+                                      outcome_->cause == AbortCause::kServerLost);
+  return {agent_action::Exit{outcome_ ? outcome_->exit_code : 0, lost_peer}};
+}
+
+FailureInfo AgentLifecycle::NewFailure(int64_t now_us) const {
+  FailureInfo f;
+  f.host = options_.host;
+  f.group_rank = assignment_.slot.group_rank;
+  f.time_us = now_us;
+  return f;
+}
+
+std::string AgentLifecycle::RootCause(const AbortEvent& abort) const {
+  std::string text = absl::StrFormat("job %s failed: %s", options_.job_id, abort.reason);
+  const auto block = [&text](absl::string_view title, absl::string_view body) {
+    absl::StrAppend(&text, "\n  ", title);
+    for (absl::string_view line : absl::StrSplit(body, '\n')) {
+      absl::StrAppend(&text, "\n    ", line);
+    }
+  };
+  if (const std::optional<FailureInfo>& f = abort.first_failure;
+      f && f->cause == AbortCause::kWorkerFailed) {
+    if (!f->error_message.empty() && !absl::StrContains(abort.reason, f->error_message)) {
+      block(absl::StrCat("rank ", f->rank, "'s error:"), f->error_message);
+    } else if (!f->stderr_tail.empty()) {
+      block(absl::StrCat("last lines of rank ", f->rank, "'s stderr:"), f->stderr_tail);
+    }
+  }
+  return text;
+}
+
+}  // namespace rdzv

@@ -1,0 +1,166 @@
+// AgentLifecycle: the agent's decisions as a pure state machine. It holds no clock, socket,
+// process or thread: the agent feeds it what happened (the join's result, a worker's end, a
+// signal, an abort from the rendezvous, the server lost) and carries out the actions it returns
+// (join, start or stop the workers, report a failure, leave, exit). Every policy lives here:
+// when the job has failed, what the root cause is, whether to restart, when to exit and with
+// which code.
+//
+// An agent goes Joining -> Running -> Stopping -> Leaving (-> AwaitingOthers, when it hosts the
+// server the others use) -> Done, and from Stopping back to Joining for a restart. Each join it
+// asks for carries a generation; events of an older generation (a replaced join's stream) are
+// ignored.
+//
+// Not thread-safe: the agent calls it from its event loop.
+#ifndef RDZV_CLIENT_AGENT_LIFECYCLE_H_
+#define RDZV_CLIENT_AGENT_LIFECYCLE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/worker_group.h"
+#include "common/rendezvous_types.h"
+
+namespace rdzv {
+
+struct LifecycleOptions {
+  std::string job_id;
+  std::string host;
+  int32_t nproc = 1;
+  int32_t max_restarts = 0;
+  // --nnodes MIN:MAX with MIN < MAX: a lost node is a restart, not the end.
+  bool elastic = false;
+  // Agents are tasks, not nodes (per-task mode), in messages.
+  bool per_task = false;
+  // This agent hosts the server the others use: it waits for them before it exits.
+  bool hosts_server = false;
+  std::string endpoint;  // the server, for messages
+  absl::Duration join_timeout = absl::Minutes(10);
+  absl::Duration reconnect_timeout = absl::ZeroDuration();
+  absl::Duration term_timeout = absl::Seconds(3);
+};
+
+// What the agent must do.
+namespace agent_action {
+
+// Join the job's current round (or, with `resume`, rejoin the round the workers run in).
+struct Join {
+  int32_t generation = 0;
+  int32_t restart_count = 0;
+  std::optional<AssignmentEvent> resume;
+  absl::Duration timeout;
+};
+struct StartWorkers {
+  AssignmentEvent assignment;
+};
+// SIGTERM to the workers, SIGKILL after the term timeout.
+struct StopWorkers {
+  std::string why;
+};
+struct KillWorkers {};
+struct ForwardSignal {
+  int signal = 0;
+};
+struct ReportFailure {
+  int32_t generation = 0;
+  FailureInfo failure;
+};
+struct CancelJoin {};
+struct Leave {};
+// Wait until no other agent is attached to this agent's server, or `limit` has passed.
+struct AwaitOthers {
+  absl::Duration limit;
+};
+struct Log {
+  enum Level { kDebug, kInfo, kWarn, kError };
+  Level level = kInfo;
+  std::string text;
+};
+struct Exit {
+  int code = 0;
+  // The job ended because an agent or the server was lost: stay a moment, so that what the
+  // other agents print still reaches the user (srun drops output once its last task exits).
+  bool linger = false;
+};
+
+}  // namespace agent_action
+
+using AgentAction =
+    std::variant<agent_action::Join, agent_action::StartWorkers, agent_action::StopWorkers,
+                 agent_action::KillWorkers, agent_action::ForwardSignal,
+                 agent_action::ReportFailure, agent_action::CancelJoin, agent_action::Leave,
+                 agent_action::AwaitOthers, agent_action::Log, agent_action::Exit>;
+using AgentActions = std::vector<AgentAction>;
+
+class AgentLifecycle {
+ public:
+  enum class Phase { kIdle, kJoining, kRunning, kStopping, kLeaving, kAwaitingOthers, kDone };
+
+  explicit AgentLifecycle(LifecycleOptions options);
+
+  // The agent starts: join.
+  AgentActions Start();
+
+  // The join of `generation` ended: an assignment, or why not (Cancelled after CancelJoin).
+  AgentActions Joined(int32_t generation, const absl::StatusOr<AssignmentEvent>& result);
+  // The round of `generation` is still filling.
+  AgentActions Progress(int32_t generation, const ProgressEvent& progress);
+  // The job of `generation` ended elsewhere.
+  AgentActions Aborted(int32_t generation, const AbortEvent& abort);
+  // The stream of `generation` to the server ended without Leave.
+  AgentActions ServerLost(int32_t generation, const absl::Status& status);
+  // The server answered the failure report of `generation` with the job's first failure.
+  AgentActions FailureAnswered(int32_t generation, const absl::StatusOr<AbortEvent>& first);
+
+  // StartWorkers failed part-way (the workers already started keep running); `now_us` is the
+  // wall time in microseconds since the epoch, for the failure's record.
+  AgentActions WorkersStartFailed(const absl::Status& status, int64_t now_us);
+  // A worker ended.
+  AgentActions WorkerEnded(const WorkerEnd& end, int64_t now_us);
+  // Every worker that StartWorkers started has ended and its output is forwarded.
+  AgentActions AllWorkersDone();
+
+  // The agent received `signal`.
+  AgentActions Signal(int signal, int64_t now_us);
+
+  // The Leave asked for has been answered (or failed).
+  AgentActions Left(const absl::Status& status);
+  // The wait of AwaitOthers is over.
+  AgentActions OthersGone();
+
+  Phase phase() const { return phase_; }
+  // The job's current outcome: why it is ending, once it is.
+  const std::optional<AbortEvent>& outcome() const { return outcome_; }
+
+ private:
+  AgentActions Fail(const FailureInfo& failure);
+  AgentActions StopWorkers();
+  AgentActions EndForLostServer(std::string reason);
+  AgentActions MaybeFinish();
+  AgentActions Restart();
+  AgentActions Finish();
+  AgentActions JoinRound(std::optional<AssignmentEvent> resume);
+  bool MayRestart(const AbortEvent& abort) const;
+  FailureInfo NewFailure(int64_t now_us) const;
+  std::string RootCause(const AbortEvent& abort) const;
+
+  const LifecycleOptions options_;
+  Phase phase_ = Phase::kIdle;
+  int32_t generation_ = 0;
+  bool resuming_ = false;       // the current join rejoins the running round
+  int32_t restart_count_ = 0;   // the round being joined or run
+  AssignmentEvent assignment_;  // of the round that runs (or ran)
+  std::optional<AbortEvent> outcome_;
+  bool workers_live_ = false;    // StartWorkers issued, AllWorkersDone not yet seen
+  bool report_pending_ = false;  // a ReportFailure has not been answered yet
+  int exit_code_ = 0;            // for a join given up on a signal
+};
+
+}  // namespace rdzv
+
+#endif  // RDZV_CLIENT_AGENT_LIFECYCLE_H_

@@ -1,0 +1,71 @@
+// WorkerOutput: forwards one worker's stdout and stderr, line by line, to the agent's console
+// (each line prefixed "[RANK]: "), to the rank's log file, or both, and keeps the last lines of
+// the worker's stderr for the root cause of a failure.
+//
+// It owns the read ends of the worker's pipes and its log file, and reads them on the agent's
+// io_context. Not thread-safe: use it from the thread that runs that io_context.
+#ifndef RDZV_CLIENT_OUTPUT_FORWARDER_H_
+#define RDZV_CLIENT_OUTPUT_FORWARDER_H_
+
+#include <array>
+#include <asio/io_context.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "client/agent_options.h"
+
+namespace rdzv {
+
+class WorkerOutput {
+ public:
+  // The output of the worker at `rank` / `local_rank`: opens its log file (appending) when
+  // options.log_dir is set. FailedPrecondition, naming the file, when it cannot be opened.
+  static absl::StatusOr<std::unique_ptr<WorkerOutput>> Open(asio::io_context& io,
+                                                            const OutputOptions& options,
+                                                            int32_t rank, int32_t local_rank);
+  ~WorkerOutput();
+  WorkerOutput(const WorkerOutput&) = delete;
+  WorkerOutput& operator=(const WorkerOutput&) = delete;
+
+  // Starts reading the worker's pipes (taking ownership of both fds). `on_closed` runs on the
+  // io_context once both have reached their end; the object may be destroyed from it.
+  void Start(int stdout_fd, int stderr_fd, std::function<void()> on_closed);
+
+  // Both pipes have ended (or were never started).
+  bool closed() const { return open_pipes_ == 0; }
+
+  // The last lines the worker wrote to stderr, oldest first.
+  std::string StderrTail() const;
+
+ private:
+  struct Pipe {
+    std::unique_ptr<asio::posix::stream_descriptor> stream;
+    std::array<char, 16384> buffer;
+    std::string partial;
+    int console_fd = -1;  // where its lines go on the console, -1 for nowhere
+    bool is_stderr = false;
+  };
+
+  WorkerOutput(OutputOptions options, int32_t rank, int log_fd);
+  void Read(Pipe& pipe);
+  void Emit(Pipe& pipe, absl::string_view data, bool eof);
+
+  const OutputOptions options_;
+  const int32_t rank_;
+  const int log_fd_;  // the rank's log file, -1 for none
+  asio::io_context* io_ = nullptr;
+  Pipe out_, err_;
+  int open_pipes_ = 0;
+  std::deque<std::string> err_tail_;
+  std::function<void()> on_closed_;
+};
+
+}  // namespace rdzv
+
+#endif  // RDZV_CLIENT_OUTPUT_FORWARDER_H_

@@ -1,0 +1,108 @@
+// WorkerGroup: the workers an agent runs in one round. It spawns them through a ProcessLauncher
+// (each behind its guard process), forwards their output (WorkerOutput), reaps them, and stops
+// them: SIGTERM, then SIGKILL after the term timeout for any still running.
+//
+// It reports through the callbacks given at construction, always posted to the io_context and
+// never called from inside one of its own methods, so that the owner may call back into the
+// group, or start a new round, from a callback. Not thread-safe: use it from the thread that runs
+// the io_context.
+#ifndef RDZV_CLIENT_WORKER_GROUP_H_
+#define RDZV_CLIENT_WORKER_GROUP_H_
+
+#include <sys/types.h>
+
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "client/agent_options.h"
+#include "client/output_forwarder.h"
+#include "client/process_launcher.h"
+
+namespace rdzv {
+
+// One worker to start.
+struct WorkerLaunch {
+  int32_t rank = 0;
+  int32_t local_rank = 0;
+  std::vector<std::string> env;  // "NAME=value", the whole environment
+  std::string error_file;        // torch's error file for this worker; "" for none
+  // Removed by the worker's guard should the agent die first (see ProcessSpec).
+  std::vector<std::string> remove_if_orphaned;
+};
+
+// How one worker ended.
+struct WorkerEnd {
+  int32_t rank = 0;
+  int32_t local_rank = 0;
+  ProcessExit exit;
+  // For a worker that failed (exit code not 0): the last lines of its stderr, and the message
+  // of its torch error file if it wrote one.
+  std::string stderr_tail;
+  std::string error_message;
+};
+
+class WorkerGroup {
+ public:
+  struct Callbacks {
+    std::function<void(const WorkerEnd&)> on_exit;
+    // Every worker of the latest Start has ended and its output has been forwarded.
+    std::function<void()> on_all_done;
+  };
+
+  // `launcher` must outlive the group.
+  WorkerGroup(asio::io_context& io, ProcessLauncher& launcher, OutputOptions output,
+              absl::Duration term_timeout, Callbacks callbacks);
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Starts one worker per entry of `workers`, each running `command`, in place of the workers
+  // of an earlier round (which must have ended). On an error the workers started before it keep
+  // running (Stop them); either way on_all_done follows once the ones that started have ended.
+  absl::Status Start(const std::vector<std::string>& command,
+                     const std::vector<WorkerLaunch>& workers);
+
+  // Collects the workers that have ended, without blocking (call it on SIGCHLD).
+  void Reap();
+
+  // SIGTERM to every running worker, then SIGKILL to those still running after the term
+  // timeout. Returns how many were signalled.
+  int Stop();
+
+  // SIGKILL to every running worker, now.
+  void Kill();
+
+  // Passes `sig` to every running worker; returns how many.
+  int Signal(int sig);
+
+ private:
+  struct Worker {
+    WorkerLaunch launch;
+    pid_t pid = -1;
+    std::optional<ProcessExit> exit;
+    std::unique_ptr<WorkerOutput> output;
+  };
+
+  void CheckDone();
+
+  asio::io_context& io_;
+  ProcessLauncher& launcher_;
+  const OutputOptions output_;
+  const absl::Duration term_timeout_;
+  const Callbacks callbacks_;
+  asio::steady_timer kill_timer_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  bool done_reported_ = true;
+};
+
+}  // namespace rdzv
+
+#endif  // RDZV_CLIENT_WORKER_GROUP_H_
