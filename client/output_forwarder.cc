@@ -69,6 +69,24 @@ void WorkerOutput::Start(int stdout_fd, int stderr_fd, std::function<void()> on_
 
 std::string WorkerOutput::StderrTail() const { return absl::StrJoin(err_tail_, "\n"); }
 
+void WorkerOutput::DrainAvailable() {
+  for (Pipe* pipe : {&out_, &err_}) {
+    if (!pipe->stream || !pipe->stream->is_open()) continue;
+    const int fd = pipe->stream->native_handle();
+    const int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || (!(flags & O_NONBLOCK) && fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0)) {
+      continue;
+    }
+    // Bounded: a worker's descendants may still be writing.
+    for (int i = 0; i < 64; ++i) {
+      const ssize_t n = read(fd, pipe->buffer.data(), pipe->buffer.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // empty for now, or the end, which the pending read will see too
+      Emit(*pipe, absl::string_view(pipe->buffer.data(), static_cast<size_t>(n)), false);
+    }
+  }
+}
+
 void WorkerOutput::Read(Pipe& pipe) {
   pipe.stream->async_read_some(
       asio::buffer(pipe.buffer), [this, &pipe](const std::error_code& ec, size_t n) {

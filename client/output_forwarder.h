@@ -40,6 +40,10 @@ class WorkerOutput {
   // Both pipes have ended (or were never started).
   bool closed() const { return open_pipes_ == 0; }
 
+  // Forwards what the worker has already written and the pipes hold, without waiting: a worker
+  // that has ended has written everything, but its pipes may not have been read yet.
+  void DrainAvailable();
+
   // The last lines the worker wrote to stderr, oldest first.
   std::string StderrTail() const;
 

@@ -68,6 +68,8 @@ void WorkerGroup::Reap() {
       end.local_rank = w->launch.local_rank;
       end.exit = e;
       if (e.code() != 0) {
+        // Its last words may still be in the pipe.
+        w->output->DrainAvailable();
         end.stderr_tail = w->output->StderrTail();
         end.error_message = ReadErrorFile(w->launch.error_file);
       }

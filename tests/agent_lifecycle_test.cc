@@ -1,0 +1,408 @@
+#include "client/agent_lifecycle.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace rdzv {
+namespace {
+
+namespace act = agent_action;
+
+// Times fed to the lifecycle: it keeps no clock of its own.
+constexpr int64_t kT0 = 1'700'000'000'000'000;
+constexpr int64_t kSecond = 1'000'000;
+
+LifecycleOptions Options() {
+  LifecycleOptions o;
+  o.job_id = "job1";
+  o.host = "n1";
+  o.nproc = 2;
+  o.endpoint = "head:29400";
+  o.join_timeout = absl::Minutes(10);
+  o.term_timeout = absl::Seconds(3);
+  return o;
+}
+
+// The assignment of node `group_rank` of two, in round `round` after `restarts` restarts.
+AssignmentEvent Assignment(int32_t group_rank, int32_t restarts = 0, int32_t round = 1) {
+  AssignmentEvent a;
+  a.round = round;
+  a.restart_count = restarts;
+  a.slot.group_rank = group_rank;
+  a.slot.rank_offset = 2 * group_rank;
+  a.slot.local_world_size = 2;
+  a.world_size = 4;
+  a.group_world_size = 2;
+  a.master_addr = "10.0.0.1";
+  a.master_port = 29500;
+  a.agents = 2;
+  return a;
+}
+
+WorkerEnd Ended(int32_t rank, int exit_status, int signal = 0) {
+  WorkerEnd e;
+  e.rank = rank;
+  e.local_rank = rank % 2;
+  e.exit.pid = 100 + rank;
+  e.exit.exit_status = exit_status;
+  e.exit.signal = signal;
+  if (exit_status != 0 || signal != 0) e.stderr_tail = "Traceback\nValueError: bad batch";
+  return e;
+}
+
+template <typename A>
+std::vector<A> All(const AgentActions& actions) {
+  std::vector<A> out;
+  for (const AgentAction& a : actions) {
+    if (const A* x = std::get_if<A>(&a)) out.push_back(*x);
+  }
+  return out;
+}
+
+template <typename A>
+std::optional<A> One(const AgentActions& actions) {
+  std::vector<A> all = All<A>(actions);
+  EXPECT_LE(all.size(), 1u);
+  if (all.empty()) return std::nullopt;
+  return all.front();
+}
+
+// Everything but log lines, by name, so that a mismatch shows the whole sequence.
+std::string Kinds(const AgentActions& actions) {
+  std::vector<std::string> kinds;
+  for (const AgentAction& a : actions) {
+    static constexpr const char* kNames[] = {"Join",        "StartWorkers",  "StopWorkers",
+                                             "KillWorkers", "ForwardSignal", "ReportFailure",
+                                             "CancelJoin",  "Leave",         "AwaitOthers",
+                                             "Log",         "Exit"};
+    if (!std::holds_alternative<act::Log>(a)) kinds.push_back(kNames[a.index()]);
+  }
+  return absl::StrJoin(kinds, ",");
+}
+
+std::string Logs(const AgentActions& actions) {
+  std::vector<std::string> lines;
+  for (const act::Log& l : All<act::Log>(actions)) lines.push_back(l.text);
+  return absl::StrJoin(lines, "\n");
+}
+
+// Drives a lifecycle from Start through a successful join of node `group_rank`.
+class Running {
+ public:
+  explicit Running(LifecycleOptions options = Options(), AssignmentEvent a = Assignment(0))
+      : life(std::move(options)) {
+    const std::optional<act::Join> join = One<act::Join>(life.Start());
+    EXPECT_TRUE(join.has_value());
+    generation = join ? join->generation : 0;
+    const AgentActions started = life.Joined(generation, a);
+    EXPECT_EQ(Kinds(started), "StartWorkers");
+  }
+  AgentLifecycle life;
+  int32_t generation = 0;
+};
+
+TEST(AgentLifecycleTest, SuccessfulJobStartsWorkersLeavesAndExitsZero) {
+  AgentLifecycle life(Options());
+  const AgentActions start = life.Start();
+  ASSERT_EQ(Kinds(start), "Join");
+  const act::Join join = *One<act::Join>(start);
+  EXPECT_EQ(join.restart_count, 0);
+  EXPECT_FALSE(join.resume.has_value());
+  EXPECT_EQ(join.timeout, absl::Minutes(10));
+  EXPECT_EQ(life.phase(), AgentLifecycle::Phase::kJoining);
+
+  const AgentActions joined = life.Joined(join.generation, Assignment(1));
+  ASSERT_EQ(Kinds(joined), "StartWorkers");
+  const act::StartWorkers start_workers = *One<act::StartWorkers>(joined);
+  EXPECT_EQ(start_workers.assignment.slot.rank_offset, 2);
+  EXPECT_EQ(start_workers.assignment.world_size, 4);
+  EXPECT_TRUE(absl::StrContains(Logs(joined), "node 1 of 2, ranks 2-3 of 4, master 10.0.0.1:29500"))
+      << Logs(joined);
+
+  EXPECT_EQ(Kinds(life.WorkerEnded(Ended(2, 0), kT0)), "");
+  EXPECT_EQ(Kinds(life.WorkerEnded(Ended(3, 0), kT0)), "");
+  const AgentActions done = life.AllWorkersDone();
+  EXPECT_EQ(Kinds(done), "Leave");
+  EXPECT_TRUE(absl::StrContains(Logs(done), "all 2 workers on n1 succeeded")) << Logs(done);
+  const AgentActions left = life.Left(absl::OkStatus());
+  ASSERT_EQ(Kinds(left), "Exit");
+  EXPECT_EQ(One<act::Exit>(left)->code, 0);
+  EXPECT_FALSE(One<act::Exit>(left)->linger);
+  EXPECT_EQ(life.phase(), AgentLifecycle::Phase::kDone);
+  EXPECT_FALSE(life.outcome().has_value());
+}
+
+TEST(AgentLifecycleTest, HostingAgentWaitsForTheOthersBeforeItExits) {
+  LifecycleOptions o = Options();
+  o.hosts_server = true;
+  Running r(o);
+  EXPECT_EQ(Kinds(r.life.AllWorkersDone()), "Leave");
+  const AgentActions left = r.life.Left(absl::OkStatus());
+  ASSERT_EQ(Kinds(left), "AwaitOthers");
+  EXPECT_EQ(One<act::AwaitOthers>(left)->limit, absl::InfiniteDuration());
+  const AgentActions gone = r.life.OthersGone();
+  ASSERT_EQ(Kinds(gone), "Exit");
+  EXPECT_EQ(One<act::Exit>(gone)->code, 0);
+}
+
+TEST(AgentLifecycleTest, WorkerFailureIsReportedAndTheServersFirstFailureIsTheRootCause) {
+  Running r;
+  const AgentActions failed = r.life.WorkerEnded(Ended(1, 3), kT0 + kSecond);
+  ASSERT_EQ(Kinds(failed), "ReportFailure,StopWorkers");
+  const act::ReportFailure report = *One<act::ReportFailure>(failed);
+  EXPECT_EQ(report.failure.cause, AbortCause::kWorkerFailed);
+  EXPECT_EQ(report.failure.rank, 1);
+  EXPECT_EQ(report.failure.exit_code, 3);
+  EXPECT_EQ(report.failure.host, "n1");
+  EXPECT_EQ(report.failure.time_us, kT0 + kSecond);
+  EXPECT_EQ(report.failure.stderr_tail, "Traceback\nValueError: bad batch");
+
+  // The workers are down, but the answer that names the job's first failure is not in yet.
+  EXPECT_EQ(Kinds(r.life.AllWorkersDone()), "");
+
+  // Another node's rank failed first: that is the root cause every agent shows.
+  FailureInfo other;
+  other.host = "n2";
+  other.group_rank = 1;
+  other.rank = 3;
+  other.exit_code = 7;
+  other.stderr_tail = "RuntimeError: out of memory";
+  const AgentActions answered = r.life.FailureAnswered(r.generation, AbortFor(other));
+  ASSERT_EQ(Kinds(answered), "Leave");
+  EXPECT_TRUE(absl::StrContains(Logs(answered), "job job1 failed: ")) << Logs(answered);
+  EXPECT_TRUE(absl::StrContains(Logs(answered), "rank 3")) << Logs(answered);
+  EXPECT_TRUE(absl::StrContains(Logs(answered), "    RuntimeError: out of memory"))
+      << Logs(answered);
+  const AgentActions left = r.life.Left(absl::UnavailableError("gone"));
+  ASSERT_EQ(Kinds(left), "Exit");
+  EXPECT_EQ(One<act::Exit>(left)->code, 7);
+}
+
+TEST(AgentLifecycleTest, UnansweredFailureReportStillEndsTheJobWithTheLocalCause) {
+  Running r;
+  ASSERT_EQ(Kinds(r.life.WorkerEnded(Ended(0, 0, SIGSEGV), kT0)), "ReportFailure,StopWorkers");
+  EXPECT_EQ(Kinds(r.life.AllWorkersDone()), "");
+  const AgentActions answered =
+      r.life.FailureAnswered(r.generation, absl::UnavailableError("connection refused"));
+  EXPECT_EQ(Kinds(answered), "Leave");
+  EXPECT_TRUE(absl::StrContains(Logs(answered), "could not report the failure")) << Logs(answered);
+  EXPECT_EQ(One<act::Exit>(r.life.Left(absl::OkStatus()))->code, 128 + SIGSEGV);
+}
+
+TEST(AgentLifecycleTest, RestartsUpToTheLimitCountingTheJobsRestarts) {
+  LifecycleOptions o = Options();
+  o.max_restarts = 2;
+  Running r(o);
+  ASSERT_EQ(Kinds(r.life.WorkerEnded(Ended(0, 1), kT0)), "ReportFailure,StopWorkers");
+  EXPECT_EQ(Kinds(r.life.AllWorkersDone()), "");
+  FailureInfo mine;
+  mine.rank = 0;
+  mine.exit_code = 1;
+  const AgentActions restart = r.life.FailureAnswered(r.generation, AbortFor(mine));
+  ASSERT_EQ(Kinds(restart), "Join");
+  EXPECT_EQ(One<act::Join>(restart)->restart_count, 1);
+  EXPECT_TRUE(absl::StrContains(Logs(restart), "restart 1 of 2")) << Logs(restart);
+  EXPECT_FALSE(r.life.outcome().has_value());
+
+  // The second round is the job's last allowed restart: its failure ends the job.
+  const int32_t g2 = One<act::Join>(restart)->generation;
+  EXPECT_NE(g2, r.generation);
+  ASSERT_EQ(Kinds(r.life.Joined(g2, Assignment(0, /*restarts=*/2, /*round=*/3))), "StartWorkers");
+  ASSERT_EQ(Kinds(r.life.WorkerEnded(Ended(1, 1), kT0)), "ReportFailure,StopWorkers");
+  EXPECT_EQ(Kinds(r.life.AllWorkersDone()), "");
+  const AgentActions last = r.life.FailureAnswered(g2, AbortFor(mine));
+  EXPECT_EQ(Kinds(last), "Leave");
+}
+
+TEST(AgentLifecycleTest, LateJoinerTakesTheRestartCountFromTheJobNotFromItself) {
+  LifecycleOptions o = Options();
+  o.max_restarts = 5;
+  // This node joins a job that has already restarted three times.
+  Running r(o, Assignment(1, /*restarts=*/3, /*round=*/4));
+  ASSERT_EQ(Kinds(r.life.WorkerEnded(Ended(2, 1), kT0)), "ReportFailure,StopWorkers");
+  EXPECT_EQ(Kinds(r.life.AllWorkersDone()), "");
+  FailureInfo f;
+  f.rank = 2;
+  f.exit_code = 1;
+  const AgentActions restart = r.life.FailureAnswered(r.generation, AbortFor(f));
+  ASSERT_EQ(Kinds(restart), "Join");
+  EXPECT_EQ(One<act::Join>(restart)->restart_count, 4);
+  EXPECT_TRUE(absl::StrContains(Logs(restart), "restart 4 of 5")) << Logs(restart);
+}
+
+TEST(AgentLifecycleTest, SignalWhileJoiningCancelsTheJoinAndExitsWithTheSignalsCode) {
+  AgentLifecycle life(Options());
+  const int32_t g = One<act::Join>(life.Start())->generation;
+  const AgentActions sig = life.Signal(SIGTERM, kT0);
+  EXPECT_EQ(Kinds(sig), "CancelJoin");
+  const AgentActions joined = life.Joined(g, absl::CancelledError("cancelled"));
+  ASSERT_EQ(Kinds(joined), "Exit");
+  EXPECT_EQ(One<act::Exit>(joined)->code, 128 + SIGTERM);
+}
+
+TEST(AgentLifecycleTest, SignalWhileRunningStopsTheJobEverywhereAndNeverRestarts) {
+  LifecycleOptions o = Options();
+  o.max_restarts = 3;
+  Running r(o);
+  const AgentActions sig = r.life.Signal(SIGINT, kT0);
+  ASSERT_EQ(Kinds(sig), "ReportFailure,StopWorkers");
+  const act::ReportFailure report = *One<act::ReportFailure>(sig);
+  EXPECT_EQ(report.failure.cause, AbortCause::kAgentSignalled);
+  EXPECT_EQ(report.failure.signal, SIGINT);
+
+  // A second signal while the workers stop: no more waiting.
+  EXPECT_EQ(Kinds(r.life.Signal(SIGINT, kT0)), "KillWorkers");
+  EXPECT_EQ(Kinds(r.life.AllWorkersDone()), "");
+  FailureInfo f = report.failure;
+  const AgentActions answered = r.life.FailureAnswered(r.generation, AbortFor(f));
+  EXPECT_EQ(Kinds(answered), "Leave");
+  EXPECT_EQ(One<act::Exit>(r.life.Left(absl::OkStatus()))->code, 128 + SIGINT);
+}
+
+TEST(AgentLifecycleTest, UserSignalsAreForwardedWithoutStoppingAnything) {
+  Running r;
+  const AgentActions a = r.life.Signal(SIGUSR1, kT0);
+  ASSERT_EQ(Kinds(a), "ForwardSignal");
+  EXPECT_EQ(One<act::ForwardSignal>(a)->signal, SIGUSR1);
+  EXPECT_EQ(r.life.phase(), AgentLifecycle::Phase::kRunning);
+}
+
+TEST(AgentLifecycleTest, LostServerWithoutReconnectEndsTheJobNonZeroAndLingers) {
+  Running r;
+  const AgentActions lost =
+      r.life.ServerLost(r.generation, absl::UnavailableError("socket closed"));
+  ASSERT_EQ(Kinds(lost), "StopWorkers");
+  ASSERT_TRUE(r.life.outcome().has_value());
+  EXPECT_EQ(r.life.outcome()->cause, AbortCause::kServerLost);
+  const AgentActions done = r.life.AllWorkersDone();
+  EXPECT_EQ(Kinds(done), "Leave");
+  EXPECT_TRUE(absl::StrContains(Logs(done), "lost the rendezvous server at head:29400"))
+      << Logs(done);
+  const act::Exit exit = *One<act::Exit>(r.life.Left(absl::UnavailableError("gone")));
+  EXPECT_NE(exit.code, 0);
+  EXPECT_TRUE(exit.linger);
+}
+
+TEST(AgentLifecycleTest, LostServerWithReconnectRejoinsTheRunningRound) {
+  LifecycleOptions o = Options();
+  o.reconnect_timeout = absl::Seconds(30);
+  Running r(o);
+  const AgentActions lost = r.life.ServerLost(r.generation, absl::UnavailableError("restart"));
+  ASSERT_EQ(Kinds(lost), "Join");
+  const act::Join rejoin = *One<act::Join>(lost);
+  ASSERT_TRUE(rejoin.resume.has_value());
+  EXPECT_EQ(rejoin.resume->round, 1);
+  EXPECT_EQ(rejoin.timeout, absl::Seconds(30));
+  // The workers keep running while the agent reconnects.
+  EXPECT_EQ(r.life.phase(), AgentLifecycle::Phase::kRunning);
+  EXPECT_EQ(Kinds(r.life.Joined(rejoin.generation, Assignment(0))), "");
+  EXPECT_EQ(r.life.phase(), AgentLifecycle::Phase::kRunning);
+
+  // A second loss that cannot be mended ends the job.
+  const int32_t g =
+      One<act::Join>(r.life.ServerLost(rejoin.generation, absl::UnavailableError("x")))->generation;
+  const AgentActions gave_up = r.life.Joined(g, absl::DeadlineExceededError("no server"));
+  EXPECT_EQ(Kinds(gave_up), "StopWorkers");
+  EXPECT_EQ(r.life.outcome()->cause, AbortCause::kServerLost);
+}
+
+TEST(AgentLifecycleTest, LostAgentRestartsAnElasticJobAndEndsAFixedOne) {
+  AbortEvent lost = AbortForLostAgent("n2", 1, 2, 3);
+  for (const bool elastic : {true, false}) {
+    SCOPED_TRACE(elastic ? "elastic" : "fixed");
+    LifecycleOptions o = Options();
+    o.max_restarts = 1;
+    o.elastic = elastic;
+    Running r(o);
+    ASSERT_EQ(Kinds(r.life.Aborted(r.generation, lost)), "StopWorkers");
+    const AgentActions done = r.life.AllWorkersDone();
+    if (elastic) {
+      EXPECT_EQ(Kinds(done), "Join");
+    } else {
+      EXPECT_EQ(Kinds(done), "Leave");
+      const act::Exit exit = *One<act::Exit>(r.life.Left(absl::OkStatus()));
+      EXPECT_NE(exit.code, 0);
+      EXPECT_TRUE(exit.linger);
+    }
+  }
+}
+
+TEST(AgentLifecycleTest, EventsOfAReplacedJoinAreIgnored) {
+  LifecycleOptions o = Options();
+  o.max_restarts = 1;
+  Running r(o);
+  ASSERT_EQ(Kinds(r.life.WorkerEnded(Ended(0, 1), kT0)), "ReportFailure,StopWorkers");
+  EXPECT_EQ(Kinds(r.life.AllWorkersDone()), "");
+  const int32_t old = r.generation;
+  const int32_t g2 =
+      One<act::Join>(r.life.FailureAnswered(old, AbortFor(FailureInfo{})))->generation;
+  // The first round's stream reports its end late: nothing happens to the second round.
+  EXPECT_EQ(Kinds(r.life.Aborted(old, AbortForLostAgent("n2", 1, 2, 3))), "");
+  EXPECT_EQ(Kinds(r.life.ServerLost(old, absl::UnavailableError("closed"))), "");
+  EXPECT_EQ(Kinds(r.life.Joined(old, Assignment(0))), "");
+  EXPECT_EQ(Kinds(r.life.Joined(g2, Assignment(0, 1, 2))), "StartWorkers");
+}
+
+TEST(AgentLifecycleTest, JobThatEndedBeforeTheAssignmentArrivedStartsNothing) {
+  AgentLifecycle life(Options());
+  const int32_t g = One<act::Join>(life.Start())->generation;
+  FailureInfo f;
+  f.host = "n2";
+  f.rank = 3;
+  f.exit_code = 9;
+  EXPECT_EQ(Kinds(life.Aborted(g, AbortFor(f))), "");
+  const AgentActions joined = life.Joined(g, absl::AbortedError("job ended"));
+  ASSERT_EQ(Kinds(joined), "Exit");
+  EXPECT_EQ(One<act::Exit>(joined)->code, 9);
+  EXPECT_TRUE(absl::StrContains(Logs(joined), "job job1 failed")) << Logs(joined);
+}
+
+TEST(AgentLifecycleTest, JoinErrorExitsNonZeroWithTheReason) {
+  AgentLifecycle life(Options());
+  const int32_t g = One<act::Join>(life.Start())->generation;
+  const AgentActions joined =
+      life.Joined(g, absl::DeadlineExceededError("only 1 of 2 nodes joined within 10m"));
+  ASSERT_EQ(Kinds(joined), "Exit");
+  EXPECT_EQ(One<act::Exit>(joined)->code, 1);
+  EXPECT_TRUE(absl::StrContains(Logs(joined), "job job1: only 1 of 2 nodes joined"))
+      << Logs(joined);
+}
+
+TEST(AgentLifecycleTest, ProgressNamesWhoIsMissing) {
+  AgentLifecycle life(Options());
+  const int32_t g = One<act::Join>(life.Start())->generation;
+  ProgressEvent p;
+  p.joined = 1;
+  p.expected = 3;
+  p.joined_hosts = {"n1"};
+  p.missing_node_indices = {1, 2};
+  const AgentActions a = life.Progress(g, p);
+  EXPECT_TRUE(absl::StrContains(Logs(a),
+                                "waiting for 2 of 3 nodes (joined: n1; missing node "
+                                "ranks 1,2)"))
+      << Logs(a);
+}
+
+TEST(AgentLifecycleTest, WorkersThatCouldNotStartAreAFailureOfTheFirstRank) {
+  Running r(Options(), Assignment(1));
+  const AgentActions a =
+      r.life.WorkersStartFailed(absl::NotFoundError("python9: command not found"), kT0);
+  ASSERT_EQ(Kinds(a), "ReportFailure,StopWorkers");
+  const act::ReportFailure report = *One<act::ReportFailure>(a);
+  EXPECT_EQ(report.failure.rank, 2);
+  EXPECT_EQ(report.failure.exit_code, 127);
+  EXPECT_EQ(report.failure.error_message, "python9: command not found");
+}
+
+}  // namespace
+}  // namespace rdzv
