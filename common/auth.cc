@@ -1,0 +1,177 @@
+#include "common/auth.h"
+
+#include <fcntl.h>
+#include <munge.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace rdzv {
+namespace {
+
+constexpr size_t kMaxTokenBytes = 4096;
+constexpr size_t kMinTokenBytes = 16;
+
+// A munge context bound to `socket`; freed on scope exit.
+class MungeContext {
+ public:
+  explicit MungeContext(const std::string& socket) : ctx_(munge_ctx_create()) {
+    if (ctx_ != nullptr && !socket.empty()) {
+      munge_ctx_set(ctx_, MUNGE_OPT_SOCKET, socket.c_str());
+    }
+  }
+  ~MungeContext() {
+    if (ctx_ != nullptr) munge_ctx_destroy(ctx_);
+  }
+  MungeContext(const MungeContext&) = delete;
+  MungeContext& operator=(const MungeContext&) = delete;
+  munge_ctx_t get() const { return ctx_; }
+
+ private:
+  munge_ctx_t ctx_;
+};
+
+std::string SocketName(const std::string& socket) {
+  return socket.empty() ? std::string("munged's default socket") : socket;
+}
+
+absl::Status MungeError(munge_err_t err, munge_ctx_t ctx, const std::string& socket) {
+  const char* detail = ctx != nullptr ? munge_ctx_strerror(ctx) : nullptr;
+  const std::string what = detail != nullptr ? detail : munge_strerror(err);
+  switch (err) {
+    case EMUNGE_SOCKET:
+    case EMUNGE_SNAFU:
+    case EMUNGE_NO_MEMORY:
+      return absl::UnavailableError(absl::StrFormat(
+          "cannot reach munged through %s (%s); is munged running (check: munge -n | unmunge)?",
+          SocketName(socket), what));
+    case EMUNGE_CRED_REPLAYED:
+      return absl::UnauthenticatedError("MUNGE credential replayed: each call needs a new one");
+    case EMUNGE_CRED_EXPIRED:
+    case EMUNGE_CRED_REWOUND:
+      return absl::UnauthenticatedError(absl::StrFormat(
+          "MUNGE credential %s: are the clocks of the client's and the server's hosts in step?",
+          what));
+    default:
+      return absl::UnauthenticatedError(absl::StrFormat(
+          "invalid MUNGE credential (%s): do the client's and the server's hosts share one "
+          "munge key?",
+          what));
+  }
+}
+
+}  // namespace
+
+std::string CallPayload(absl::string_view method, absl::string_view job_id) {
+  return absl::StrCat("rdzv.v1 ", method, " ", job_id);
+}
+
+absl::StatusOr<std::string> MungeEncode(absl::string_view payload, const std::string& socket) {
+  MungeContext ctx(socket);
+  if (ctx.get() == nullptr) return absl::ResourceExhaustedError("munge_ctx_create failed");
+  char* cred = nullptr;
+  const munge_err_t err =
+      munge_encode(&cred, ctx.get(), payload.data(), static_cast<int>(payload.size()));
+  if (err != EMUNGE_SUCCESS) return MungeError(err, ctx.get(), socket);
+  std::string out(cred);
+  std::free(cred);
+  return out;
+}
+
+absl::StatusOr<MungeIdentity> MungeDecode(absl::string_view credential, const std::string& socket) {
+  MungeContext ctx(socket);
+  if (ctx.get() == nullptr) return absl::ResourceExhaustedError("munge_ctx_create failed");
+  const std::string cred(credential);  // libmunge wants it NUL-terminated
+  void* payload = nullptr;
+  int len = 0;
+  MungeIdentity id;
+  const munge_err_t err = munge_decode(cred.c_str(), ctx.get(), &payload, &len, &id.uid, &id.gid);
+  if (payload != nullptr) {
+    if (err == EMUNGE_SUCCESS && len > 0) id.payload.assign(static_cast<const char*>(payload), len);
+    std::free(payload);
+  }
+  if (err != EMUNGE_SUCCESS) return MungeError(err, ctx.get(), socket);
+  return id;
+}
+
+bool MungeWorks(const std::string& socket) {
+  absl::StatusOr<std::string> cred = MungeEncode("", socket);
+  return cred.ok() && MungeDecode(*cred, socket).ok();
+}
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot read the token file %s: %s%s", path, strerror(errno),
+                        errno == ELOOP ? " (it is a symbolic link; give the file itself)" : ""));
+  }
+  struct stat st;
+  std::string token;
+  absl::Status status;
+  if (fstat(fd, &st) != 0) {
+    status = absl::FailedPreconditionError(
+        absl::StrFormat("cannot stat the token file %s: %s", path, strerror(errno)));
+  } else if (!S_ISREG(st.st_mode)) {
+    status = absl::FailedPreconditionError(
+        absl::StrFormat("the token file %s is not a regular file", path));
+  } else if (st.st_uid != geteuid()) {
+    status = absl::PermissionDeniedError(
+        absl::StrFormat("the token file %s belongs to uid %d, not to you (uid %d); make your own",
+                        path, st.st_uid, geteuid()));
+  } else if ((st.st_mode & 077) != 0) {
+    status = absl::PermissionDeniedError(
+        absl::StrFormat("the token file %s is readable by others (mode %04o); chmod 600 %s", path,
+                        st.st_mode & 07777, path));
+  } else if (st.st_size > static_cast<off_t>(kMaxTokenBytes)) {
+    status = absl::InvalidArgumentError(
+        absl::StrFormat("the token file %s holds %d bytes; a token is at most %d", path, st.st_size,
+                        kMaxTokenBytes));
+  } else {
+    char buf[kMaxTokenBytes + 1];
+    size_t have = 0;
+    while (have < sizeof(buf)) {
+      const ssize_t n = read(fd, buf + have, sizeof(buf) - have);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      have += static_cast<size_t>(n);
+    }
+    token = std::string(absl::StripAsciiWhitespace(absl::string_view(buf, have)));
+    if (have > kMaxTokenBytes) {
+      status = absl::InvalidArgumentError(
+          absl::StrFormat("the token file %s is longer than %d bytes", path, kMaxTokenBytes));
+    } else if (token.size() < kMinTokenBytes) {
+      status = absl::InvalidArgumentError(absl::StrFormat(
+          "the token in %s is %d characters; use at least %d random ones (for example: "
+          "openssl rand -hex 32 > %s)",
+          path, token.size(), kMinTokenBytes, path));
+    }
+  }
+  close(fd);
+  if (!status.ok()) return status;
+  return token;
+}
+
+std::string TokenDigest(absl::string_view token) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest);
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)));
+}
+
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace rdzv

@@ -1,0 +1,66 @@
+// Who is calling: the credentials an rdzv call carries and how they are checked.
+//
+// Two kinds of credential, sent as gRPC metadata on every call:
+//   - MUNGE (the default wherever munged runs, which is every Slurm cluster): a credential
+//     encoded by the local munged for this one call. Its payload binds it to the call (the
+//     method and the job id) and munged's replay cache makes it good for one decode only; the
+//     server's munged decodes it and vouches for the caller's uid and gid.
+//   - A shared job token (--rdzv-token-file): a secret the job's agents share. It identifies the
+//     job's owner by the secret itself; it is compared in constant time.
+//
+// The functions here wrap libmunge and OpenSSL's digest; they keep no state and are
+// thread-safe. MUNGE calls talk to munged over its UNIX socket (about a tenth of a
+// millisecond).
+#ifndef RDZV_COMMON_AUTH_H_
+#define RDZV_COMMON_AUTH_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace rdzv {
+
+// Metadata keys (lower case, as gRPC requires).
+inline constexpr char kMungeMetadata[] = "x-rdzv-munge";
+inline constexpr char kTokenMetadata[] = "x-rdzv-token";
+
+// What a credential vouches for: "rdzv.v1 <method> <job id>". A credential made for one call
+// is refused on any other.
+std::string CallPayload(absl::string_view method, absl::string_view job_id);
+
+// The MUNGE socket to use: `socket` when set, else libmunge's default.
+struct MungeIdentity {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string payload;
+};
+
+// Encodes a credential for `payload` through the munged at `socket` ("" for the default).
+// Unavailable, naming the socket and what to check, when munged cannot be reached.
+absl::StatusOr<std::string> MungeEncode(absl::string_view payload, const std::string& socket);
+
+// Decodes `credential` through the munged at `socket`. Unauthenticated when it is invalid,
+// expired, replayed or made with another key; Unavailable when munged cannot be reached.
+absl::StatusOr<MungeIdentity> MungeDecode(absl::string_view credential, const std::string& socket);
+
+// Whether munged answers at `socket` (one encode and decode of an empty payload).
+bool MungeWorks(const std::string& socket);
+
+// Reads a job token from `path`: a regular file (not a link) owned by the caller, readable
+// and writable by the owner only (0600 or 0400), 16 to 4096 bytes of text; surrounding
+// whitespace is dropped. One-line errors name the file and the fix.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+// The token's SHA-256, in hex: how a server keys and compares tokens without keeping them.
+std::string TokenDigest(absl::string_view token);
+
+// Equality of two strings in time that depends only on their lengths.
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
+
+}  // namespace rdzv
+
+#endif  // RDZV_COMMON_AUTH_H_
