@@ -87,6 +87,8 @@ FailureInfo FromProto(const v1::WorkerFailure& p) {
   f.error_message = p.error_message();
   f.time_us = p.time_us();
   f.cause = CauseFromProto(p.cause());
+  // Agents that predate causes reported only their workers' failures.
+  if (f.cause == AbortCause::kUnspecified) f.cause = AbortCause::kWorkerFailed;
   return f;
 }
 

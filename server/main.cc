@@ -11,6 +11,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/process_env.h"
+#include "server/authenticator.h"
 #include "server/server.h"
 
 namespace {
@@ -18,8 +19,10 @@ namespace {
 constexpr char kUsage[] =
     R"(rdzvd: rendezvous server for rdzv-agent; serves many jobs at once, keyed by job id.
 
-Usage: rdzvd [--listen HOST:PORT] [--log-level LEVEL]
+Usage: rdzvd [--listen HOST:PORT] [--auth munge|token|none] [--log-level LEVEL]
 Example: rdzvd --listen 0.0.0.0:29400    (agents then use --rdzv-endpoint head:29400)
+Every call is authenticated (MUNGE by default) and each job belongs to the user who created
+it: other users can neither see nor touch it.
 Stops cleanly on SIGTERM or SIGINT.)";
 
 absl::Status ParseMillis(absl::string_view v, int64_t* out) {
@@ -39,7 +42,30 @@ int main(int argc, char** argv) {
   int64_t keepalive_ms = absl::ToInt64Milliseconds(options.keepalive);
   int64_t keepalive_timeout_ms = absl::ToInt64Milliseconds(options.keepalive_timeout);
 
+  std::string auth = "munge";
+  std::string admin_groups;
+
   rdzv::FlagParser parser("rdzvd", kUsage);
+  parser.Add({"auth", "RDZV_AUTH", "MODE",
+              "how callers prove who they are: munge (default; munged on every host),\n"
+              "token (each job's agents share a --rdzv-token-file; the job is theirs) or none\n"
+              "(refused unless --listen is a loopback address)",
+              [&](absl::string_view v) {
+                auth = std::string(v);
+                return rdzv::ParseAuthMode(v).status();
+              }});
+  parser.Add({"munge-socket", "RDZV_MUNGE_SOCKET", "PATH",
+              "munged's socket (default: libmunge's, /run/munge/munge.socket.2)",
+              [&](absl::string_view v) {
+                options.service.auth.munge_socket = std::string(v);
+                return absl::OkStatus();
+              }});
+  parser.Add({"admin-group", "RDZV_ADMIN_GROUP", "GROUP,...",
+              "groups whose members see every user's jobs (root always does)",
+              [&](absl::string_view v) {
+                admin_groups = std::string(v);
+                return absl::OkStatus();
+              }});
   parser.Add({"listen", "RDZV_LISTEN", "HOST:PORT", "address to serve on (default 0.0.0.0:29400)",
               [&](absl::string_view v) {
                 options.listen = std::string(v);
@@ -92,6 +118,17 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  options.service.auth.mode = *rdzv::ParseAuthMode(auth);
+  if (absl::Status s = rdzv::ResolveGroups(admin_groups, &options.service.auth.admin_gids);
+      !s.ok()) {
+    std::fprintf(stderr, "rdzvd: --admin-group: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (absl::Status s = rdzv::CheckServerAuth(options.service.auth, options.listen); !s.ok()) {
+    std::fprintf(stderr, "rdzvd: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+
   // Block the stop signals in every thread so that only sigwait below sees them.
   sigset_t stop;
   sigemptyset(&stop);
@@ -104,7 +141,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rdzvd: %s\n", std::string(server.status().message()).c_str());
     return 1;
   }
-  spdlog::info("serving on {} (port {})", options.listen, (*server)->port());
+  spdlog::info("serving on {} (port {}), authentication: {}", options.listen, (*server)->port(),
+               rdzv::AuthModeName(options.service.auth.mode));
   int sig = 0;
   sigwait(&stop, &sig);
   spdlog::info("{}: shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");

@@ -7,9 +7,11 @@
 #include <list>
 #include <optional>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "common/auth.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/proto_convert.h"
@@ -143,7 +145,7 @@ constexpr size_t kWritesPerTask = 1024;
 RendezvousService::RendezvousService(Clock clock, ServiceOptions options)
     : clock_(std::move(clock)),
       options_(std::move(options)),
-      state_(options_.state),
+      auth_(options_.auth),
       writer_pool_(kWriterThreads) {}
 
 RendezvousService::~RendezvousService() = default;
@@ -158,18 +160,51 @@ std::string PeerAddress(const std::string& peer) {
   return "";
 }
 
+absl::string_view Metadata(const grpc::CallbackServerContext* context, const char* key) {
+  const auto& md = context->client_metadata();
+  auto it = md.find(key);
+  if (it == md.end()) return {};
+  return absl::string_view(it->second.data(), it->second.length());
+}
+
 }  // namespace
+
+absl::StatusOr<Caller> RendezvousService::Authenticate(grpc::CallbackServerContext* context,
+                                                       absl::string_view method,
+                                                       absl::string_view job_id) {
+  absl::StatusOr<Caller> caller = auth_.Authenticate(
+      {Metadata(context, kMungeMetadata), Metadata(context, kTokenMetadata)}, method, job_id);
+  if (!caller.ok()) {
+    spdlog::warn("refused {} from {}: {}", method, absl::CHexEscape(context->peer()),
+                 caller.status().message());
+  }
+  return caller;
+}
+
+RendezvousState& RendezvousService::StateOf(const std::string& owner) {
+  std::unique_ptr<RendezvousState>& state = states_[owner];
+  if (state == nullptr) state = std::make_unique<RendezvousState>(options_.state);
+  return *state;
+}
 
 grpc::ServerWriteReactor<v1::JoinEvent>* RendezvousService::Join(
     grpc::CallbackServerContext* context, const v1::JoinRequest* request) {
   std::vector<JoinStream*> writers;
-  JoinStream* stream = JoinLocked(context, request, writers);
+  JoinStream* stream;
+  absl::StatusOr<Caller> caller = Authenticate(context, "Join", request->job_id());
+  if (!caller.ok()) {
+    stream = new JoinStream(this, 0);
+    if (stream->PushClose(ToGrpcStatus(caller.status()))) writers.push_back(stream);
+  } else {
+    stream = JoinLocked(context, request, *caller, writers);
+  }
   StartWrites(std::move(writers));
   return stream;
 }
 
 RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServerContext* context,
                                                              const v1::JoinRequest* request,
+                                                             const Caller& caller,
                                                              std::vector<JoinStream*>& writers) {
   absl::MutexLock lock(&mu_);
   const StreamId id = next_stream_++;
@@ -192,12 +227,13 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
                                absl::StrFormat("this rdzv server hosts job %s, not %s",
                                                options_.only_job, request->job_id())));
   }
-  streams_.emplace(id, stream);
+  RendezvousState& state = StateOf(caller.owner);
+  streams_.emplace(id, Stream{stream, &state});
   const JoinSpec spec = FromProto(*request);
   SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", spec.job_id, spec.agent.agent_id,
                spec.agent.host, spec.agent.node_index, spec.agent.nproc);
   Decisions decisions;
-  state_.Join(clock_(), id, spec, CallerInfo{PeerAddress(context->peer())}, decisions);
+  state.Join(clock_(), id, spec, CallerInfo{PeerAddress(context->peer())}, decisions);
   Apply(decisions, writers);
   return stream;
 }
@@ -206,9 +242,12 @@ void RendezvousService::StreamDone(StreamId id) {
   std::vector<JoinStream*> writers;
   {
     absl::MutexLock lock(&mu_);
-    if (streams_.erase(id) == 0) return;
+    auto it = streams_.find(id);
+    if (it == streams_.end()) return;
+    RendezvousState* state = it->second.state;
+    streams_.erase(it);
     Decisions decisions;
-    state_.StreamClosed(clock_(), id, decisions);
+    state->StreamClosed(clock_(), id, decisions);
     Apply(decisions, writers);
   }
   StartWrites(std::move(writers));
@@ -218,7 +257,7 @@ void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& wr
   for (Decisions::Send& send : decisions.sends) {
     auto it = streams_.find(send.stream);
     if (it == streams_.end()) continue;
-    if (it->second->Push(ToProto(send.event))) writers.push_back(it->second);
+    if (it->second.stream->Push(ToProto(send.event))) writers.push_back(it->second.stream);
   }
   for (const Decisions::Close& close : decisions.closes) {
     auto it = streams_.find(close.stream);
@@ -226,7 +265,9 @@ void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& wr
     if (!close.status.ok() && close.status.code() != absl::StatusCode::kAborted) {
       if (options_.log_jobs) spdlog::info("refused a join: {}", close.status.message());
     }
-    if (it->second->PushClose(ToGrpcStatus(close.status))) writers.push_back(it->second);
+    if (it->second.stream->PushClose(ToGrpcStatus(close.status))) {
+      writers.push_back(it->second.stream);
+    }
     // The stream is finished from our side: the state already forgot it.
     streams_.erase(it);
   }
@@ -256,6 +297,11 @@ grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerCont
                                                         const v1::ReportExitRequest* request,
                                                         v1::ReportExitResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<Caller> caller = Authenticate(context, "ReportExit", request->job_id());
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
   absl::Status status;
   std::vector<JoinStream*> writers;
   {
@@ -263,8 +309,9 @@ grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerCont
     if (request->has_failure()) {
       Decisions decisions;
       absl::StatusOr<AbortEvent> abort =
-          state_.ReportFailure(clock_(), request->job_id(), request->agent_id(),
-                               FromProto(request->failure()), decisions);
+          StateOf(caller->owner)
+              .ReportFailure(clock_(), request->job_id(), request->agent_id(),
+                             FromProto(request->failure()), decisions);
       if (abort.ok()) {
         if (options_.log_jobs) spdlog::info("job {}: {}", request->job_id(), abort->reason);
         *response->mutable_abort() = ToProto(*abort);
@@ -282,11 +329,16 @@ grpc::ServerUnaryReactor* RendezvousService::Leave(grpc::CallbackServerContext* 
                                                    const v1::LeaveRequest* request,
                                                    v1::LeaveResponse* /*response*/) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<Caller> caller = Authenticate(context, "Leave", request->job_id());
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
   std::vector<JoinStream*> writers;
   {
     absl::MutexLock lock(&mu_);
     Decisions decisions;
-    state_.Leave(clock_(), request->job_id(), request->agent_id(), decisions);
+    StateOf(caller->owner).Leave(clock_(), request->job_id(), request->agent_id(), decisions);
     Apply(decisions, writers);
   }
   StartWrites(std::move(writers));
@@ -298,10 +350,21 @@ grpc::ServerUnaryReactor* RendezvousService::GetStatus(grpc::CallbackServerConte
                                                        const v1::StatusRequest* request,
                                                        v1::StatusResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<Caller> caller = Authenticate(context, "GetStatus", request->job_id());
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
   std::vector<JobStatusView> jobs;
   {
     absl::MutexLock lock(&mu_);
-    jobs = state_.Status(request->job_id());
+    // A caller sees its own jobs; root and the admin groups see everyone's.
+    for (auto& [owner, state] : states_) {
+      if (!caller->admin && owner != caller->owner) continue;
+      std::vector<JobStatusView> some = state->Status(request->job_id());
+      jobs.insert(jobs.end(), std::make_move_iterator(some.begin()),
+                  std::make_move_iterator(some.end()));
+    }
   }
   for (const JobStatusView& j : jobs) *response->add_jobs() = ToProto(j);
   reactor->Finish(grpc::Status::OK);
@@ -313,7 +376,8 @@ void RendezvousService::Tick() {
   {
     absl::MutexLock lock(&mu_);
     Decisions decisions;
-    state_.Tick(clock_(), decisions);
+    const auto now = clock_();
+    for (auto& [owner, state] : states_) state->Tick(now, decisions);
     Apply(decisions, writers);
   }
   StartWrites(std::move(writers));
@@ -325,8 +389,8 @@ void RendezvousService::Shutdown() {
     absl::MutexLock lock(&mu_);
     shut_down_ = true;
     const grpc::Status stopping(grpc::StatusCode::UNAVAILABLE, "the rendezvous server is stopping");
-    for (auto& [id, stream] : streams_) {
-      if (stream->PushClose(stopping)) writers.push_back(stream);
+    for (auto& [id, entry] : streams_) {
+      if (entry.stream->PushClose(stopping)) writers.push_back(entry.stream);
     }
     streams_.clear();
   }

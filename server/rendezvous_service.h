@@ -15,6 +15,8 @@
 
 #include <asio/thread_pool.hpp>
 #include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -23,6 +25,7 @@
 #include "common/clock.h"
 #include "common/rendezvous_state.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
+#include "server/authenticator.h"
 
 namespace rdzv {
 
@@ -34,6 +37,8 @@ struct ServiceOptions {
   // When set, the server hosts this one job and refuses others with NOT_FOUND, so that an
   // agent that reached another job's embedded server knows to look elsewhere.
   std::string only_job;
+  // Who may call, and how callers prove it. Jobs are kept per owner (see Authenticator).
+  AuthPolicy auth;
 };
 
 class RendezvousService final : public v1::Rendezvous::CallbackService {
@@ -70,7 +75,7 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   class JoinStream;
 
   JoinStream* JoinLocked(grpc::CallbackServerContext* context, const v1::JoinRequest* request,
-                         std::vector<JoinStream*>& writers);
+                         const Caller& caller, std::vector<JoinStream*>& writers);
   // Queues the decisions' events and closes on their streams; `writers` receives the streams
   // whose writes must be started with StartWrites once mu_ is released.
   void Apply(Decisions& decisions, std::vector<JoinStream*>& writers)
@@ -78,12 +83,23 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   // Hands the streams to the writer threads, which start their writes.
   void StartWrites(std::vector<JoinStream*> writers) ABSL_LOCKS_EXCLUDED(mu_);
   void StreamDone(StreamId id);
+  // The caller of `context`'s call of `method` on `job_id`, or why not (logged).
+  absl::StatusOr<Caller> Authenticate(grpc::CallbackServerContext* context,
+                                      absl::string_view method, absl::string_view job_id);
+  // The jobs of `owner`, made on first use.
+  RendezvousState& StateOf(const std::string& owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  struct Stream {
+    JoinStream* stream;
+    RendezvousState* state;  // the owner's jobs the stream joined
+  };
 
   const Clock clock_;
   const ServiceOptions options_;
   mutable absl::Mutex mu_;
-  RendezvousState state_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<StreamId, JoinStream*> streams_ ABSL_GUARDED_BY(mu_);
+  const Authenticator auth_;
+  absl::flat_hash_map<std::string, std::unique_ptr<RendezvousState>> states_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<StreamId, Stream> streams_ ABSL_GUARDED_BY(mu_);
   StreamId next_stream_ ABSL_GUARDED_BY(mu_) = 1;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   asio::thread_pool writer_pool_;

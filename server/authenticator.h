@@ -1,0 +1,88 @@
+// Authenticator: decides who is calling rdzvd, from the credential the call carries (see
+// common/auth.h), and what the caller may see. Every call of the rendezvous service goes
+// through Authenticate before it touches any job.
+//
+// The caller's identity is its owner key: jobs are kept per owner, so jobs of different users
+// never meet even with the same id. Under MUNGE the owner is the caller's uid; with a token it
+// is the token's digest (agents sharing the token share the job); without authentication
+// (loopback only) everyone is one owner.
+//
+// Thread-safe: it holds only its options.
+#ifndef RDZV_SERVER_AUTHENTICATOR_H_
+#define RDZV_SERVER_AUTHENTICATOR_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace rdzv {
+
+enum class AuthMode { kMunge, kToken, kNone };
+
+// "munge", "token", "none" (and back).
+absl::StatusOr<AuthMode> ParseAuthMode(absl::string_view text);
+const char* AuthModeName(AuthMode mode);
+
+struct AuthPolicy {
+  AuthMode mode = AuthMode::kMunge;
+  std::string munge_socket;  // "" for munged's default
+  // Only this uid may call (an agent's embedded server: the agent's own uid).
+  std::optional<uid_t> only_uid;
+  // Token mode: only this token is accepted (an embedded server knows its job's token). Unset
+  // on a shared rdzvd, where each job's token is its own.
+  std::optional<std::string> only_token;
+  // Members of these groups (and root) see and may act on every job.
+  std::vector<gid_t> admin_gids;
+};
+
+// The credentials one call carries (empty when absent).
+struct CallCredentials {
+  absl::string_view munge;
+  absl::string_view token;
+};
+
+struct Caller {
+  std::string owner;   // the key the caller's jobs are kept under
+  std::string name;    // for logs: "uid 1000", "a token holder", "anyone"
+  bool admin = false;  // sees every owner's jobs
+};
+
+// Parses "wheel,1001" into gids (names looked up in the group database).
+absl::Status ResolveGroups(absl::string_view list, std::vector<gid_t>* gids);
+
+// Whether a server may start with `policy` listening on `listen` ("HOST:PORT"): no
+// authentication only on a loopback address, MUNGE only with munged answering. One line naming
+// the fix otherwise.
+absl::Status CheckServerAuth(const AuthPolicy& policy, absl::string_view listen);
+
+// Whether `host` (a name or address, IPv6 possibly in brackets) is a loopback address.
+bool IsLoopbackHost(absl::string_view host);
+
+class Authenticator {
+ public:
+  explicit Authenticator(AuthPolicy policy);
+
+  // Checks the credentials of a call of `method` on `job_id`. Unauthenticated (no or a bad
+  // credential: the message says what to check), PermissionDenied (a valid caller this server
+  // does not serve) or Unavailable (munged is down on the server).
+  absl::StatusOr<Caller> Authenticate(const CallCredentials& credentials, absl::string_view method,
+                                      absl::string_view job_id) const;
+
+  const AuthPolicy& policy() const { return policy_; }
+
+ private:
+  bool IsAdmin(uid_t uid, gid_t gid) const;
+
+  const AuthPolicy policy_;
+};
+
+}  // namespace rdzv
+
+#endif  // RDZV_SERVER_AUTHENTICATOR_H_
