@@ -23,6 +23,7 @@
 #include "client/local_endpoint.h"
 #include "client/server_locator.h"
 #include "client/worker_group.h"
+#include "common/auth.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/process_env.h"
@@ -127,10 +128,19 @@ absl::Status Agent::Impl::Prepare() {
   if (config_.mode == "standalone") {
     rendezvous_ = NewLocalRendezvous(SteadyClock(), post);
   } else {
-    absl::StatusOr<ServerLocation> location = LocateServer(config_);
+    ClientAuth auth = config_.auth;
+    if (!config_.token_file.empty()) {
+      absl::StatusOr<std::string> token = ReadTokenFile(config_.token_file);
+      if (!token.ok()) return token.status();
+      auth.token = *std::move(token);
+    }
+    absl::StatusOr<ClientAuth> resolved = ResolveClientAuth(std::move(auth));
+    if (!resolved.ok()) return resolved.status();
+    absl::StatusOr<ServerLocation> location = LocateServer(config_, *resolved);
     if (!location.ok()) return location.status();
     location_ = *std::move(location);
     ClientOptions options;
+    options.auth = *std::move(resolved);
     options.endpoint = location_.endpoints.front();
     options.alternate_endpoints.assign(location_.endpoints.begin() + 1, location_.endpoints.end());
     options.join_timeout = config_.join_timeout;

@@ -189,6 +189,23 @@ FlagParser MakeParser(AgentFlags& f) {
          }});
   p.Add({"log-level", "RDZV_LOG_LEVEL", "LEVEL",
          "trace, debug, info, warn, error or off (default info)", StringSetter(&f.log_level)});
+  p.Add({"auth", "RDZV_AUTH", "auto|munge|token|none",
+         "how this agent proves who it is to the rendezvous server: a MUNGE credential,\n"
+         "the job's token, or nothing (default auto: the token when given, else MUNGE when\n"
+         "munged answers)",
+         [&f](absl::string_view v) {
+           if (v != "auto" && v != "munge" && v != "token" && v != "none") {
+             return absl::InvalidArgumentError("expected auto, munge, token or none");
+           }
+           f.auth = std::string(v);
+           return absl::OkStatus();
+         }});
+  p.Add({"rdzv-token-file", "RDZV_TOKEN_FILE", "FILE",
+         "a file (mode 0600, yours) holding the job's secret token, the same for every agent of\n"
+         "the job; for clusters without MUNGE (make one: openssl rand -hex 32 > FILE)",
+         StringSetter(&f.token_file)});
+  p.Add({"munge-socket", "RDZV_MUNGE_SOCKET", "PATH", "munged's socket (default: libmunge's)",
+         StringSetter(&f.munge_socket)});
   p.Add({"version", "", "", "print the version", BoolSetter(&f.version)});
   p.Add({"help", "", "", "print this help", BoolSetter(&f.help)});
   return p;
@@ -334,6 +351,18 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
   }
   if (absl::EndsWith(c.command.front(), ".py")) {
     c.command.insert(c.command.begin(), env("RDZV_PYTHON").value_or("python3"));
+  }
+
+  c.auth.mode = flags.auth == "munge"   ? ClientAuth::Mode::kMunge
+                : flags.auth == "token" ? ClientAuth::Mode::kToken
+                : flags.auth == "none"  ? ClientAuth::Mode::kNone
+                                        : ClientAuth::Mode::kAuto;
+  c.auth.munge_socket = flags.munge_socket;
+  c.token_file = flags.token_file;
+  if (c.auth.mode == ClientAuth::Mode::kToken && c.token_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--auth token needs the job's token: pass --rdzv-token-file FILE (the same file for "
+        "every agent of the job)");
   }
 
   absl::StatusOr<std::optional<SlurmEnv>> slurm = ParseSlurmEnv(env);

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "client/client.h"
 #include "common/env.h"
 #include "common/rendezvous_types.h"
 
@@ -36,6 +37,9 @@ struct AgentFlags {
   std::string host_name;  // --host-name: how this node is named in the rendezvous
   std::string log_level = "info";
   std::string mode = "auto";  // auto, node or task (under Slurm)
+  std::string auth = "auto";  // auto, munge, token or none
+  std::string token_file;     // --rdzv-token-file
+  std::string munge_socket;
   bool rank_prefix = true;
   std::string log_dir;
   bool tee = false;
@@ -74,6 +78,10 @@ struct AgentConfig {
   // This agent hosts the server in-process, listening on the first free port of
   // embedded_ports (0: any free port) on embedded_listen_host.
   bool embedded_server = false;
+  // How this agent proves who it is (mode and munge socket; the token is read from token_file
+  // when the agent starts).
+  ClientAuth auth;
+  std::string token_file;
   std::string embedded_listen_host;
   std::vector<int> embedded_ports;
   absl::Duration join_timeout;

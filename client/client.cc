@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/auth.h"
 #include "common/grpc_status.h"
 #include "common/net.h"
 #include "common/proto_convert.h"
@@ -71,6 +72,8 @@ class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
  public:
   JoinCall(Handlers handlers, std::shared_ptr<LiveCalls> live)
       : token_(std::move(live)), handlers_(std::move(handlers)) {}
+
+  grpc::ClientContext& context() { return context_; }
 
   void Start(v1::Rendezvous::Stub* stub, const v1::JoinRequest& request) {
     request_ = request;
@@ -200,11 +203,48 @@ struct Client::Impl {
   void SetDeadline(grpc::ClientContext& ctx) const {
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.rpc_timeout));
   }
+
+  // Puts this call's credential on `ctx`: a MUNGE credential made for this one call, or the
+  // job's token.
+  absl::Status Authorize(grpc::ClientContext& ctx, absl::string_view method,
+                         absl::string_view job) const {
+    switch (options.auth.mode) {
+      case ClientAuth::Mode::kToken:
+        ctx.AddMetadata(kTokenMetadata, options.auth.token);
+        return absl::OkStatus();
+      case ClientAuth::Mode::kMunge: {
+        absl::StatusOr<std::string> cred =
+            MungeEncode(CallPayload(method, job), options.auth.munge_socket);
+        if (!cred.ok()) return cred.status();
+        ctx.AddMetadata(kMungeMetadata, *cred);
+        return absl::OkStatus();
+      }
+      case ClientAuth::Mode::kAuto:
+      case ClientAuth::Mode::kNone:
+        return absl::OkStatus();
+    }
+    return absl::OkStatus();
+  }
 };
+
+absl::StatusOr<ClientAuth> ResolveClientAuth(ClientAuth auth) {
+  if (auth.mode == ClientAuth::Mode::kToken && auth.token.empty()) {
+    return absl::InvalidArgumentError("token authentication needs a token (--rdzv-token-file)");
+  }
+  if (auth.mode == ClientAuth::Mode::kAuto) {
+    auth.mode = !auth.token.empty()             ? ClientAuth::Mode::kToken
+                : MungeWorks(auth.munge_socket) ? ClientAuth::Mode::kMunge
+                                                : ClientAuth::Mode::kNone;
+  }
+  return auth;
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
+  absl::StatusOr<ClientAuth> auth = ResolveClientAuth(impl->options.auth);
+  if (!auth.ok()) return auth.status();
+  impl->options.auth = *std::move(auth);
   grpc::ChannelArguments args;
   // Reconnect quickly once a server comes up: the default backoff can wait for minutes.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
@@ -311,6 +351,9 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
     if (attempt > 0 && absl::Now() >= deadline) {
       return unreachable();
     }
+    if (absl::Status s = impl_->Authorize(call->context(), "Join", spec.job_id); !s.ok()) {
+      return s;
+    }
     call->Start(impl_->stub(), request);
     call->Await(deadline);
     if (std::optional<AssignmentEvent> a = call->assignment()) return *a;
@@ -382,6 +425,12 @@ void Client::ReportFailureAsync(const FailureInfo& failure,
   }
   *call->request.mutable_failure() = ToProto(failure);
   impl_->SetDeadline(call->context);
+  if (absl::Status s = impl_->Authorize(call->context, "ReportExit", call->request.job_id());
+      !s.ok()) {
+    delete call;
+    done(s);
+    return;
+  }
   impl_->stub()->async()->ReportExit(&call->context, &call->request, &call->response,
                                      [call, done = std::move(done)](grpc::Status s) {
                                        std::unique_ptr<Call> owned(call);
@@ -417,6 +466,12 @@ void Client::LeaveAsync(std::function<void(absl::Status)> done) {
   // The server closes the event stream in answer; that end is no loss.
   if (join) join->MarkLeaving();
   impl_->SetDeadline(call->context);
+  if (absl::Status s = impl_->Authorize(call->context, "Leave", call->request.job_id()); !s.ok()) {
+    delete call;
+    if (join) join->Cancel();
+    done(s);
+    return;
+  }
   impl_->stub()->async()->Leave(&call->context, &call->request, &call->response,
                                 [call, join, done = std::move(done)](grpc::Status s) {
                                   std::unique_ptr<Call> owned(call);
@@ -431,6 +486,7 @@ absl::StatusOr<std::vector<JobStatusView>> Client::Status(const std::string& job
   v1::StatusResponse response;
   grpc::ClientContext ctx;
   impl_->SetDeadline(ctx);
+  if (absl::Status a = impl_->Authorize(ctx, "GetStatus", job_id); !a.ok()) return a;
   grpc::Status s = impl_->stub()->GetStatus(&ctx, request, &response);
   if (!s.ok()) return FromGrpcStatus(s);
   std::vector<JobStatusView> jobs;

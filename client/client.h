@@ -31,6 +31,23 @@
 
 namespace rdzv {
 
+// How the client proves who it is to the server (see common/auth.h).
+struct ClientAuth {
+  enum class Mode {
+    kAuto,   // a token when one is given, else MUNGE when munged answers, else nothing
+    kMunge,  // a MUNGE credential on every call
+    kToken,  // the job's token on every call
+    kNone,   // nothing (a server with --auth none)
+  };
+  Mode mode = Mode::kAuto;
+  std::string token;         // the job's token (common/auth.h ReadTokenFile)
+  std::string munge_socket;  // "" for munged's default
+};
+
+// `auth` with kAuto resolved to what this host can use: kToken when a token is given, else
+// kMunge when munged answers, else kNone. InvalidArgument for kToken without a token.
+absl::StatusOr<ClientAuth> ResolveClientAuth(ClientAuth auth);
+
 struct ClientOptions {
   std::string endpoint;  // "host:port" of rdzvd
   // Where else the server may be (an embedded server that found its first port taken moved
@@ -44,6 +61,7 @@ struct ClientOptions {
   // it waits for the answer before declaring the server lost.
   absl::Duration keepalive_time = absl::Seconds(5);
   absl::Duration keepalive_timeout = absl::Seconds(5);
+  ClientAuth auth;
 };
 
 struct Handlers {

@@ -1,8 +1,10 @@
 #include "client/server_locator.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdio>
 
@@ -10,9 +12,15 @@
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/net.h"
+#include "server/authenticator.h"
 
 namespace rdzv {
 namespace {
+
+bool IsIpAddress(const std::string& host) {
+  unsigned char buf[sizeof(struct in6_addr)];
+  return inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
 
 bool ResolvesToAddress(const std::string& host) {
   addrinfo hints = {};
@@ -59,13 +67,43 @@ absl::StatusOr<std::string> ResolveServerHost(const std::string& host) {
   return address;
 }
 
-absl::StatusOr<std::unique_ptr<Server>> StartEmbedded(const AgentConfig& config) {
+// The embedded server serves this agent's job to callers who prove they are this agent's user
+// (MUNGE) or hold the job's token; without either it may listen on loopback only.
+AuthPolicy EmbeddedPolicy(const ClientAuth& auth) {
+  AuthPolicy policy;
+  policy.munge_socket = auth.munge_socket;
+  switch (auth.mode) {
+    case ClientAuth::Mode::kMunge:
+      policy.mode = AuthMode::kMunge;
+      policy.only_uid = getuid();
+      break;
+    case ClientAuth::Mode::kToken:
+      policy.mode = AuthMode::kToken;
+      policy.only_token = auth.token;
+      break;
+    default:
+      policy.mode = AuthMode::kNone;
+      break;
+  }
+  return policy;
+}
+
+absl::StatusOr<std::unique_ptr<Server>> StartEmbedded(const AgentConfig& config,
+                                                      const std::string& listen_host,
+                                                      const ClientAuth& auth) {
   absl::Status last;
   for (int port : config.embedded_ports) {
     ServerOptions options;
-    options.listen = FormatHostPort(config.embedded_listen_host, port);
+    options.listen = FormatHostPort(listen_host, port);
     options.service.log_jobs = false;
     options.service.only_job = config.join.job_id;
+    options.service.auth = EmbeddedPolicy(auth);
+    if (absl::Status s = CheckServerAuth(options.service.auth, options.listen); !s.ok()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "cannot host the rendezvous on %s without authentication: munged does not answer on "
+          "this node; start munged, or give every agent the same --rdzv-token-file",
+          listen_host));
+    }
     absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
     if (server.ok()) return server;
     last = server.status();
@@ -79,7 +117,7 @@ absl::StatusOr<std::unique_ptr<Server>> StartEmbedded(const AgentConfig& config)
 
 }  // namespace
 
-absl::StatusOr<ServerLocation> LocateServer(const AgentConfig& config) {
+absl::StatusOr<ServerLocation> LocateServer(const AgentConfig& config, const ClientAuth& auth) {
   ServerLocation location;
   absl::StatusOr<std::string> host = ResolveServerHost(config.rdzv_host);
   if (!host.ok()) return host.status();
@@ -90,12 +128,19 @@ absl::StatusOr<ServerLocation> LocateServer(const AgentConfig& config) {
     }
     return location;
   }
-  absl::StatusOr<std::unique_ptr<Server>> server = StartEmbedded(config);
+  // Listen only where the other nodes reach this one when that is an address. A name may
+  // resolve to a loopback address here (a common /etc/hosts entry) and to the real one
+  // elsewhere: then listen on every address, as the other nodes' view is unknown.
+  const std::string listen_host =
+      config.embedded_listen_host == "0.0.0.0" && IsIpAddress(location.server_host)
+          ? location.server_host
+          : config.embedded_listen_host;
+  absl::StatusOr<std::unique_ptr<Server>> server = StartEmbedded(config, listen_host, auth);
   if (!server.ok()) return server.status();
   location.embedded = *std::move(server);
-  const std::string self = config.embedded_listen_host == "0.0.0.0" ? std::string("127.0.0.1")
-                                                                    : config.embedded_listen_host;
-  location.endpoints.push_back(FormatHostPort(self, location.embedded->port()));
+  location.endpoints.push_back(
+      FormatHostPort(listen_host == "0.0.0.0" ? std::string("127.0.0.1") : listen_host,
+                     location.embedded->port()));
   spdlog::debug("hosting the rendezvous for job {} on port {}", config.join.job_id,
                 location.embedded->port());
   return location;

@@ -29,8 +29,9 @@ struct ServerLocation {
 };
 
 // Finds (or starts) the server for a configuration that is not standalone. Unavailable, with
-// the fix, when the host cannot be resolved or no candidate port is free.
-absl::StatusOr<ServerLocation> LocateServer(const AgentConfig& config);
+// the fix, when the host cannot be resolved or no candidate port is free. An embedded server
+// serves only callers that prove what `auth` proves (this user, or the job's token).
+absl::StatusOr<ServerLocation> LocateServer(const AgentConfig& config, const ClientAuth& auth);
 
 }  // namespace rdzv
 
