@@ -325,6 +325,26 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
     return;
   }
 
+  // A fixed master endpoint must be the same wherever it is given: otherwise one agent could
+  // point every worker of the job somewhere else.
+  for (const auto& [id, other] : job->members) {
+    const JoinSpec& o = other.spec;
+    const bool addr_differs = !spec.master_addr_override.empty() &&
+                              !o.master_addr_override.empty() &&
+                              spec.master_addr_override != o.master_addr_override;
+    const bool port_differs = spec.master_port_override > 0 && o.master_port_override > 0 &&
+                              spec.master_port_override != o.master_port_override;
+    if (addr_differs || port_differs) {
+      out.closes.push_back(
+          {stream, absl::FailedPreconditionError(absl::StrFormat(
+                       "the agent on %s sets the master to %s:%d but the agent on %s set %s:%d; "
+                       "give every agent the same --master-addr and --master-port, or none",
+                       spec.agent.host, spec.master_addr_override, spec.master_port_override,
+                       o.agent.host, o.master_addr_override, o.master_port_override))});
+      return;
+    }
+  }
+
   const int64_t claim = ClaimKey(spec.agent);
   if (claim >= 0) {
     auto [it, inserted] = job->claims.emplace(claim, spec.agent.agent_id);

@@ -277,6 +277,27 @@ TEST_F(RendezvousStateTest, DuplicateNodeRankIsRefusedNamingTheOtherHost) {
   EXPECT_EQ(EventsOf<AssignmentEvent>(Join(2 * kSecond, 3, Spec("j", "gpu002", 1, 2))).size(), 2u);
 }
 
+TEST_F(RendezvousStateTest, DifferingMasterOverridesAreRefusedNamingBothHosts) {
+  JoinSpec a = Spec("j", "gpu001", 0, 3);
+  a.master_addr_override = "10.1.0.1";
+  a.master_port_override = 29500;
+  JoinSpec b = Spec("j", "gpu002", 1, 3);
+  b.master_addr_override = "10.66.6.6";
+  b.master_port_override = 29500;
+  EXPECT_TRUE(IsEmpty(Join(0, 1, a)));
+  const absl::Status s = RefusalOf(Join(0, 2, b), 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "gpu002 sets the master to 10.66.6.6:29500")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "gpu001 set 10.1.0.1:29500")) << s;
+  // The same override, or none, joins; the round's master is the one override.
+  JoinSpec c = Spec("j", "gpu002", 1, 3);
+  c.master_addr_override = "10.1.0.1";
+  EXPECT_TRUE(IsEmpty(Join(0, 3, c)));
+  const auto assigned = EventsOf<AssignmentEvent>(Join(0, 4, Spec("j", "gpu003", 2, 3)));
+  ASSERT_EQ(assigned.size(), 3u);
+  for (const auto& [stream, a] : assigned) EXPECT_EQ(a.master_addr, "10.1.0.1");
+}
+
 TEST_F(RendezvousStateTest, DuplicateGlobalPositionIsRefused) {
   JoinSpec a = Spec("j", "n0", 0, 2);
   a.agent.agent_id = "task0";
