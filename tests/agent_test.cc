@@ -88,7 +88,8 @@ class AgentTest : public ::testing::Test {
   Subprocess& StartRdzvd() {
     for (int attempt = 0; attempt < 5; ++attempt) {
       const int port = testing::FreeLoopbackPort();
-      Subprocess& rdzvd = Start({RDZVD_BIN, "--listen", absl::StrCat("127.0.0.1:", port)});
+      Subprocess& rdzvd =
+          Start({RDZVD_BIN, "--auth", "none", "--listen", absl::StrCat("127.0.0.1:", port)});
       if (testing::WaitForLoopbackPort(port, kLongWait) && rdzvd.Running()) {
         endpoint_ = absl::StrCat("127.0.0.1:", port);
         return rdzvd;
@@ -480,7 +481,7 @@ TEST_F(AgentTest, RdzvdOnAPortInUseFails) {
   ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   const std::string listen_at = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
 
-  Subprocess& rdzvd = Start({RDZVD_BIN, "--listen", listen_at});
+  Subprocess& rdzvd = Start({RDZVD_BIN, "--auth", "none", "--listen", listen_at});
   EXPECT_EQ(rdzvd.Wait(kPrompt), 1);
   close(fd);
   const std::string line = LineWith(rdzvd.Stderr(), listen_at);
@@ -490,7 +491,7 @@ TEST_F(AgentTest, RdzvdOnAPortInUseFails) {
 // gRPC shares ports (SO_REUSEPORT) unless told not to; two servers would split a job.
 TEST_F(AgentTest, SecondRdzvdOnTheSamePortFails) {
   StartRdzvd();
-  Subprocess& second = Start({RDZVD_BIN, "--listen", endpoint_});
+  Subprocess& second = Start({RDZVD_BIN, "--auth", "none", "--listen", endpoint_});
   EXPECT_EQ(second.Wait(kPrompt), 1);
   EXPECT_TRUE(Contains(LineWith(second.Stderr(), endpoint_), "cannot listen on"));
 }

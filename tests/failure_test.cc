@@ -108,7 +108,8 @@ class FailureTest : public ::testing::Test {
   void StartRdzvd(std::vector<std::string> extra_args = {}) {
     for (int attempt = 0; attempt < 5; ++attempt) {
       const int port = testing::FreeLoopbackPort();
-      std::vector<std::string> argv = {RDZVD_BIN, "--listen", absl::StrCat("127.0.0.1:", port)};
+      std::vector<std::string> argv = {RDZVD_BIN, "--auth", "none", "--listen",
+                                       absl::StrCat("127.0.0.1:", port)};
       argv.insert(argv.end(), extra_args.begin(), extra_args.end());
       Subprocess& rdzvd = Start(argv);
       if (testing::WaitForLoopbackPort(port, kLongWait) && rdzvd.Running()) {
@@ -372,7 +373,7 @@ TEST_F(FailureTest, RestartedRdzvdTakesTheRunningJobBack) {
   const std::vector<WorkerEnv> before = WaitForWorkers(0, 4);
 
   rdzvd_->Kill();
-  const std::vector<std::string> argv = {RDZVD_BIN, "--listen", endpoint_};
+  const std::vector<std::string> argv = {RDZVD_BIN, "--auth", "none", "--listen", endpoint_};
   Subprocess& again = Start(argv);
   ASSERT_TRUE(testing::WaitForLoopbackPort(std::stoi(endpoint_.substr(endpoint_.rfind(':') + 1)),
                                            kLongWait) &&

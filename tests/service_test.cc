@@ -41,6 +41,7 @@ std::unique_ptr<Server> StartServer() {
   ServerOptions options;
   options.listen = "127.0.0.1:0";
   options.tick_interval = absl::Milliseconds(20);
+  options.service.auth.mode = AuthMode::kNone;  // loopback; authentication has its own tests
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? std::move(*server) : nullptr;

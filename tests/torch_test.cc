@@ -85,9 +85,9 @@ class TorchTest : public ::testing::Test {
  protected:
   void SetUp() override {
     port_ = FreeLoopbackPort();
-    rdzvd_.emplace(
-        SubprocessOptions{.argv = {RDZVD_BIN, "--listen", absl::StrCat("127.0.0.1:", port_)},
-                          .unset_env_prefixes = {"RDZV_"}});
+    rdzvd_.emplace(SubprocessOptions{
+        .argv = {RDZVD_BIN, "--auth", "none", "--listen", absl::StrCat("127.0.0.1:", port_)},
+        .unset_env_prefixes = {"RDZV_"}});
     ASSERT_TRUE(testing::WaitForLoopbackPort(port_, absl::Seconds(20))) << rdzvd_->Stderr();
   }
   void TearDown() override {
@@ -206,9 +206,23 @@ class TwoHostsTest : public ::testing::Test {
 
 TEST_F(TwoHostsTest, MasterAddrIsReachableFromTheOtherHost) {
   const std::string endpoint = std::string(kAddrA) + ":29400";
-  Subprocess rdzvd(InNamespace(ns_a_, veth_a_, {RDZVD_BIN, "--listen", endpoint}));
+  // Not a loopback address, so rdzvd authenticates: the job shares a token.
+  char token_path[] = "/tmp/rdzv-token-XXXXXX";
+  const int fd = mkstemp(token_path);
+  ASSERT_GE(fd, 0);
+  const std::string token = "two-hosts-secret-0123456789abcdef\n";
+  ASSERT_EQ(write(fd, token.data(), token.size()), static_cast<ssize_t>(token.size()));
+  close(fd);
+  struct RemoveToken {
+    const char* path;
+    ~RemoveToken() { unlink(path); }
+  } remove_token{token_path};
+  Subprocess rdzvd(
+      InNamespace(ns_a_, veth_a_, {RDZVD_BIN, "--auth", "token", "--listen", endpoint}));
   const auto agent = [&](int node) {
     return std::vector<std::string>{RDZV_AGENT_BIN,
+                                    "--rdzv-token-file",
+                                    token_path,
                                     "--rdzv-endpoint",
                                     endpoint,
                                     "--rdzv-id",

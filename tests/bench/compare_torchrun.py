@@ -161,7 +161,8 @@ class Tools:
     def start_rdzvd(self):
         for _ in range(5):
             port = free_port()
-            p = start([self.rdzvd, "--listen", f"127.0.0.1:{port}", "--log-level", "warn"],
+            p = start([self.rdzvd, "--auth", "none", "--listen", f"127.0.0.1:{port}",
+                       "--log-level", "warn"],
                       self.log("rdzvd.log"))
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and p.poll() is None:

@@ -213,6 +213,7 @@ struct WorkerConfig {
   int64_t first = 0;
   int64_t count = 0;
   int64_t n = 0;
+  ClientAuth::Mode auth = ClientAuth::Mode::kNone;
 };
 
 class Worker {
@@ -258,6 +259,7 @@ class Worker {
       options.endpoint = config_.endpoint;
       options.join_timeout = absl::Seconds(120);
       options.rpc_timeout = absl::Seconds(60);
+      options.auth.mode = config_.auth;
       absl::StatusOr<std::unique_ptr<Client>> c = Client::Create(options);
       if (!c.ok()) {
         std::fprintf(stderr, "rdzv-bench worker: %s\n", std::string(c.status().message()).c_str());
@@ -658,6 +660,7 @@ struct Options {
   int64_t launch_reps = 5;
   std::vector<int64_t> launch_nodes = {8, 32};
   std::vector<std::string> rdzvd_args;
+  std::string auth = "none";  // rdzvd's --auth and the agents' credential; "omit": pass none
   std::string self;
   std::string log_dir;
 };
@@ -674,6 +677,7 @@ absl::Status StartRdzvd(const Options& o, Child& rdzvd, int& port, const std::st
     // default 1 s timeout would take for a lost node. --rdzvd-arg values come after, and win.
     std::vector<std::string> argv = {o.rdzvd, "--listen", absl::StrCat("127.0.0.1:", *p),
                                      "--keepalive-timeout-ms=5000"};
+    if (o.auth != "omit") argv.push_back(absl::StrCat("--auth=", o.auth));
     argv.insert(argv.end(), o.rdzvd_args.begin(), o.rdzvd_args.end());
     if (absl::Status s = rdzvd.Start(argv, false, log); !s.ok()) return s;
     const int64_t deadline = NowNs() + 10'000'000'000;
@@ -834,7 +838,7 @@ class ScaleRun {
       const int64_t count = r_.n * (p + 1) / r_.procs - first;
       absl::Status s = workers_[p].Start(
           {o_.self, "--worker", absl::StrCat("127.0.0.1:", port), job, absl::StrCat(first),
-           absl::StrCat(count), absl::StrCat(r_.n)},
+           absl::StrCat(count), absl::StrCat(r_.n), o_.auth == "munge" ? "munge" : "none"},
           true, absl::StrCat(o_.log_dir, "/worker-", r_.n, "-", r_.rep, "-", p, ".log"));
       if (!s.ok()) return s;
     }
@@ -1182,8 +1186,8 @@ an abort to reach every agent, errors and whether every assignment was right.)";
 
 int Main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "--worker") {
-    if (argc != 7) {
-      std::fprintf(stderr, "rdzv-bench: --worker ENDPOINT JOB FIRST COUNT N\n");
+    if (argc != 8) {
+      std::fprintf(stderr, "rdzv-bench: --worker ENDPOINT JOB FIRST COUNT N AUTH\n");
       return 2;
     }
     WorkerConfig c;
@@ -1194,6 +1198,7 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "rdzv-bench: bad worker arguments\n");
       return 2;
     }
+    c.auth = std::string(argv[7]) == "munge" ? ClientAuth::Mode::kMunge : ClientAuth::Mode::kNone;
     // As rdzvd does: Debian's abseil (no NDEBUG) would otherwise run its deadlock detector on
     // every lock, which costs the simulated agents more than their real work.
     absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
@@ -1237,6 +1242,16 @@ int Main(int argc, char** argv) {
          [&](absl::string_view v) { return ParseCount(v, o.hold_ms, 0); }});
   p.Add({"verbose", "", "", "print each phase's CLOCK_MONOTONIC span (to line up profiles)",
          on(o.verbose)});
+  p.Add({"auth", "", "none|munge|omit",
+         "rdzvd's --auth, and the credential the simulated agents send (default none; omit\n"
+         "passes no --auth, for an rdzvd that predates it)",
+         [&](absl::string_view v) {
+           if (v != "none" && v != "munge" && v != "omit") {
+             return absl::InvalidArgumentError("expected none, munge or omit");
+           }
+           o.auth = std::string(v);
+           return absl::OkStatus();
+         }});
   p.Add({"rdzvd-arg", "", "ARG",
          "pass ARG to rdzvd (repeatable; after the bench's own --keepalive-timeout-ms=5000)",
          [&](absl::string_view v) {
