@@ -187,6 +187,20 @@ FlagParser MakeParser(AgentFlags& f) {
            }
            return absl::OkStatus();
          }});
+  p.Add({"slurm-env", "RDZV_SLURM_ENV", "tasks|keep",
+         "under Slurm, give each worker the SLURM_* task variables srun would give it as a task\n"
+         "(SLURM_PROCID=RANK, SLURM_LOCALID=LOCAL_RANK, SLURM_NTASKS=WORLD_SIZE, ...; tasks,\n"
+         "the default), or leave the agent's own (keep)",
+         [&f](absl::string_view v) {
+           if (v != "tasks" && v != "keep")
+             return absl::InvalidArgumentError("expected tasks or keep");
+           f.slurm_env = std::string(v);
+           return absl::OkStatus();
+         }});
+  p.Add({"pass-local-rank", "RDZV_PASS_LOCAL_RANK", "",
+         "append --local_rank=LOCAL_RANK to each worker's command, for scripts written for\n"
+         "torch.distributed.launch without --use_env",
+         BoolSetter(&f.pass_local_rank)});
   p.Add({"log-level", "RDZV_LOG_LEVEL", "LEVEL",
          "trace, debug, info, warn, error or off (default info)", StringSetter(&f.log_level)});
   p.Add({"version", "", "", "print the version", BoolSetter(&f.version)});
@@ -338,6 +352,8 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
 
   absl::StatusOr<std::optional<SlurmEnv>> slurm = ParseSlurmEnv(env);
   if (!slurm.ok()) return slurm.status();
+  c.worker_shape =
+      ResolveWorkerShape(flags.slurm_env == "tasks", flags.pass_local_rank, *slurm, env);
   c.join.agent.nproc = flags.nproc_per_node.value_or(DefaultNproc(*slurm, env));
 
   if (flags.standalone) {
