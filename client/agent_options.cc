@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/flags.h"
+#include "common/launcher_env.h"
 #include "common/net.h"
 #include "common/slurm_env.h"
 
@@ -321,6 +322,27 @@ absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentC
   return absl::OkStatus();
 }
 
+absl::StatusOr<AgentConfig> ResolveExplicit(const AgentFlags& flags, AgentConfig& c) {
+  if (!flags.nnodes_max) {
+    return absl::InvalidArgumentError(
+        "--nnodes is required with --rdzv-endpoint (how many agents to wait for)");
+  }
+  if (flags.rdzv_id.empty()) {
+    return absl::InvalidArgumentError(
+        "--rdzv-id is required with --rdzv-endpoint so that different jobs never meet; "
+        "give all agents of one job the same id, e.g. --rdzv-id exp1");
+  }
+  c.mode = "explicit";
+  c.join.min_agents = *flags.nnodes_min;
+  c.join.max_agents = *flags.nnodes_max;
+  if (c.join.agent.node_index >= c.join.max_agents) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--node-rank %d is out of range for --nnodes %d; expected 0..%d",
+                        c.join.agent.node_index, c.join.max_agents, c.join.max_agents - 1));
+  }
+  return c;
+}
+
 }  // namespace
 
 absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const EnvLookup& env,
@@ -391,24 +413,18 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
   }
 
   if (!flags.rdzv_endpoint.empty()) {
-    if (!flags.nnodes_max) {
-      return absl::InvalidArgumentError(
-          "--nnodes is required with --rdzv-endpoint (how many agents to wait for)");
+    // Started once per node by mpirun: the launcher numbers the nodes and names the job.
+    absl::StatusOr<std::optional<LauncherEnv>> mpi = ParseLauncherEnv(env);
+    if (!mpi.ok()) return mpi.status();
+    AgentFlags f = flags;
+    if (*mpi) {
+      if (!f.node_rank) c.join.agent.node_index = (*mpi)->rank;
+      if (!f.nnodes_max && (*mpi)->size > 0) f.nnodes_min = f.nnodes_max = (*mpi)->size;
+      if (f.rdzv_id.empty() && !(*mpi)->job_id.empty()) {
+        f.rdzv_id = c.join.job_id = absl::StrCat("mpi-", (*mpi)->job_id);
+      }
     }
-    if (flags.rdzv_id.empty()) {
-      return absl::InvalidArgumentError(
-          "--rdzv-id is required with --rdzv-endpoint so that different jobs never meet; "
-          "give all agents of one job the same id, e.g. --rdzv-id exp1");
-    }
-    c.mode = "explicit";
-    c.join.min_agents = *flags.nnodes_min;
-    c.join.max_agents = *flags.nnodes_max;
-    if (c.join.agent.node_index >= c.join.max_agents) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("--node-rank %d is out of range for --nnodes %d; expected 0..%d",
-                          c.join.agent.node_index, c.join.max_agents, c.join.max_agents - 1));
-    }
-    return c;
+    return ResolveExplicit(f, c);
   }
 
   return absl::InvalidArgumentError(
