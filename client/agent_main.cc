@@ -72,6 +72,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<rdzv::AgentConfig> config =
       rdzv::ResolveAgentConfig(*flags, env, {HostName(), getpid()});
   if (!config.ok()) return Fail(config.status().message(), kUsageError);
-  rdzv::Agent agent(std::move(*config), rdzv::NewPosixProcessLauncher());
+  rdzv::WorkerShape shape = config->worker_shape;
+  rdzv::Agent agent(std::move(*config),
+                    rdzv::NewShapingLauncher(std::move(shape), rdzv::NewPosixProcessLauncher()));
   return agent.Run();
 }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/flags.h"
+#include "common/launcher_env.h"
 #include "common/net.h"
 #include "common/slurm_env.h"
 
@@ -187,6 +188,20 @@ FlagParser MakeParser(AgentFlags& f) {
            }
            return absl::OkStatus();
          }});
+  p.Add({"slurm-env", "RDZV_SLURM_ENV", "tasks|keep",
+         "under Slurm, give each worker the SLURM_* task variables srun would give it as a task\n"
+         "(SLURM_PROCID=RANK, SLURM_LOCALID=LOCAL_RANK, SLURM_NTASKS=WORLD_SIZE, ...; tasks,\n"
+         "the default), or leave the agent's own (keep)",
+         [&f](absl::string_view v) {
+           if (v != "tasks" && v != "keep")
+             return absl::InvalidArgumentError("expected tasks or keep");
+           f.slurm_env = std::string(v);
+           return absl::OkStatus();
+         }});
+  p.Add({"pass-local-rank", "RDZV_PASS_LOCAL_RANK", "",
+         "append --local_rank=LOCAL_RANK to each worker's command, for scripts written for\n"
+         "torch.distributed.launch without --use_env",
+         BoolSetter(&f.pass_local_rank)});
   p.Add({"log-level", "RDZV_LOG_LEVEL", "LEVEL",
          "trace, debug, info, warn, error or off (default info)", StringSetter(&f.log_level)});
   p.Add({"auth", "RDZV_AUTH", "auto|munge|token|none",
@@ -324,6 +339,27 @@ absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentC
   return absl::OkStatus();
 }
 
+absl::StatusOr<AgentConfig> ResolveExplicit(const AgentFlags& flags, AgentConfig& c) {
+  if (!flags.nnodes_max) {
+    return absl::InvalidArgumentError(
+        "--nnodes is required with --rdzv-endpoint (how many agents to wait for)");
+  }
+  if (flags.rdzv_id.empty()) {
+    return absl::InvalidArgumentError(
+        "--rdzv-id is required with --rdzv-endpoint so that different jobs never meet; "
+        "give all agents of one job the same id, e.g. --rdzv-id exp1");
+  }
+  c.mode = "explicit";
+  c.join.min_agents = *flags.nnodes_min;
+  c.join.max_agents = *flags.nnodes_max;
+  if (c.join.agent.node_index >= c.join.max_agents) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--node-rank %d is out of range for --nnodes %d; expected 0..%d",
+                        c.join.agent.node_index, c.join.max_agents, c.join.max_agents - 1));
+  }
+  return c;
+}
+
 }  // namespace
 
 absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const EnvLookup& env,
@@ -367,6 +403,8 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
 
   absl::StatusOr<std::optional<SlurmEnv>> slurm = ParseSlurmEnv(env);
   if (!slurm.ok()) return slurm.status();
+  c.worker_shape =
+      ResolveWorkerShape(flags.slurm_env == "tasks", flags.pass_local_rank, *slurm, env);
   c.join.agent.nproc = flags.nproc_per_node.value_or(DefaultNproc(*slurm, env));
 
   if (flags.standalone) {
@@ -404,24 +442,18 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
   }
 
   if (!flags.rdzv_endpoint.empty()) {
-    if (!flags.nnodes_max) {
-      return absl::InvalidArgumentError(
-          "--nnodes is required with --rdzv-endpoint (how many agents to wait for)");
+    // Started once per node by mpirun: the launcher numbers the nodes and names the job.
+    absl::StatusOr<std::optional<LauncherEnv>> mpi = ParseLauncherEnv(env);
+    if (!mpi.ok()) return mpi.status();
+    AgentFlags f = flags;
+    if (*mpi) {
+      if (!f.node_rank) c.join.agent.node_index = (*mpi)->rank;
+      if (!f.nnodes_max && (*mpi)->size > 0) f.nnodes_min = f.nnodes_max = (*mpi)->size;
+      if (f.rdzv_id.empty() && !(*mpi)->job_id.empty()) {
+        f.rdzv_id = c.join.job_id = absl::StrCat("mpi-", (*mpi)->job_id);
+      }
     }
-    if (flags.rdzv_id.empty()) {
-      return absl::InvalidArgumentError(
-          "--rdzv-id is required with --rdzv-endpoint so that different jobs never meet; "
-          "give all agents of one job the same id, e.g. --rdzv-id exp1");
-    }
-    c.mode = "explicit";
-    c.join.min_agents = *flags.nnodes_min;
-    c.join.max_agents = *flags.nnodes_max;
-    if (c.join.agent.node_index >= c.join.max_agents) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("--node-rank %d is out of range for --nnodes %d; expected 0..%d",
-                          c.join.agent.node_index, c.join.max_agents, c.join.max_agents - 1));
-    }
-    return c;
+    return ResolveExplicit(f, c);
   }
 
   return absl::InvalidArgumentError(

@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/worker_shape.h"
 #include "common/env.h"
 #include "common/rendezvous_types.h"
 
@@ -44,6 +45,8 @@ struct AgentFlags {
   std::string log_dir;
   bool tee = false;
   std::vector<int32_t> local_ranks_filter;  // empty: every local rank
+  std::string slurm_env = "tasks";          // tasks or keep: the workers' SLURM_* layout variables
+  bool pass_local_rank = false;             // append --local_rank=N to each worker's command
   bool help = false;
   bool version = false;
   std::vector<std::string> command;
@@ -91,6 +94,8 @@ struct AgentConfig {
   absl::Duration reconnect_timeout;
   OutputOptions output;
   std::vector<std::string> command;
+  // What each worker's launch gets on top of its torchrun environment (ShapingLauncher).
+  WorkerShape worker_shape;
 };
 
 // What ResolveAgentConfig needs to know about the process it configures.

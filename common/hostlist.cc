@@ -428,4 +428,18 @@ absl::StatusOr<std::vector<int>> ExpandTasksPerNode(std::string_view value_view)
   return counts;
 }
 
+std::string FormatTasksPerNode(const std::vector<int>& counts) {
+  std::string out;
+  std::size_t i = 0;
+  while (i < counts.size()) {
+    std::size_t end = i + 1;
+    while (end < counts.size() && counts[end] == counts[i]) ++end;
+    if (!out.empty()) out.push_back(',');
+    absl::StrAppend(&out, counts[i]);
+    if (end - i > 1) absl::StrAppend(&out, "(x", end - i, ")");
+    i = end;
+  }
+  return out;
+}
+
 }  // namespace rdzv

@@ -52,6 +52,12 @@ std::string CompressHostlist(const std::vector<std::string>& hosts);
 // kMaxHostlistExpansion entries.
 absl::StatusOr<std::vector<int>> ExpandTasksPerNode(std::string_view value);
 
+// Writes task counts in Slurm's SLURM_TASKS_PER_NODE syntax, the inverse of ExpandTasksPerNode:
+// runs of equal adjacent counts become "count(xrepeat)", single ones stay plain, as Slurm writes
+// them: {2,2,2,1} -> "2(x3),1", {4} -> "4". ExpandTasksPerNode(FormatTasksPerNode(x)) == x for
+// any non-empty list of counts from 1 to kMaxHostlistExpansion. Returns "" for an empty list.
+std::string FormatTasksPerNode(const std::vector<int>& counts);
+
 }  // namespace rdzv
 
 #endif  // RDZV_COMMON_HOSTLIST_H_

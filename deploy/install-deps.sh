@@ -10,6 +10,7 @@ packages=(
   libmunge-dev libssl-dev    # MUNGE credentials and token digests
   slurm-wlm munge            # a real Slurm for the demo and the tests
   python3-torch              # real PyTorch (gloo) for the examples and end-to-end tests
+  openmpi-bin                # mpirun launch shape tests
   iproute2 procps
 )
 

@@ -250,3 +250,59 @@ TEST(AgentOptionsTest, HelpAndVersionParseWithoutACommand) {
 
 }  // namespace
 }  // namespace rdzv
+
+namespace rdzv {
+namespace {
+
+TEST(AgentOptionsTest, UnderMpirunTheLauncherNumbersTheNodes) {
+  const EnvList ompi = {{"OMPI_COMM_WORLD_RANK", "1"},
+                        {"OMPI_COMM_WORLD_SIZE", "2"},
+                        {"PMIX_NAMESPACE", "1525088257"}};
+  absl::StatusOr<AgentConfig> c =
+      Resolve({"--rdzv-endpoint", "127.0.0.1:29400", "--", "python", "train.py"}, ompi);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->mode, "explicit");
+  EXPECT_EQ(c->join.agent.node_index, 1);
+  EXPECT_EQ(c->join.min_agents, 2);
+  EXPECT_EQ(c->join.max_agents, 2);
+  EXPECT_EQ(c->join.job_id, "mpi-1525088257");
+  // Flags win over the launcher.
+  c = Resolve({"--rdzv-endpoint", "127.0.0.1:29400", "--nnodes", "4", "--node-rank", "3",
+               "--rdzv-id", "exp", "--", "python", "train.py"},
+              ompi);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->join.agent.node_index, 3);
+  EXPECT_EQ(c->join.max_agents, 4);
+  EXPECT_EQ(c->join.job_id, "exp");
+  // A broken launcher variable is named.
+  EXPECT_EQ(Resolve({"--rdzv-endpoint", "h:1", "--", "x"}, {{"PMI_RANK", "a"}}).status().message(),
+            "PMI_RANK=\"a\" is not a whole number; unset it or fix the launcher");
+}
+
+TEST(AgentOptionsTest, WorkerShapeFlags) {
+  const EnvList step = {{"SLURM_JOB_ID", "5"},         {"SLURM_STEP_ID", "0"},
+                        {"SLURM_PROCID", "0"},         {"SLURM_NODEID", "0"},
+                        {"SLURM_LOCALID", "0"},        {"SLURM_NNODES", "1"},
+                        {"SLURM_STEP_NODELIST", "n1"}, {"SLURM_STEP_NUM_TASKS", "1"}};
+  absl::StatusOr<AgentConfig> c = Resolve({"--", "python", "train.py"}, step);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->worker_shape.slurm_tasks.has_value());
+  EXPECT_FALSE(c->worker_shape.pass_local_rank);
+  c = Resolve({"--slurm-env", "keep", "--pass-local-rank", "--", "python", "train.py"}, step);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->worker_shape.slurm_tasks.has_value());
+  EXPECT_TRUE(c->worker_shape.pass_local_rank);
+  EnvList keep = step;
+  keep.emplace_back("RDZV_SLURM_ENV", "keep");
+  c = Resolve({"--", "python", "train.py"}, keep);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->worker_shape.slurm_tasks.has_value());
+  EXPECT_EQ(Resolve({"--slurm-env", "yes", "--", "x"})
+                    .status()
+                    .message()
+                    .find("expected tasks or keep") != std::string::npos,
+            true);
+}
+
+}  // namespace
+}  // namespace rdzv

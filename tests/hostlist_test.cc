@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace rdzv {
 namespace {
@@ -264,6 +265,68 @@ TEST(ExpandTasksPerNodeTest, RefusesMalformedInput) {
 TEST(ExpandTasksPerNodeTest, MessageCanBePrefixedWithTheVariable) {
   EXPECT_EQ(absl::StrCat("SLURM_TASKS_PER_NODE=", ExpandTasksPerNode("2(x3").status().message()),
             "SLURM_TASKS_PER_NODE=\"2(x3\" is malformed (missing ')'); expected e.g. 2(x3),1");
+}
+
+struct FormatTasksCase {
+  std::vector<int> counts;
+  std::string expected;
+};
+
+const FormatTasksCase kFormatTasksCases[] = {
+    {{}, ""},
+    {{4}, "4"},
+    {{1, 1, 1}, "1(x3)"},
+    {{2, 2, 2, 1}, "2(x3),1"},
+    {{2, 1}, "2,1"},
+    {{1, 2}, "1,2"},
+    {{3, 2, 2}, "3,2(x2)"},
+    {{8, 8, 4}, "8(x2),4"},
+    {{2, 2, 1, 1, 2, 2}, "2(x2),1(x2),2(x2)"},
+    {{1000000}, "1000000"},
+};
+
+TEST(FormatTasksPerNodeTest, WritesSlurmsSyntax) {
+  for (const FormatTasksCase& c : kFormatTasksCases) {
+    EXPECT_EQ(FormatTasksPerNode(c.counts), c.expected) << absl::StrJoin(c.counts, ",");
+  }
+}
+
+TEST(FormatTasksPerNodeTest, InvertsExpand) {
+  for (const TasksCase& c : kTasksCases) {
+    EXPECT_EQ(ExpandTasksPerNode(FormatTasksPerNode(c.expected)).value(), c.expected) << c.input;
+  }
+  // Written as Slurm writes them, "8(x2),4(x1)" comes back without the redundant "(x1)".
+  EXPECT_EQ(FormatTasksPerNode(ExpandTasksPerNode("8(x2),4(x1)").value()), "8(x2),4");
+}
+
+TEST(FormatTasksPerNodeTest, RoundTripsGeneratedLists) {
+  // Every list of up to 6 counts from 1 to 3: 1,092 lists, with every pattern of runs.
+  std::vector<std::vector<int>> lists = {{}};
+  for (int length = 1; length <= 6; ++length) {
+    std::vector<std::vector<int>> longer;
+    for (const std::vector<int>& list : lists) {
+      if (static_cast<int>(list.size()) != length - 1) continue;
+      for (int count = 1; count <= 3; ++count) {
+        longer.push_back(list);
+        longer.back().push_back(count);
+      }
+    }
+    lists.insert(lists.end(), longer.begin(), longer.end());
+  }
+  ASSERT_EQ(lists.size(), 1u + 3 + 9 + 27 + 81 + 243 + 729);
+  for (const std::vector<int>& list : lists) {
+    if (list.empty()) continue;
+    const std::string text = FormatTasksPerNode(list);
+    absl::StatusOr<std::vector<int>> back = ExpandTasksPerNode(text);
+    ASSERT_TRUE(back.ok()) << text << ": " << back.status();
+    EXPECT_EQ(*back, list) << text;
+  }
+}
+
+TEST(FormatTasksPerNodeTest, RoundTripsTheLargestAllocation) {
+  const std::vector<int> counts(kMaxHostlistExpansion, 1);
+  EXPECT_EQ(FormatTasksPerNode(counts), "1(x1000000)");
+  EXPECT_EQ(ExpandTasksPerNode(FormatTasksPerNode(counts)).value(), counts);
 }
 
 }  // namespace

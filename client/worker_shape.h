@@ -1,0 +1,66 @@
+// What the agent adds to each worker's launch for the launch shapes it stands in for, on top of
+// the torchrun environment that WorkerVariables builds:
+//  - Slurm task variables (SLURM_PROCID=RANK, SLURM_LOCALID=LOCAL_RANK, ...) so that workers an
+//    agent starts look like tasks srun started (see common/slurm_worker_env.h);
+//  - `--local_rank=N` after the command, for scripts written for torch.distributed.launch
+//    without --use_env;
+//  - a device view for steps that give each task one GPU: the node's GPUs of the step, ordered
+//    so that device LOCAL_RANK is the task's own, as under torchrun.
+//
+// ShapeWorker is pure. ShapingLauncher applies it to every process it spawns through another
+// launcher and logs the notes of its first spawn once; it is used from one thread, like the
+// launcher it wraps.
+#ifndef RDZV_CLIENT_WORKER_SHAPE_H_
+#define RDZV_CLIENT_WORKER_SHAPE_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/process_launcher.h"
+#include "common/env.h"
+#include "common/slurm_env.h"
+
+namespace rdzv {
+
+struct WorkerShape {
+  // The agent's Slurm view when workers get Slurm task variables (inside a Slurm step, unless
+  // --slurm-env keep); unset to leave the agent's SLURM_* as they are.
+  std::optional<SlurmEnv> slurm_tasks;
+  // The job's node names in node order, when they are known and differ from the step's (one
+  // step per node forming one job); empty otherwise.
+  std::vector<std::string> job_nodes;
+  // Append --local_rank=LOCAL_RANK to each worker's command.
+  bool pass_local_rank = false;
+  // The one device the task sees (the agent's CUDA_VISIBLE_DEVICES when it names exactly one),
+  // and the step's devices on this node (SLURM_STEP_GPUS), in Slurm's order; empty when not
+  // known or when the task sees no or several devices.
+  std::string task_device;
+  std::vector<std::string> node_devices;
+};
+
+struct ShapedWorker {
+  ProcessSpec spec;
+  std::vector<std::string> notes;  // one line each, for the agent's log
+  bool warning = false;            // notes name something the user has to change
+};
+
+// The launch of the worker `spec` (whose env holds WorkerVariables' RANK, LOCAL_RANK, ...) shaped
+// by `shape`. Fails with one line when the env lacks the torchrun variables or they disagree.
+absl::StatusOr<ShapedWorker> ShapeWorker(const WorkerShape& shape, const ProcessSpec& spec);
+
+// The shape for an agent: Slurm task variables when `slurm_tasks` and the agent runs inside a
+// Slurm step (`slurm`), --local_rank when `pass_local_rank`, and the task's device from
+// CUDA_VISIBLE_DEVICES and the node's from SLURM_STEP_GPUS (else SLURM_JOB_GPUS) in `env`.
+WorkerShape ResolveWorkerShape(bool slurm_tasks, bool pass_local_rank,
+                               const std::optional<SlurmEnv>& slurm, const EnvLookup& env);
+
+// A launcher that shapes every spawn with ShapeWorker before passing it to `inner`.
+std::unique_ptr<ProcessLauncher> NewShapingLauncher(WorkerShape shape,
+                                                    std::unique_ptr<ProcessLauncher> inner);
+
+}  // namespace rdzv
+
+#endif  // RDZV_CLIENT_WORKER_SHAPE_H_

@@ -1,0 +1,179 @@
+#include "client/worker_shape.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/env.h"
+
+namespace rdzv {
+namespace {
+
+// A worker's launch as the agent builds it: torchrun's variables over the agent's SLURM_*.
+ProcessSpec Worker(int rank, int local, int group, int world, int groups, int local_world) {
+  ProcessSpec spec;
+  spec.argv = {"python3", "train.py"};
+  spec.env = {"SLURM_PROCID=1",
+              "SLURM_LOCALID=0",
+              "SLURM_NTASKS=2",
+              "SLURM_JOB_ID=42",
+              "PATH=/usr/bin",
+              "CUDA_VISIBLE_DEVICES=2",
+              absl::StrCat("RANK=", rank),
+              absl::StrCat("LOCAL_RANK=", local),
+              absl::StrCat("GROUP_RANK=", group),
+              absl::StrCat("WORLD_SIZE=", world),
+              absl::StrCat("GROUP_WORLD_SIZE=", groups),
+              absl::StrCat("LOCAL_WORLD_SIZE=", local_world)};
+  return spec;
+}
+
+std::string Value(const ProcessSpec& spec, const std::string& name) {
+  std::string found = "<unset>";
+  int times = 0;
+  for (const std::string& e : spec.env) {
+    if (e.rfind(name + "=", 0) == 0) {
+      found = e.substr(name.size() + 1);
+      ++times;
+    }
+  }
+  EXPECT_LE(times, 1) << name << " is set " << times << " times";
+  return found;
+}
+
+SlurmEnv TwoNodeStep() {
+  SlurmEnv s;
+  s.job_id = "42";
+  s.step_id = "0";
+  s.proc_id = 1;
+  s.num_nodes = 2;
+  s.nodes = {"n1", "n2"};
+  s.tasks_per_node = {1, 1};
+  return s;
+}
+
+TEST(ShapeWorkerTest, NothingAskedLeavesTheLaunchAlone) {
+  const ProcessSpec spec = Worker(3, 1, 1, 4, 2, 2);
+  absl::StatusOr<ShapedWorker> shaped = ShapeWorker(WorkerShape{}, spec);
+  ASSERT_TRUE(shaped.ok()) << shaped.status();
+  EXPECT_EQ(shaped->spec.env, spec.env);
+  EXPECT_EQ(shaped->spec.argv, spec.argv);
+  EXPECT_TRUE(shaped->notes.empty());
+}
+
+TEST(ShapeWorkerTest, PerNodeWorkersSeeSlurmTasksMatchingTheirRanks) {
+  WorkerShape shape;
+  shape.slurm_tasks = TwoNodeStep();
+  const struct { int rank, local, group; } workers[] = {{0, 0, 0}, {1, 1, 0}, {2, 0, 1}, {3, 1, 1}};
+  for (const auto& w : workers) {
+    absl::StatusOr<ShapedWorker> shaped =
+        ShapeWorker(shape, Worker(w.rank, w.local, w.group, 4, 2, 2));
+    ASSERT_TRUE(shaped.ok()) << shaped.status();
+    const ProcessSpec& s = shaped->spec;
+    EXPECT_EQ(Value(s, "SLURM_PROCID"), absl::StrCat(w.rank));
+    EXPECT_EQ(Value(s, "SLURM_LOCALID"), absl::StrCat(w.local));
+    EXPECT_EQ(Value(s, "SLURM_NODEID"), absl::StrCat(w.group));
+    EXPECT_EQ(Value(s, "SLURM_NTASKS"), "4");
+    EXPECT_EQ(Value(s, "SLURM_NTASKS_PER_NODE"), "2");
+    EXPECT_EQ(Value(s, "SLURM_TASKS_PER_NODE"), "2(x2)");
+    EXPECT_EQ(Value(s, "SLURM_NODELIST"), "n[1-2]");
+    EXPECT_EQ(Value(s, "SLURM_JOB_ID"), "42");  // job-wide ones stay
+    EXPECT_EQ(s.argv, (std::vector<std::string>{"python3", "train.py"}));
+    EXPECT_EQ(shaped->notes.size(), 1u);
+    EXPECT_FALSE(shaped->warning);
+  }
+}
+
+TEST(ShapeWorkerTest, JobNodesNameTheNodesOfAJobOfSeveralSteps) {
+  WorkerShape shape;
+  shape.slurm_tasks = TwoNodeStep();
+  shape.slurm_tasks->nodes = {"n2"};
+  shape.job_nodes = {"n1", "n2", "n3"};
+  absl::StatusOr<ShapedWorker> shaped = ShapeWorker(shape, Worker(2, 0, 1, 3, 3, 1));
+  ASSERT_TRUE(shaped.ok()) << shaped.status();
+  EXPECT_EQ(Value(shaped->spec, "SLURM_NODELIST"), "n[1-3]");
+  EXPECT_EQ(Value(shaped->spec, "SLURM_STEP_NUM_NODES"), "3");
+}
+
+TEST(ShapeWorkerTest, PassLocalRankAppendsIt) {
+  WorkerShape shape;
+  shape.pass_local_rank = true;
+  absl::StatusOr<ShapedWorker> shaped = ShapeWorker(shape, Worker(3, 1, 1, 4, 2, 2));
+  ASSERT_TRUE(shaped.ok()) << shaped.status();
+  EXPECT_EQ(shaped->spec.argv, (std::vector<std::string>{"python3", "train.py", "--local_rank=1"}));
+  EXPECT_EQ(Value(shaped->spec, "SLURM_PROCID"), "1");  // not asked for: the agent's
+}
+
+TEST(ShapeWorkerTest, OneGpuPerTaskDeviceView) {
+  const struct {
+    const char* name;
+    std::string task_device;
+    std::vector<std::string> node_devices;
+    int local_rank;
+    std::string expected_cvd;
+    bool warning;
+  } cases[] = {
+      {"local rank 0 keeps its device", "0", {"0", "1", "2", "3"}, 0, "0", false},
+      {"own GPU at index LOCAL_RANK", "2", {"0", "1", "2", "3"}, 2, "0,1,2,3", false},
+      {"out of order", "3", {"0", "1", "2", "3"}, 1, "0,3,1,2", false},
+      {"renumbered by cgroups: no view", "0", {"0", "1", "2", "3"}, 2, "0", true},
+      {"node GPUs unknown", "2", {}, 2, "2", true},
+      {"too few node GPUs", "1", {"0", "1"}, 3, "1", true},
+  };
+  for (const auto& c : cases) {
+    WorkerShape shape;
+    shape.task_device = c.task_device;
+    shape.node_devices = c.node_devices;
+    ProcessSpec spec = Worker(c.local_rank, c.local_rank, 0, 4, 1, 4);
+    for (std::string& e : spec.env) {
+      if (e.rfind("CUDA_VISIBLE_DEVICES=", 0) == 0) e = "CUDA_VISIBLE_DEVICES=" + c.task_device;
+    }
+    absl::StatusOr<ShapedWorker> shaped = ShapeWorker(shape, spec);
+    ASSERT_TRUE(shaped.ok()) << c.name << ": " << shaped.status();
+    EXPECT_EQ(Value(shaped->spec, "CUDA_VISIBLE_DEVICES"), c.expected_cvd) << c.name;
+    EXPECT_EQ(shaped->warning, c.warning) << c.name;
+    if (c.warning) {
+      ASSERT_EQ(shaped->notes.size(), 1u) << c.name;
+      EXPECT_NE(shaped->notes[0].find("torch.cuda.set_device(LOCAL_RANK) fails"), std::string::npos)
+          << shaped->notes[0];
+    }
+    if (c.expected_cvd.find(',') != std::string::npos) {
+      const std::vector<std::string> view = absl::StrSplit(c.expected_cvd, ',');
+      EXPECT_EQ(view[c.local_rank], c.task_device) << c.name;
+    }
+  }
+}
+
+TEST(ShapeWorkerTest, MissingRankVariableIsAnError) {
+  WorkerShape shape;
+  shape.pass_local_rank = true;
+  ProcessSpec spec;
+  spec.argv = {"x"};
+  spec.env = {"PATH=/bin"};
+  EXPECT_EQ(ShapeWorker(shape, spec).status().message(), "RANK is not set");
+}
+
+TEST(ResolveWorkerShapeTest, FromTheEnvironment) {
+  SlurmEnv step = TwoNodeStep();
+  const EnvLookup env = EnvFromList(
+      {{"CUDA_VISIBLE_DEVICES", "2"}, {"SLURM_STEP_GPUS", "0,1,2,3"}, {"SLURM_JOB_GPUS", "9"}});
+  WorkerShape shape = ResolveWorkerShape(true, false, step, env);
+  EXPECT_TRUE(shape.slurm_tasks.has_value());
+  EXPECT_EQ(shape.task_device, "2");
+  EXPECT_EQ(shape.node_devices, (std::vector<std::string>{"0", "1", "2", "3"}));
+  EXPECT_FALSE(ResolveWorkerShape(false, false, step, env).slurm_tasks.has_value());
+  EXPECT_FALSE(ResolveWorkerShape(true, false, std::nullopt, env).slurm_tasks.has_value());
+  EXPECT_EQ(ResolveWorkerShape(true, false, std::nullopt, env).task_device, "");
+  SlurmEnv batch = step;
+  batch.step_id.clear();
+  EXPECT_FALSE(ResolveWorkerShape(true, false, batch, env).slurm_tasks.has_value());
+  const EnvLookup several = EnvFromList({{"CUDA_VISIBLE_DEVICES", "0,1"}});
+  EXPECT_EQ(ResolveWorkerShape(true, false, step, several).task_device, "");
+}
+
+}  // namespace
+}  // namespace rdzv
