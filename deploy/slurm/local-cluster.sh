@@ -216,6 +216,15 @@ port_in_use() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
 
 # --- munge --------------------------------------------------------------------
 
+close_inherited_fds() {
+  local fd
+  for fd in /proc/$BASHPID/fd/*; do
+    fd=${fd##*/}
+    [[ $fd -gt 2 ]] && eval "exec $fd>&-" 2>/dev/null
+  done
+  return 0
+}
+
 munge_ok() { munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; }
 
 ensure_munge() {
@@ -241,7 +250,9 @@ ensure_munge() {
   [[ -d /var/lib/munge ]] || install -d -o munge -g munge -m 0711 /var/lib/munge
   [[ -d /var/log/munge ]] || install -d -o munge -g munge -m 0700 /var/log/munge
   local out=$DIR/log/munged.out
-  if ! runuser -u munge -- munged </dev/null >"$out" 2>&1; then
+  # munged keeps every descriptor it inherits: start it with none but stdio, so that it never
+  # holds a caller's lock (flock) or pipe open for its whole life.
+  if ! (close_inherited_fds; exec runuser -u munge -- munged </dev/null >"$out" 2>&1); then
     die "munged failed to start: $(tail -n 5 "$out" /var/log/munge/munged.log 2>/dev/null | tr '\n' ' ')"
   fi
   local i pid=
