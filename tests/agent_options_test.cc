@@ -186,6 +186,7 @@ TEST_P(AgentOptionsErrorTest, RefusesWithAMessageThatSaysWhatToDo) {
     EXPECT_TRUE(absl::StrContains(config.status().message(), part))
         << "missing \"" << part << "\" in: " << config.status().message();
   }
+  EXPECT_FALSE(absl::StrContains(config.status().message(), '\n')) << config.status().message();
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -235,7 +236,13 @@ INSTANTIATE_TEST_SUITE_P(
                   {"--standalone", "--nnodes"}},
         ErrorCase{"NowhereToMeet",
                   {"--nproc-per-node", "2", "--", "./run"},
-                  {"--rdzv-endpoint", "--standalone"}}),
+                  {"--rdzv-endpoint", "--standalone"}},
+        ErrorCase{"UnknownFlagWithNewline",
+                  {"--np\nroc", "2", "--standalone", "--", "./run"},
+                  {"unknown flag --np\\nroc", "--help"}},
+        ErrorCase{"NnodesWithNewline",
+                  {"--nnodes", "2\n4", "--", "./run"},
+                  {"--nnodes=\"2\\n4\"", "MIN:MAX"}}),
     [](const testing::TestParamInfo<ErrorCase>& info) { return info.param.name; });
 
 TEST(AgentOptionsTest, HelpAndVersionParseWithoutACommand) {

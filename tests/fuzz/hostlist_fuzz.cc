@@ -2,9 +2,11 @@
 // hostlist (ExpandHostlist), as a SLURM_TASKS_PER_NODE value (ExpandTasksPerNode), and as host
 // names, one per line, for CompressHostlist. Properties checked:
 //   - errors are one-line InvalidArgument messages;
-//   - ExpandHostlist never returns more than kMaxHostlistExpansion names;
-//   - ExpandHostlist(CompressHostlist(x)) == x for names without ',', '[', ']' or whitespace,
-//     both for the names an expansion produced and for arbitrary names;
+//   - ExpandHostlist never returns more than kMaxHostlistExpansion names, nor names longer than
+//     kMaxHostNameLength;
+//   - ExpandHostlist(CompressHostlist(x)) == x for names without ',', '[', ']' or whitespace (of
+//     at most kMaxHostNameLength characters), both for the names an expansion produced and for
+//     arbitrary names;
 //   - ExpandTasksPerNode returns 1..kMaxHostlistExpansion counts, each at least 1.
 
 #include <cstddef>
@@ -25,7 +27,7 @@ namespace {
 
 // A name CompressHostlist promises to round-trip.
 bool IsPlainName(const std::string& name) {
-  if (name.empty()) return false;
+  if (name.empty() || name.size() > kMaxHostNameLength) return false;
   for (char c : name) {
     if (c == ',' || c == '[' || c == ']' || absl::ascii_isspace(static_cast<unsigned char>(c))) {
       return false;
@@ -54,6 +56,9 @@ void FuzzExpand(std::string_view input) {
   }
   FuzzCheck(!hosts->empty(), "a successful expansion is empty", input);
   FuzzCheck(hosts->size() <= kMaxHostlistExpansion, "over kMaxHostlistExpansion names", input);
+  for (const std::string& host : *hosts) {
+    FuzzCheck(host.size() <= kMaxHostNameLength, "a name over kMaxHostNameLength", input);
+  }
   CheckRoundTrip(*hosts);
 }
 
