@@ -1,7 +1,9 @@
 #include "client/agent_options.h"
 
 #include <algorithm>
+#include <limits>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -9,11 +11,15 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/flags.h"
+#include "common/hostlist.h"
 #include "common/net.h"
 #include "common/slurm_env.h"
 
 namespace rdzv {
 namespace {
+
+// The most workers one agent starts.
+constexpr int32_t kMaxNprocPerNode = 4096;
 
 constexpr char kUsage[] =
     R"(rdzv-agent: joins a rendezvous, learns this node's ranks and the master endpoint, and runs
@@ -64,20 +70,30 @@ std::function<absl::Status(absl::string_view)> BoolSetter(bool* target) {
   };
 }
 
-// "30" is seconds; "500ms", "2m", "1.5s" are absl durations.
+// The longest duration any flag takes. Far beyond any real timeout, and small enough that
+// microseconds, milliseconds and the deadlines computed from it never overflow.
+constexpr absl::Duration kMaxDuration = absl::Hours(24 * 365);
+
+// "30" is seconds; "500ms", "2m", "1.5s" are absl durations. From 0 to kMaxDuration.
 std::function<absl::Status(absl::string_view)> DurationSetter(absl::Duration* target) {
   return [target](absl::string_view v) {
     double seconds;
-    if (absl::SimpleAtod(v, &seconds) && seconds >= 0) {
-      *target = absl::Seconds(seconds);
-      return absl::OkStatus();
-    }
     absl::Duration d;
-    if (absl::ParseDuration(v, &d) && d >= absl::ZeroDuration()) {
-      *target = d;
-      return absl::OkStatus();
+    if (absl::SimpleAtod(v, &seconds)) {
+      // NaN fails both comparisons; infinity is over the maximum.
+      if (!(seconds >= 0)) return absl::InvalidArgumentError("expected a duration of 0 or more");
+      d = seconds > absl::ToDoubleSeconds(kMaxDuration) ? absl::InfiniteDuration()
+                                                        : absl::Seconds(seconds);
+    } else if (!absl::ParseDuration(v, &d)) {
+      return absl::InvalidArgumentError("expected a duration such as 30, 30s, 500ms or 2m");
+    } else if (d < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("expected a duration of 0 or more");
     }
-    return absl::InvalidArgumentError("expected a duration such as 30, 30s, 500ms or 2m");
+    if (d > kMaxDuration) {
+      return absl::InvalidArgumentError("expected a duration of at most 365 days (8760h)");
+    }
+    *target = d;
+    return absl::OkStatus();
   };
 }
 
@@ -102,7 +118,7 @@ FlagParser MakeParser(AgentFlags& f) {
          "CUDA_VISIBLE_DEVICES, else 1)",
          [&f](absl::string_view v) {
            int64_t n = 0;
-           if (absl::Status s = SetInt(v, 1, 4096, &n); !s.ok()) return s;
+           if (absl::Status s = SetInt(v, 1, kMaxNprocPerNode, &n); !s.ok()) return s;
            f.nproc_per_node = static_cast<int32_t>(n);
            return absl::OkStatus();
          }});
@@ -324,10 +340,8 @@ absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentC
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const EnvLookup& env,
-                                               const LocalProcess& self) {
+absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& env,
+                                    const LocalProcess& self) {
   AgentConfig c;
   c.join.job_id = flags.rdzv_id;
   c.join.agent.host =
@@ -368,6 +382,11 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
   absl::StatusOr<std::optional<SlurmEnv>> slurm = ParseSlurmEnv(env);
   if (!slurm.ok()) return slurm.status();
   c.join.agent.nproc = flags.nproc_per_node.value_or(DefaultNproc(*slurm, env));
+  if (c.join.agent.nproc > kMaxNprocPerNode) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d workers per node (one per GPU or visible device) is over %d; pass --nproc-per-node",
+        c.join.agent.nproc, kMaxNprocPerNode));
+  }
 
   if (flags.standalone) {
     if (!flags.rdzv_endpoint.empty()) {
@@ -428,6 +447,44 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
       "nothing says where to meet the other nodes: pass --rdzv-endpoint HOST:PORT --rdzv-id "
       "JOB --nnodes N, or --standalone for one node (inside a Slurm allocation, srun "
       "rdzv-agent needs no flags)");
+}
+
+// A host name goes into every agent's logs and into MASTER_ADDR: text a terminal or a log reader
+// would interpret is refused, as is a name no resolver accepts.
+absl::Status CheckHostName(const std::string& host, const AgentFlags& flags) {
+  const char* from = !flags.host_name.empty() ? "--host-name" : "the host name (SLURMD_NODENAME)";
+  if (host.size() > kMaxHostNameLength) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s is %d characters long; expected at most %d", from, host.size(), kMaxHostNameLength));
+  }
+  for (char ch : host) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (u <= 0x20 || u == 0x7f) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s \"%s\" contains a space or control character; expected a plain host name such as "
+          "node01",
+          from, absl::CHexEscape(host)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const EnvLookup& env,
+                                               const LocalProcess& self) {
+  absl::StatusOr<AgentConfig> c = Resolve(flags, env, self);
+  if (!c.ok()) return c;
+  if (absl::Status s = CheckHostName(c->join.agent.host, flags); !s.ok()) return s;
+  // Ranks are 32-bit in torch and on the wire: the largest world the job may grow to must fit.
+  const int64_t world = int64_t{c->join.agent.nproc} * c->join.max_agents;
+  if (world > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d agents of %d workers each make %d ranks, over the limit of %d; lower --nnodes or "
+        "--nproc-per-node",
+        c->join.max_agents, c->join.agent.nproc, world, std::numeric_limits<int32_t>::max()));
+  }
+  return c;
 }
 
 }  // namespace rdzv

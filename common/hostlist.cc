@@ -368,6 +368,11 @@ absl::StatusOr<std::vector<std::string>> ExpandHostlist(std::string_view hostlis
       return Malformed(hostlist, "contains whitespace",
                        "comma-separated names without spaces e.g. n[1-3,5],login1");
     }
+    // Host names end up in logs and messages: nothing a terminal would act on.
+    if (absl::ascii_iscntrl(c)) {
+      return Malformed(hostlist, "contains a control character",
+                       "comma-separated names e.g. n[1-3,5],login1");
+    }
   }
   std::vector<Group> groups;
   uint64_t total = 0;

@@ -38,8 +38,8 @@ inline constexpr std::size_t kMaxHostNameLength = 255;
 // whose width is kept ("gpu[001-016]"), suffixes ("rack1-n[1-4]-ib"), several comma-separated
 // groups ("a[1-2],b3") and several brackets in one name ("r[1-2]n[1-2]": the cartesian product,
 // the first bracket varying slowest). Returns InvalidArgumentError for empty or malformed input,
-// whitespace, descending ranges, lists over kMaxHostlistExpansion names, and names over
-// kMaxHostNameLength characters.
+// whitespace, control characters, descending ranges, lists over kMaxHostlistExpansion names, and
+// names over kMaxHostNameLength characters.
 absl::StatusOr<std::vector<std::string>> ExpandHostlist(std::string_view hostlist);
 
 // Compresses host names into hostlist syntax, the inverse of ExpandHostlist.

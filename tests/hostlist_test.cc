@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
@@ -21,9 +22,9 @@ using Names = std::vector<std::string>;
 void ExpectError(const absl::Status& status, const std::string& input, const std::string& why) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   const std::string message(status.message());
-  const std::string quoted = input.size() <= 200
-                                 ? absl::StrCat("\"", input, "\"")
-                                 : absl::StrCat("\"", input.substr(0, 200), "...\"");
+  const std::string quoted =
+      input.size() <= 200 ? absl::StrCat("\"", absl::CHexEscape(input), "\"")
+                          : absl::StrCat("\"", absl::CHexEscape(input.substr(0, 200)), "...\"");
   EXPECT_TRUE(absl::StrContains(message, quoted)) << message;
   EXPECT_TRUE(absl::StrContains(message, why)) << message;
   EXPECT_FALSE(absl::StrContains(message, "\n")) << message;
@@ -95,6 +96,8 @@ const ErrorCase kExpandErrors[] = {
     {"n[0-999999999999999999]", "expands to over 1000000 names"},
     {"r[1-1001]n[1-1000]", "expands to over 1000000 names"},
     {"a[1-600000],b[1-600000]", "expands to over 1000000 names"},
+    {"n1,n\x1b[2J", "contains a control character"},
+    {std::string("n1\0n2", 5), "contains a control character"},
     // Names are bounded too, so that a few kilobytes cannot expand to gigabytes.
     {std::string(256, 'n'),
      "names are up to 256 characters long); expected host names of at most 255"},
