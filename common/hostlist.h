@@ -49,7 +49,8 @@ absl::StatusOr<std::vector<std::string>> ExpandHostlist(std::string_view hostlis
 // padded numbers only share a bracket with numbers of the same width. Only adjacent names are
 // merged so that the order is kept exactly: ExpandHostlist(CompressHostlist(x)) == x for any
 // non-empty list of at most kMaxHostlistExpansion non-empty names of at most kMaxHostNameLength
-// characters without ',', '[', ']' or whitespace, sorted or not. Returns "" for an empty list.
+// characters without ',', '[', ']', whitespace or control characters, sorted or not. Returns "" for
+// an empty list.
 std::string CompressHostlist(const std::vector<std::string>& hosts);
 
 // Expands Slurm's SLURM_TASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE syntax into one task count per

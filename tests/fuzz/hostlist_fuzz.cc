@@ -4,9 +4,9 @@
 //   - errors are one-line InvalidArgument messages;
 //   - ExpandHostlist never returns more than kMaxHostlistExpansion names, nor names longer than
 //     kMaxHostNameLength;
-//   - ExpandHostlist(CompressHostlist(x)) == x for names without ',', '[', ']' or whitespace (of
-//     at most kMaxHostNameLength characters), both for the names an expansion produced and for
-//     arbitrary names;
+//   - ExpandHostlist(CompressHostlist(x)) == x for names without ',', '[', ']', whitespace or
+//     control characters (of at most kMaxHostNameLength characters), both for the names an
+//     expansion produced and for arbitrary names;
 //   - ExpandTasksPerNode returns 1..kMaxHostlistExpansion counts, each at least 1.
 
 #include <cstddef>
@@ -29,7 +29,8 @@ namespace {
 bool IsPlainName(const std::string& name) {
   if (name.empty() || name.size() > kMaxHostNameLength) return false;
   for (char c : name) {
-    if (c == ',' || c == '[' || c == ']' || absl::ascii_isspace(static_cast<unsigned char>(c))) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == ',' || c == '[' || c == ']' || absl::ascii_isspace(u) || absl::ascii_iscntrl(u)) {
       return false;
     }
   }

@@ -15,7 +15,7 @@ if ! [[ $seconds =~ ^[1-9][0-9]*$ ]]; then
   echo "usage: tests/fuzz/run.sh [SECONDS]  (time per fuzzer, default 30)" >&2
   exit 2
 fi
-fuzzers=(hostlist slurm_env agent_flags config)
+fuzzers=(hostlist slurm_env agent_flags config rendezvous_events)
 jobs=$(nproc)
 
 cmake --preset fuzz >/dev/null
@@ -61,7 +61,7 @@ for name in "${fuzzers[@]}"; do
   cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$status")
   ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$status")
   corp=$(sed -n 's/.* corp: \([0-9]*\)\/.*/\1/p' <<<"$status")
-  printf '%-12s %10s runs  cov %5s  features %6s  corpus %5s inputs' \
+  printf '%-18s %10s runs  cov %5s  features %6s  corpus %5s inputs' \
     "$name" "${runs:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}"
   if [ "$rc" = 0 ]; then
     echo "  ok"
