@@ -11,6 +11,7 @@ packages=(
   slurm-wlm munge            # a real Slurm for the demo and the tests
   python3-torch              # real PyTorch (gloo) for the examples and end-to-end tests
   iproute2 procps
+  clang libclang-rt-dev      # libFuzzer for tests/fuzz
 )
 
 missing=()
