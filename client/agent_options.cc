@@ -1,7 +1,9 @@
 #include "client/agent_options.h"
 
 #include <algorithm>
+#include <limits>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -9,239 +11,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/flags.h"
+#include "common/hostlist.h"
 #include "common/launcher_env.h"
 #include "common/net.h"
 #include "common/slurm_env.h"
 
 namespace rdzv {
-namespace {
-
-constexpr char kUsage[] =
-    R"(rdzv-agent: joins a rendezvous, learns this node's ranks and the master endpoint, and runs
-the training processes with the environment PyTorch expects (RANK, LOCAL_RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT, ...). Stops every worker of the job when one fails.
-
-Usage: rdzv-agent [flags] -- COMMAND [ARGS...]
-
-Examples:
-  srun rdzv-agent -- python train.py                  # inside Slurm: no flags needed
-  rdzv-agent --standalone --nproc-per-node 4 -- python train.py
-  rdzv-agent --rdzv-endpoint head:29400 --rdzv-id exp1 --nnodes 2 --node-rank 0 \
-             --nproc-per-node 4 -- python train.py --lr 1e-3)";
-
-absl::Status SetInt(absl::string_view v, int64_t min, int64_t max, int64_t* out) {
-  int64_t parsed;
-  if (!absl::SimpleAtoi(v, &parsed) || parsed < min || parsed > max) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("expected a whole number in %d..%d", min, max));
-  }
-  *out = parsed;
-  return absl::OkStatus();
-}
-
-template <typename T>
-std::function<absl::Status(absl::string_view)> IntSetter(T* target, int64_t min, int64_t max) {
-  return [target, min, max](absl::string_view v) {
-    int64_t parsed = 0;
-    if (absl::Status s = SetInt(v, min, max, &parsed); !s.ok()) return s;
-    *target = static_cast<T>(parsed);
-    return absl::OkStatus();
-  };
-}
-
-std::function<absl::Status(absl::string_view)> StringSetter(std::string* target) {
-  return [target](absl::string_view v) {
-    *target = std::string(v);
-    return absl::OkStatus();
-  };
-}
-
-std::function<absl::Status(absl::string_view)> BoolSetter(bool* target) {
-  return [target](absl::string_view v) {
-    absl::StatusOr<bool> b = ParseBool(v);
-    if (!b.ok()) return b.status();
-    *target = *b;
-    return absl::OkStatus();
-  };
-}
-
-// "30" is seconds; "500ms", "2m", "1.5s" are absl durations.
-std::function<absl::Status(absl::string_view)> DurationSetter(absl::Duration* target) {
-  return [target](absl::string_view v) {
-    double seconds;
-    if (absl::SimpleAtod(v, &seconds) && seconds >= 0) {
-      *target = absl::Seconds(seconds);
-      return absl::OkStatus();
-    }
-    absl::Duration d;
-    if (absl::ParseDuration(v, &d) && d >= absl::ZeroDuration()) {
-      *target = d;
-      return absl::OkStatus();
-    }
-    return absl::InvalidArgumentError("expected a duration such as 30, 30s, 500ms or 2m");
-  };
-}
-
-FlagParser MakeParser(AgentFlags& f) {
-  FlagParser p("rdzv-agent", kUsage);
-  p.Add({"nnodes", "RDZV_NNODES", "N|MIN:MAX",
-         "how many agents (nodes) the job has; MIN:MAX lets the job start with MIN after\n"
-         "--last-call (default under Slurm: the step's node or task count)",
-         [&f](absl::string_view v) -> absl::Status {
-           std::vector<absl::string_view> parts = absl::StrSplit(v, ':');
-           int64_t lo, hi;
-           if (parts.size() > 2 || !SetInt(parts.front(), 1, 1'000'000, &lo).ok() ||
-               !SetInt(parts.back(), 1, 1'000'000, &hi).ok() || lo > hi) {
-             return absl::InvalidArgumentError("expected N or MIN:MAX with 1 <= MIN <= MAX");
-           }
-           f.nnodes_min = static_cast<int32_t>(lo);
-           f.nnodes_max = static_cast<int32_t>(hi);
-           return absl::OkStatus();
-         }});
-  p.Add({"nproc-per-node", "RDZV_NPROC_PER_NODE", "N",
-         "workers to start on this node (default: SLURM_GPUS_ON_NODE, else the devices in\n"
-         "CUDA_VISIBLE_DEVICES, else 1)",
-         [&f](absl::string_view v) {
-           int64_t n = 0;
-           if (absl::Status s = SetInt(v, 1, 4096, &n); !s.ok()) return s;
-           f.nproc_per_node = static_cast<int32_t>(n);
-           return absl::OkStatus();
-         }});
-  p.Add({"node-rank", "RDZV_NODE_RANK", "N",
-         "this node's index 0..nnodes-1; orders the nodes (default: SLURM_NODEID; without it\n"
-         "nodes are ordered by host name)",
-         [&f](absl::string_view v) {
-           int64_t n = 0;
-           if (absl::Status s = SetInt(v, 0, 1'000'000, &n); !s.ok()) return s;
-           f.node_rank = n;
-           return absl::OkStatus();
-         }});
-  p.Add({"rdzv-endpoint", "RDZV_ENDPOINT", "HOST:PORT",
-         "the rdzvd to meet at (default: none; under Slurm node 0 hosts one in-process)",
-         StringSetter(&f.rdzv_endpoint)});
-  p.Add({"rdzv-id", "RDZV_ID", "ID",
-         "the job id shared by all agents of one job (default under Slurm: job and step id)",
-         StringSetter(&f.rdzv_id)});
-  p.Add({"standalone", "RDZV_STANDALONE", "",
-         "one node only: host the rendezvous in-process on loopback", BoolSetter(&f.standalone)});
-  p.Add({"max-restarts", "RDZV_MAX_RESTARTS", "N",
-         "how often the job may restart its workers after a failure (default 0)",
-         IntSetter(&f.max_restarts, 0, 1'000'000)});
-  p.Add({"master-addr", "RDZV_MASTER_ADDR", "ADDR",
-         "override MASTER_ADDR (default: an address of the rank-0 node that the others reach)",
-         StringSetter(&f.master_addr)});
-  p.Add({"master-port", "RDZV_MASTER_PORT", "PORT",
-         "override MASTER_PORT (default: a port that was free on the rank-0 node)",
-         IntSetter(&f.master_port, 1, 65535)});
-  p.Add({"join-timeout", "RDZV_JOIN_TIMEOUT", "DURATION",
-         "give up when the rendezvous has not completed (or its server not answered) in this\n"
-         "long (default 600s)",
-         DurationSetter(&f.join_timeout)});
-  p.Add({"last-call", "RDZV_LAST_CALL", "DURATION",
-         "with --nnodes MIN:MAX, how long to wait for more agents once MIN are in (default 1s)",
-         DurationSetter(&f.last_call)});
-  p.Add({"term-timeout", "RDZV_TERM_TIMEOUT", "DURATION",
-         "after SIGTERM, how long workers get before SIGKILL (default 3s)",
-         DurationSetter(&f.term_timeout)});
-  p.Add({"reconnect-timeout", "RDZV_RECONNECT_TIMEOUT", "DURATION",
-         "when the rendezvous server is lost mid-job, keep the workers running this long while\n"
-         "rejoining it (default 30s with --rdzv-endpoint, else 0s: an agent that hosts the\n"
-         "server takes it along when it dies)",
-         [&f](absl::string_view v) {
-           absl::Duration d;
-           if (absl::Status s = DurationSetter(&d)(v); !s.ok()) return s;
-           f.reconnect_timeout = d;
-           return absl::OkStatus();
-         }});
-  p.Add({"host-name", "RDZV_HOST_NAME", "NAME",
-         "this node's name in the rendezvous (default: SLURMD_NODENAME, else the host name)",
-         StringSetter(&f.host_name)});
-  p.Add({"mode", "RDZV_MODE", "auto|node|task",
-         "under Slurm: one agent per node that starts --nproc-per-node workers (node), or one\n"
-         "agent per task that is one rank (task); auto picks task when the step has more than\n"
-         "one task on a node",
-         [&f](absl::string_view v) {
-           if (v != "auto" && v != "node" && v != "task") {
-             return absl::InvalidArgumentError("expected auto, node or task");
-           }
-           f.mode = std::string(v);
-           return absl::OkStatus();
-         }});
-  p.Add({"rank-prefix", "RDZV_RANK_PREFIX", "",
-         "prefix each line of worker output with its rank, as \"[3]: \" (default true)",
-         BoolSetter(&f.rank_prefix)});
-  p.Add({"log-dir", "RDZV_LOG_DIR", "DIR",
-         "write each rank's output to DIR/rank-RANK.log instead of the console (see --tee)",
-         StringSetter(&f.log_dir)});
-  p.Add({"tee", "RDZV_TEE", "", "with --log-dir, also show worker output on the console",
-         BoolSetter(&f.tee)});
-  p.Add({"local-ranks-filter", "RDZV_LOCAL_RANKS_FILTER", "0,1,...",
-         "show only these local ranks' output on the console (default: all)",
-         [&f](absl::string_view v) {
-           f.local_ranks_filter.clear();
-           for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipWhitespace())) {
-             int64_t r = 0;
-             if (absl::Status s = SetInt(part, 0, 1'000'000, &r); !s.ok()) {
-               return absl::InvalidArgumentError("expected local ranks such as 0 or 0,1");
-             }
-             f.local_ranks_filter.push_back(static_cast<int32_t>(r));
-           }
-           return absl::OkStatus();
-         }});
-  p.Add({"slurm-env", "RDZV_SLURM_ENV", "tasks|keep",
-         "under Slurm, give each worker the SLURM_* task variables srun would give it as a task\n"
-         "(SLURM_PROCID=RANK, SLURM_LOCALID=LOCAL_RANK, SLURM_NTASKS=WORLD_SIZE, ...; tasks,\n"
-         "the default), or leave the agent's own (keep)",
-         [&f](absl::string_view v) {
-           if (v != "tasks" && v != "keep")
-             return absl::InvalidArgumentError("expected tasks or keep");
-           f.slurm_env = std::string(v);
-           return absl::OkStatus();
-         }});
-  p.Add({"pass-local-rank", "RDZV_PASS_LOCAL_RANK", "",
-         "append --local_rank=LOCAL_RANK to each worker's command, for scripts written for\n"
-         "torch.distributed.launch without --use_env",
-         BoolSetter(&f.pass_local_rank)});
-  p.Add({"log-level", "RDZV_LOG_LEVEL", "LEVEL",
-         "trace, debug, info, warn, error or off (default info)", StringSetter(&f.log_level)});
-  p.Add({"auth", "RDZV_AUTH", "auto|munge|token|none",
-         "how this agent proves who it is to the rendezvous server: a MUNGE credential,\n"
-         "the job's token, or nothing (default auto: the token when given, else MUNGE when\n"
-         "munged answers)",
-         [&f](absl::string_view v) {
-           if (v != "auto" && v != "munge" && v != "token" && v != "none") {
-             return absl::InvalidArgumentError("expected auto, munge, token or none");
-           }
-           f.auth = std::string(v);
-           return absl::OkStatus();
-         }});
-  p.Add({"rdzv-token-file", "RDZV_TOKEN_FILE", "FILE",
-         "a file (mode 0600, yours) holding the job's secret token, the same for every agent of\n"
-         "the job; for clusters without MUNGE (make one: openssl rand -hex 32 > FILE)",
-         StringSetter(&f.token_file)});
-  p.Add({"munge-socket", "RDZV_MUNGE_SOCKET", "PATH", "munged's socket (default: libmunge's)",
-         StringSetter(&f.munge_socket)});
-  p.Add({"version", "", "", "print the version", BoolSetter(&f.version)});
-  p.Add({"help", "", "", "print this help", BoolSetter(&f.help)});
-  return p;
-}
-
-}  // namespace
-
-absl::StatusOr<AgentFlags> ParseAgentFlags(const std::vector<std::string>& args,
-                                           const EnvLookup& env) {
-  AgentFlags flags;
-  FlagParser parser = MakeParser(flags);
-  absl::StatusOr<std::vector<std::string>> rest = parser.Parse(args, env);
-  if (!rest.ok()) return rest.status();
-  flags.command = std::move(*rest);
-  return flags;
-}
-
-std::string AgentHelp() {
-  AgentFlags flags;
-  return MakeParser(flags).Help();
-}
 
 int DerivedPort(absl::string_view job_id, absl::string_view step_id) {
   // FNV-1a: stable across builds and platforms, unlike std::hash.
@@ -360,10 +135,8 @@ absl::StatusOr<AgentConfig> ResolveExplicit(const AgentFlags& flags, AgentConfig
   return c;
 }
 
-}  // namespace
-
-absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const EnvLookup& env,
-                                               const LocalProcess& self) {
+absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& env,
+                                    const LocalProcess& self) {
   AgentConfig c;
   c.join.job_id = flags.rdzv_id;
   c.join.agent.host =
@@ -406,6 +179,11 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
   c.worker_shape =
       ResolveWorkerShape(flags.slurm_env == "tasks", flags.pass_local_rank, *slurm, env);
   c.join.agent.nproc = flags.nproc_per_node.value_or(DefaultNproc(*slurm, env));
+  if (c.join.agent.nproc > kMaxNprocPerNode) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d workers per node (one per GPU or visible device) is over %d; pass --nproc-per-node",
+        c.join.agent.nproc, kMaxNprocPerNode));
+  }
 
   if (flags.standalone) {
     if (!flags.rdzv_endpoint.empty()) {
@@ -460,6 +238,44 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
       "nothing says where to meet the other nodes: pass --rdzv-endpoint HOST:PORT --rdzv-id "
       "JOB --nnodes N, or --standalone for one node (inside a Slurm allocation, srun "
       "rdzv-agent needs no flags)");
+}
+
+// A host name goes into every agent's logs and into MASTER_ADDR: text a terminal or a log reader
+// would interpret is refused, as is a name no resolver accepts.
+absl::Status CheckHostName(const std::string& host, const AgentFlags& flags) {
+  const char* from = !flags.host_name.empty() ? "--host-name" : "the host name (SLURMD_NODENAME)";
+  if (host.size() > kMaxHostNameLength) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s is %d characters long; expected at most %d", from, host.size(), kMaxHostNameLength));
+  }
+  for (char ch : host) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (u <= 0x20 || u == 0x7f) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s \"%s\" contains a space or control character; expected a plain host name such as "
+          "node01",
+          from, absl::CHexEscape(host)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const EnvLookup& env,
+                                               const LocalProcess& self) {
+  absl::StatusOr<AgentConfig> c = Resolve(flags, env, self);
+  if (!c.ok()) return c;
+  if (absl::Status s = CheckHostName(c->join.agent.host, flags); !s.ok()) return s;
+  // Ranks are 32-bit in torch and on the wire: the largest world the job may grow to must fit.
+  const int64_t world = int64_t{c->join.agent.nproc} * c->join.max_agents;
+  if (world > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d agents of %d workers each make %d ranks, over the limit of %d; lower --nnodes or "
+        "--nproc-per-node",
+        c->join.max_agents, c->join.agent.nproc, world, std::numeric_limits<int32_t>::max()));
+  }
+  return c;
 }
 
 }  // namespace rdzv

@@ -21,6 +21,9 @@
 namespace rdzv {
 
 // What the user asked for, before defaults are filled in from the environment.
+// The most workers one agent starts.
+inline constexpr int32_t kMaxNprocPerNode = 4096;
+
 struct AgentFlags {
   std::optional<int32_t> nnodes_min, nnodes_max;  // --nnodes N or MIN:MAX
   std::optional<int32_t> nproc_per_node;          // --nproc-per-node

@@ -1,6 +1,7 @@
 #include "client/output_forwarder.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 
 namespace rdzv {
 namespace {
@@ -26,6 +26,57 @@ void WriteAll(int fd, absl::string_view data) {
   }
 }
 
+// Opens `dir`/`name` for appending, refusing what another user could have set up to make the
+// agent write elsewhere or block: a directory of another user (root's, like /tmp, is fine), a
+// symbolic link, or anything but a regular file (a FIFO would block the agent).
+absl::StatusOr<int> OpenLogFile(const std::string& dir, const std::string& name) {
+  const std::string path = absl::StrCat(dir, "/", name);
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "--log-dir %s cannot be opened: %s; give a directory you can write", dir, strerror(errno)));
+  }
+  struct stat st;
+  if (fstat(dir_fd, &st) != 0 || (st.st_uid != 0 && st.st_uid != geteuid())) {
+    close(dir_fd);
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "--log-dir %s belongs to another user (uid %d); give a directory of your own", dir,
+        st.st_uid));
+  }
+  const int fd = openat(dir_fd, name.c_str(),
+                        O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+  const int open_errno = errno;
+  close(dir_fd);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot write %s: %s; remove it or choose another --log-dir", path,
+                        open_errno == ELOOP ? "it is a symbolic link" : strerror(open_errno)));
+  }
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot write %s: not a regular file; remove it or choose another --log-dir", path));
+  }
+  return fd;
+}
+
+// `line` as the stderr tail keeps it: control characters escaped, at most kMaxTailLineBytes.
+std::string TailLine(absl::string_view line) {
+  std::string out;
+  for (char c : line.substr(0, kMaxTailLineBytes)) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 && c != '\t') {
+      absl::StrAppend(&out, absl::StrFormat("\\x%02x", u));
+    } else if (u == 0x7f) {
+      out += "\\x7f";
+    } else {
+      out += c;
+    }
+  }
+  if (line.size() > kMaxTailLineBytes) out += "...";
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<WorkerOutput>> WorkerOutput::Open(asio::io_context& io,
@@ -33,12 +84,9 @@ absl::StatusOr<std::unique_ptr<WorkerOutput>> WorkerOutput::Open(asio::io_contex
                                                                  int32_t rank, int32_t local_rank) {
   int log_fd = -1;
   if (!options.log_dir.empty()) {
-    const std::string path = absl::StrCat(options.log_dir, "/rank-", rank, ".log");
-    log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (log_fd < 0) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("cannot write %s: %s", path, strerror(errno)));
-    }
+    absl::StatusOr<int> fd = OpenLogFile(options.log_dir, absl::StrCat("rank-", rank, ".log"));
+    if (!fd.ok()) return fd.status();
+    log_fd = *fd;
   }
   std::unique_ptr<WorkerOutput> output(new WorkerOutput(options, rank, log_fd));
   output->io_ = &io;
@@ -52,7 +100,10 @@ absl::StatusOr<std::unique_ptr<WorkerOutput>> WorkerOutput::Open(asio::io_contex
 }
 
 WorkerOutput::WorkerOutput(OutputOptions options, int32_t rank, int log_fd)
-    : options_(std::move(options)), rank_(rank), log_fd_(log_fd) {}
+    : options_(std::move(options)),
+      rank_(rank),
+      prefix_(options_.rank_prefix ? absl::StrCat("[", rank, "]: ") : ""),
+      log_fd_(log_fd) {}
 
 WorkerOutput::~WorkerOutput() {
   if (log_fd_ >= 0) close(log_fd_);
@@ -105,25 +156,70 @@ void WorkerOutput::Read(Pipe& pipe) {
 }
 
 void WorkerOutput::Emit(Pipe& pipe, absl::string_view data, bool eof) {
-  pipe.partial.append(data.data(), data.size());
-  if (eof && !pipe.partial.empty() && pipe.partial.back() != '\n') pipe.partial.push_back('\n');
-  const size_t end = pipe.partial.rfind('\n');
-  if (end == std::string::npos) return;
-  const absl::string_view lines(pipe.partial.data(), end + 1);
-  if (log_fd_ >= 0) WriteAll(log_fd_, lines);
-  if (pipe.console_fd >= 0 || pipe.is_stderr) {
-    const std::string prefix = options_.rank_prefix ? absl::StrCat("[", rank_, "]: ") : "";
-    std::string out;
-    for (absl::string_view line : absl::StrSplit(lines.substr(0, end), '\n')) {
-      if (pipe.console_fd >= 0) absl::StrAppend(&out, prefix, line, "\n");
-      if (pipe.is_stderr) {
-        err_tail_.emplace_back(line);
-        if (err_tail_.size() > kTailLines) err_tail_.pop_front();
-      }
+  Batch batch;
+  // Only the new bytes are searched: what came before is in pipe.line, with no line end in it.
+  while (!data.empty()) {
+    const size_t end = data.find_first_of("\r\n");
+    if (end == absl::string_view::npos) {
+      Append(pipe, data, batch);
+      break;
     }
-    if (pipe.console_fd >= 0) WriteAll(pipe.console_fd, out);
+    Append(pipe, data.substr(0, end), batch);
+    EndLine(pipe, data[end], batch);
+    data.remove_prefix(end + 1);
   }
-  pipe.partial.erase(0, end + 1);
+  if (eof && !pipe.line.empty()) EndLine(pipe, '\n', batch);
+  // A line being redrawn shows on the console now, as it would on a terminal, not when the next
+  // redraw ends it; the cursor goes back to the start of the line for the next one.
+  if (pipe.console_fd >= 0 && pipe.after_cr && !pipe.line.empty() && !pipe.line_shown) {
+    absl::StrAppend(&batch.console, prefix_, pipe.line, "\r");
+    pipe.line_shown = true;
+  }
+  if (log_fd_ >= 0) WriteAll(log_fd_, batch.log);
+  if (pipe.console_fd >= 0) WriteAll(pipe.console_fd, batch.console);
+}
+
+void WorkerOutput::Append(Pipe& pipe, absl::string_view text, Batch& batch) {
+  if (!text.empty()) pipe.line_shown = false;
+  while (pipe.line.size() + text.size() > kMaxLineBytes) {
+    const size_t room = kMaxLineBytes - pipe.line.size();
+    pipe.line.append(text.data(), room);
+    text.remove_prefix(room);
+    EndLine(pipe, '\n', batch);
+  }
+  pipe.line.append(text.data(), text.size());
+}
+
+void WorkerOutput::EndLine(Pipe& pipe, char end, Batch& batch) {
+  const absl::string_view end_text(&end, 1);
+  if (end == '\n' && pipe.after_cr && pipe.line.empty()) {
+    // "\r\n": the line was drawn already; only move on to the next one.
+    if (log_fd_ >= 0) batch.log += '\n';
+    if (pipe.console_fd >= 0) batch.console += '\n';
+    pipe.after_cr = false;
+    return;
+  }
+  if (log_fd_ >= 0) absl::StrAppend(&batch.log, pipe.line, end_text);
+  if (pipe.console_fd >= 0) {
+    if (!pipe.line_shown) {
+      absl::StrAppend(&batch.console, prefix_, pipe.line, end_text);
+    } else if (end == '\n') {
+      // Shown already, with the cursor back at its start.
+      batch.console += '\n';
+    }
+  }
+  if (pipe.is_stderr) {
+    // A redrawn line replaces what it redraws, as on the screen.
+    if (pipe.after_cr && !err_tail_.empty()) {
+      err_tail_.back() = TailLine(pipe.line);
+    } else {
+      err_tail_.push_back(TailLine(pipe.line));
+      if (err_tail_.size() > kTailLines) err_tail_.pop_front();
+    }
+  }
+  pipe.after_cr = end == '\r';
+  pipe.line_shown = false;
+  pipe.line.clear();
 }
 
 }  // namespace rdzv

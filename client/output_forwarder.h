@@ -2,6 +2,12 @@
 // (each line prefixed "[RANK]: "), to the rank's log file, or both, and keeps the last lines of
 // the worker's stderr for the root cause of a failure.
 //
+// A line ends at '\n' or at '\r': a carriage return (a progress bar redrawing its line) is
+// forwarded as it comes, prefixed, so the console shows what it would without the agent, and a
+// line still being redrawn is shown on the console at once. A line over kMaxLineBytes is passed
+// on in pieces of that size. Each byte is looked at once and memory per worker is bounded,
+// whatever the worker writes.
+//
 // It owns the read ends of the worker's pipes and its log file, and reads them on the agent's
 // io_context. Not thread-safe: use it from the thread that runs that io_context.
 #ifndef RDZV_CLIENT_OUTPUT_FORWARDER_H_
@@ -22,10 +28,17 @@
 
 namespace rdzv {
 
+// The longest line kept whole; a longer one is forwarded in pieces of this size.
+inline constexpr size_t kMaxLineBytes = 64 * 1024;
+// How much of each stderr line the tail keeps for the root cause.
+inline constexpr size_t kMaxTailLineBytes = 4096;
+
 class WorkerOutput {
  public:
   // The output of the worker at `rank` / `local_rank`: opens its log file (appending) when
-  // options.log_dir is set. FailedPrecondition, naming the file, when it cannot be opened.
+  // options.log_dir is set. FailedPrecondition, naming the file or directory, when it cannot be
+  // opened, when the directory belongs to another user (not root), or when the file is not a
+  // regular file (a symbolic link is not followed).
   static absl::StatusOr<std::unique_ptr<WorkerOutput>> Open(asio::io_context& io,
                                                             const OutputOptions& options,
                                                             int32_t rank, int32_t local_rank);
@@ -44,25 +57,37 @@ class WorkerOutput {
   // that has ended has written everything, but its pipes may not have been read yet.
   void DrainAvailable();
 
-  // The last lines the worker wrote to stderr, oldest first.
+  // The last lines the worker wrote to stderr, oldest first, with control characters escaped
+  // (a line redrawn with '\r' counts once, as last drawn).
   std::string StderrTail() const;
 
  private:
   struct Pipe {
     std::unique_ptr<asio::posix::stream_descriptor> stream;
-    std::array<char, 16384> buffer;
-    std::string partial;
-    int console_fd = -1;  // where its lines go on the console, -1 for nowhere
+    std::array<char, 65536> buffer;
+    std::string line;         // the current line so far, at most kMaxLineBytes
+    bool after_cr = false;    // the last line ended with '\r': `line` redraws it
+    bool line_shown = false;  // `line` is on the console already, not yet ended
+    int console_fd = -1;      // where its lines go on the console, -1 for nowhere
     bool is_stderr = false;
+  };
+  // What one read produces, written at once.
+  struct Batch {
+    std::string console, log;
   };
 
   WorkerOutput(OutputOptions options, int32_t rank, int log_fd);
   void Read(Pipe& pipe);
   void Emit(Pipe& pipe, absl::string_view data, bool eof);
+  // Adds `text` (no line ends in it) to the pipe's current line, passing on full pieces.
+  void Append(Pipe& pipe, absl::string_view text, Batch& batch);
+  // Ends the current line with `end` ('\n' or '\r').
+  void EndLine(Pipe& pipe, char end, Batch& batch);
 
   const OutputOptions options_;
   const int32_t rank_;
-  const int log_fd_;  // the rank's log file, -1 for none
+  const std::string prefix_;  // "[RANK]: " or ""
+  const int log_fd_;          // the rank's log file, -1 for none
   asio::io_context* io_ = nullptr;
   Pipe out_, err_;
   int open_pipes_ = 0;

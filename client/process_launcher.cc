@@ -83,22 +83,33 @@ void KillAdopted() {
   put("/children");
   *p = '\0';
   for (int pass = 0; pass < 3; ++pass) {
-    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    const int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return;
+    // Read to the end, however many children there are, in pieces: a pid cut at the end of one
+    // piece goes on in the next, so a cut never names another process. Children killed here
+    // stay in the list (as zombies) until the waitpid below, so the list does not shift.
     char buf[4096];
-    const ssize_t len = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (len <= 0) return;
     pid_t pid = 0;
-    for (ssize_t i = 0; i <= len; ++i) {
-      if (i < len && buf[i] >= '0' && buf[i] <= '9') {
-        pid = pid * 10 + (buf[i] - '0');
-      } else if (pid > 0) {
-        kill(-pid, SIGKILL);
-        kill(pid, SIGKILL);
-        pid = 0;
+    auto kill_it = [](pid_t child) {
+      kill(-child, SIGKILL);
+      kill(child, SIGKILL);
+    };
+    for (;;) {
+      const ssize_t len = read(fd, buf, sizeof(buf));
+      if (len < 0 && errno == EINTR) continue;
+      if (len <= 0) break;
+      for (ssize_t i = 0; i < len; ++i) {
+        if (buf[i] >= '0' && buf[i] <= '9') {
+          // A number no pid can be (pid_max is at most 2^22) is skipped whole: -1.
+          if (pid >= 0) pid = pid < 100'000'000 ? pid * 10 + (buf[i] - '0') : -1;
+        } else {
+          if (pid > 0) kill_it(pid);
+          pid = 0;
+        }
       }
     }
+    if (pid > 0) kill_it(pid);  // the list need not end with a separator
+    close(fd);
     while (waitpid(-1, nullptr, WNOHANG) > 0) {
     }
   }

@@ -2,6 +2,7 @@
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -9,13 +10,27 @@
 #include "absl/strings/string_view.h"
 
 namespace rdzv {
+namespace {
+
+// Error messages repeat what the user typed, but a huge value would drown the one line that
+// says what to fix.
+constexpr size_t kMaxShown = 200;
+
+// `text` as an error message shows it: escaped, so that a newline or other control character
+// in an argument or variable cannot break the message over several lines, and shortened.
+std::string Shown(absl::string_view text) {
+  if (text.size() <= kMaxShown) return absl::CHexEscape(text);
+  return absl::StrCat(absl::CHexEscape(text.substr(0, kMaxShown)), "...");
+}
+
+}  // namespace
 
 absl::StatusOr<bool> ParseBool(absl::string_view value) {
   const std::string v = absl::AsciiStrToLower(value);
   if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
   if (v == "0" || v == "false" || v == "no" || v == "off") return false;
   return absl::InvalidArgumentError(
-      absl::StrFormat("\"%s\" is not a switch value; expected true or false", value));
+      absl::StrFormat("\"%s\" is not a switch value; expected true or false", Shown(value)));
 }
 
 const Flag* FlagParser::Find(absl::string_view name) const {
@@ -48,8 +63,9 @@ absl::StatusOr<std::vector<std::string>> FlagParser::Parse(const std::vector<std
     }
     const Flag* flag = Find(body);
     if (flag == nullptr) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "unknown flag %s; see %s --help (put the training command after --)", arg, program_));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("unknown flag %s; see %s --help (put the training command after --)",
+                          Shown(arg), program_));
     }
     if (!value) {
       if (flag->value_name.empty()) {
@@ -70,13 +86,13 @@ absl::StatusOr<std::vector<std::string>> FlagParser::Parse(const std::vector<std
     std::optional<std::string> v = env(f.env);
     if (!v || v->empty()) continue;
     if (absl::Status s = f.set(*v); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(f.env, "=\"", *v, "\": ", s.message()));
+      return absl::InvalidArgumentError(absl::StrCat(f.env, "=\"", Shown(*v), "\": ", s.message()));
     }
   }
   for (const auto& [flag, value] : given) {
     if (absl::Status s = flag->set(value); !s.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--", flag->name, "=\"", value, "\": ", s.message()));
+          absl::StrCat("--", flag->name, "=\"", Shown(value), "\": ", s.message()));
     }
   }
   return std::vector<std::string>(args.begin() + static_cast<long>(i), args.end());

@@ -1,5 +1,6 @@
 #include "common/hostlist.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -80,7 +81,15 @@ std::optional<uint64_t> ParseDigits(absl::string_view s) {
 
 // Formats `value` with at least `width` digits, zero-padded, as Slurm prints hostlist numbers.
 std::string FormatNumber(uint64_t value, std::size_t width) {
-  return absl::StrFormat("%0*d", static_cast<int>(width), value);
+  std::string digits = absl::StrCat(value);
+  if (digits.size() < width) digits.insert(0, width - digits.size(), '0');
+  return digits;
+}
+
+std::size_t DigitCount(uint64_t value) {
+  std::size_t digits = 1;
+  for (; value >= 10; value /= 10) ++digits;
+  return digits;
 }
 
 // One comma-separated item inside brackets. The width of the low end as written decides the
@@ -144,6 +153,8 @@ absl::StatusOr<uint64_t> ParseGroup(absl::string_view input, absl::string_view t
   const std::string where = text.size() == input.size() ? "" : absl::StrCat(" in ", Quote(text));
   if (text.empty()) return Malformed(input, "empty host name", kHostlistExpected);
   uint64_t count = 1;
+  // The longest name the group expands to: its literals plus the widest number of each bracket.
+  std::size_t length = 0;
   std::string literal;
   std::size_t i = 0;
   while (i < text.size()) {
@@ -170,10 +181,18 @@ absl::StatusOr<uint64_t> ParseGroup(absl::string_view input, absl::string_view t
     // Both factors are at most kMaxHostlistExpansion, so the product cannot overflow.
     count *= *bracket_count;
     if (count > kMaxHostlistExpansion) return TooManyNames(input);
+    std::size_t widest = 0;
+    for (const Range& r : ranges) widest = std::max({widest, r.width, DigitCount(r.hi)});
+    length += literal.size() + widest;
     group.literals.push_back(std::move(literal));
     group.brackets.push_back(std::move(ranges));
     literal.clear();
     i = close + 1;
+  }
+  length += literal.size();
+  if (length > kMaxHostNameLength) {
+    return Invalid(input, absl::StrCat("names", where, " are up to ", length, " characters long"),
+                   absl::StrCat("host names of at most ", kMaxHostNameLength, " characters"));
   }
   group.literals.push_back(std::move(literal));
   return count;
@@ -348,6 +367,11 @@ absl::StatusOr<std::vector<std::string>> ExpandHostlist(std::string_view hostlis
     if (absl::ascii_isspace(c)) {
       return Malformed(hostlist, "contains whitespace",
                        "comma-separated names without spaces e.g. n[1-3,5],login1");
+    }
+    // Host names end up in logs and messages: nothing a terminal would act on.
+    if (absl::ascii_iscntrl(c)) {
+      return Malformed(hostlist, "contains a control character",
+                       "comma-separated names e.g. n[1-3,5],login1");
     }
   }
   std::vector<Group> groups;

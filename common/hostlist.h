@@ -26,13 +26,20 @@ namespace rdzv {
 // typo (n[1-10000000]) or garbage.
 inline constexpr std::size_t kMaxHostlistExpansion = 1'000'000;
 
+// The longest host name ExpandHostlist produces. Linux allows 64 characters and DNS 253, so a
+// longer name is garbage; refusing it also bounds what an expansion allocates, which would
+// otherwise grow with the product of the name's length and the number of names (a 4 KB value
+// could ask for gigabytes).
+inline constexpr std::size_t kMaxHostNameLength = 255;
+
 // Expands a Slurm hostlist into host names, in the order Slurm lists them.
 //
 // Accepts plain names ("n1"), ranges ("n[1-3]"), several ranges ("a[1-2,5,7-9]"), zero padding
 // whose width is kept ("gpu[001-016]"), suffixes ("rack1-n[1-4]-ib"), several comma-separated
 // groups ("a[1-2],b3") and several brackets in one name ("r[1-2]n[1-2]": the cartesian product,
 // the first bracket varying slowest). Returns InvalidArgumentError for empty or malformed input,
-// whitespace, descending ranges, and lists over kMaxHostlistExpansion names.
+// whitespace, control characters, descending ranges, lists over kMaxHostlistExpansion names, and
+// names over kMaxHostNameLength characters.
 absl::StatusOr<std::vector<std::string>> ExpandHostlist(std::string_view hostlist);
 
 // Compresses host names into hostlist syntax, the inverse of ExpandHostlist.
@@ -41,8 +48,9 @@ absl::StatusOr<std::vector<std::string>> ExpandHostlist(std::string_view hostlis
 // consecutive numbers written as ranges: {n1,n2,n3,n5} -> "n[1-3,5]". Zero padding is kept, and
 // padded numbers only share a bracket with numbers of the same width. Only adjacent names are
 // merged so that the order is kept exactly: ExpandHostlist(CompressHostlist(x)) == x for any
-// non-empty list of non-empty names without ',', '[', ']' or whitespace, sorted or not. Returns ""
-// for an empty list.
+// non-empty list of at most kMaxHostlistExpansion non-empty names of at most kMaxHostNameLength
+// characters without ',', '[', ']', whitespace or control characters, sorted or not. Returns "" for
+// an empty list.
 std::string CompressHostlist(const std::vector<std::string>& hosts);
 
 // Expands Slurm's SLURM_TASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE syntax into one task count per

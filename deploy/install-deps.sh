@@ -12,6 +12,7 @@ packages=(
   python3-torch              # real PyTorch (gloo) for the examples and end-to-end tests
   openmpi-bin                # mpirun launch shape tests
   iproute2 procps
+  clang libclang-rt-dev      # libFuzzer for tests/fuzz
 )
 
 missing=()

@@ -2,12 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/env.h"
 
@@ -186,6 +188,7 @@ TEST_P(AgentOptionsErrorTest, RefusesWithAMessageThatSaysWhatToDo) {
     EXPECT_TRUE(absl::StrContains(config.status().message(), part))
         << "missing \"" << part << "\" in: " << config.status().message();
   }
+  EXPECT_FALSE(absl::StrContains(config.status().message(), '\n')) << config.status().message();
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -235,8 +238,174 @@ INSTANTIATE_TEST_SUITE_P(
                   {"--standalone", "--nnodes"}},
         ErrorCase{"NowhereToMeet",
                   {"--nproc-per-node", "2", "--", "./run"},
-                  {"--rdzv-endpoint", "--standalone"}}),
+                  {"--rdzv-endpoint", "--standalone"}},
+        ErrorCase{"UnknownFlagWithNewline",
+                  {"--np\nroc", "2", "--standalone", "--", "./run"},
+                  {"unknown flag --np\\nroc", "--help"}},
+        ErrorCase{"NnodesWithNewline",
+                  {"--nnodes", "2\n4", "--", "./run"},
+                  {"--nnodes=\"2\\n4\"", "MIN:MAX"}}),
     [](const testing::TestParamInfo<ErrorCase>& info) { return info.param.name; });
+
+// Numbers at and beyond their limits, from flags and from the environment (the config file is
+// read as environment): each limit is refused in one line naming the flag or variable.
+struct ExtremeCase {
+  std::string name;
+  std::vector<std::string> args;
+  EnvList env;
+  std::vector<std::string> message_has;
+};
+
+class ExtremeNumbersTest : public testing::TestWithParam<ExtremeCase> {};
+
+TEST_P(ExtremeNumbersTest, RefusedInOneLine) {
+  const ExtremeCase& c = GetParam();
+  std::vector<std::string> args = c.args;
+  args.insert(args.end(), {"--", "./run"});
+  absl::StatusOr<AgentConfig> config = Resolve(args, c.env);
+  ASSERT_FALSE(config.ok()) << "accepted; job " << config->join.job_id;
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << config.status();
+  for (const std::string& part : c.message_has) {
+    EXPECT_TRUE(absl::StrContains(config.status().message(), part))
+        << "missing \"" << part << "\" in: " << config.status().message();
+  }
+  EXPECT_FALSE(absl::StrContains(config.status().message(), '\n')) << config.status().message();
+}
+
+const std::vector<std::string> kExplicit = {"--rdzv-endpoint", "head:29400", "--rdzv-id", "exp1"};
+
+std::vector<std::string> Explicit(std::vector<std::string> more) {
+  std::vector<std::string> args = kExplicit;
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// "0,1,...,n-1".
+std::string Devices(int n) {
+  std::string list = "0";
+  for (int i = 1; i < n; ++i) absl::StrAppend(&list, ",", i);
+  return list;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ExtremeNumbersTest,
+    testing::Values(
+        ExtremeCase{"NegativeLastCall",
+                    {"--standalone", "--last-call", "-1"},
+                    {},
+                    {"--last-call=\"-1\"", "0 or more"}},
+        ExtremeCase{"NegativeLastCallDuration",
+                    {"--standalone", "--last-call=-5s"},
+                    {},
+                    {"--last-call", "0 or more"}},
+        ExtremeCase{"NegativeLastCallFromEnv",
+                    {"--standalone"},
+                    {{"RDZV_LAST_CALL", "-0.5"}},
+                    {"RDZV_LAST_CALL=\"-0.5\"", "0 or more"}},
+        ExtremeCase{"HugeSeconds",
+                    {"--standalone", "--join-timeout", "1e300"},
+                    {},
+                    {"--join-timeout", "at most 365 days"}},
+        ExtremeCase{"HugeHours",
+                    {"--standalone", "--last-call", "9223372036854775807h"},
+                    {},
+                    {"--last-call", "at most 365 days"}},
+        ExtremeCase{"JustOverAYear",
+                    {"--standalone", "--term-timeout", "8761h"},
+                    {},
+                    {"--term-timeout", "at most 365 days"}},
+        ExtremeCase{"InfiniteSeconds",
+                    {"--standalone", "--join-timeout", "inf"},
+                    {},
+                    {"--join-timeout", "at most 365 days"}},
+        ExtremeCase{"NotANumberSeconds",
+                    {"--standalone", "--term-timeout", "nan"},
+                    {},
+                    {"--term-timeout", "0 or more"}},
+        ExtremeCase{"HugeReconnectTimeoutFromEnv",
+                    {"--standalone"},
+                    {{"RDZV_RECONNECT_TIMEOUT", "1e19"}},
+                    {"RDZV_RECONNECT_TIMEOUT", "at most 365 days"}},
+        ExtremeCase{"NprocOverTheLimit",
+                    {"--standalone", "--nproc-per-node", "4097"},
+                    {},
+                    {"--nproc-per-node", "1..4096"}},
+        ExtremeCase{"NprocOverflowingInt64",
+                    {"--standalone", "--nproc-per-node", "99999999999999999999"},
+                    {},
+                    {"--nproc-per-node", "whole number"}},
+        ExtremeCase{"NprocFromTooManyVisibleDevices",
+                    {"--standalone"},
+                    {{"CUDA_VISIBLE_DEVICES", Devices(5000)}},
+                    {"5000 workers per node", "over 4096", "--nproc-per-node"}},
+        ExtremeCase{"WorldOverInt32",
+                    Explicit({"--nnodes", "524288", "--nproc-per-node", "4096"}),
+                    {},
+                    {"524288 agents of 4096 workers", "2147483648 ranks", "--nnodes"}},
+        ExtremeCase{"ElasticWorldOverInt32",
+                    Explicit({"--nnodes", "1:1000000", "--nproc-per-node", "4096"}),
+                    {},
+                    {"1000000 agents", "over the limit of 2147483647"}},
+        ExtremeCase{
+            "NnodesOverTheLimit", Explicit({"--nnodes", "1000001"}), {}, {"--nnodes=\"1000001\""}},
+        ExtremeCase{"NodeRankOverflowingInt64",
+                    Explicit({"--nnodes", "2", "--node-rank", "18446744073709551617"}),
+                    {},
+                    {"--node-rank", "whole number"}},
+        ExtremeCase{"NegativeMaxRestarts",
+                    {"--standalone", "--max-restarts", "-1"},
+                    {},
+                    {"--max-restarts", "0..1000000"}},
+        ExtremeCase{"HugeMaxRestarts",
+                    {"--standalone", "--max-restarts", "2147483648"},
+                    {},
+                    {"--max-restarts", "0..1000000"}},
+        ExtremeCase{"MasterPortZero",
+                    {"--standalone", "--master-port", "0"},
+                    {},
+                    {"--master-port", "1..65535"}},
+        ExtremeCase{"MasterPortOver65535",
+                    {"--standalone", "--master-port", "65536"},
+                    {},
+                    {"--master-port", "1..65535"}},
+        ExtremeCase{"MasterPortFromEnv",
+                    {"--standalone"},
+                    {{"RDZV_MASTER_PORT", "-1"}},
+                    {"RDZV_MASTER_PORT", "1..65535"}},
+        ExtremeCase{"EndpointPortOver65535",
+                    {"--rdzv-endpoint", "head:70000", "--rdzv-id", "x", "--nnodes", "1"},
+                    {},
+                    {"--rdzv-endpoint", "70000"}},
+        ExtremeCase{"HostNameWithControlCharacters",
+                    {"--standalone", "--host-name", "n1\x1b[2J\nfake log line"},
+                    {},
+                    {"--host-name \"n1\\x1b[2J\\nfake log line\"", "control character"}},
+        ExtremeCase{"HostNameFromSlurmWithNewline",
+                    {"--standalone"},
+                    {{"SLURMD_NODENAME", "n1\nn2"}},
+                    {"SLURMD_NODENAME", "\"n1\\nn2\""}},
+        ExtremeCase{"HostNameTooLong",
+                    {"--standalone", "--host-name", std::string(256, 'h')},
+                    {},
+                    {"--host-name is 256 characters long", "at most 255"}}),
+    [](const testing::TestParamInfo<ExtremeCase>& info) { return info.param.name; });
+
+TEST(ExtremeNumbersTest, AcceptsTheLimitsThemselves) {
+  absl::StatusOr<AgentConfig> c = Resolve(Explicit(
+      {"--nnodes", "1:524287", "--nproc-per-node", "4096", "--last-call", "0", "--join-timeout",
+       "8760h", "--term-timeout", "31536000", "--max-restarts", "1000000", "--", "./run"}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(int64_t{c->join.max_agents} * c->join.agent.nproc, 2147479552);
+  EXPECT_EQ(c->join.last_call, 0);
+  EXPECT_EQ(c->join_timeout, absl::Hours(8760));
+  EXPECT_EQ(c->term_timeout, absl::Hours(8760));
+  EXPECT_EQ(c->join.max_restarts, 1'000'000);
+  absl::StatusOr<AgentConfig> last = Resolve({"--standalone", "--last-call", "8760h", "--", "x"});
+  ASSERT_TRUE(last.ok()) << last.status();
+  // Milliseconds and microseconds of the longest last call still fit, with room to spare.
+  EXPECT_EQ(last->join.last_call, int64_t{8760} * 3600 * 1'000'000);
+  EXPECT_LT(last->join.last_call, std::numeric_limits<int64_t>::max() / 1000);
+}
 
 TEST(AgentOptionsTest, HelpAndVersionParseWithoutACommand) {
   absl::StatusOr<AgentFlags> help = ParseAgentFlags({"--help"}, EnvFromList({}));

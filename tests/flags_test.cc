@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -143,6 +144,8 @@ TEST_P(FlagParserErrorTest, RefusesWithAMessageNamingTheFlag) {
     EXPECT_TRUE(absl::StrContains(rest.status().message(), part))
         << "missing \"" << part << "\" in: " << rest.status().message();
   }
+  EXPECT_FALSE(absl::StrContains(rest.status().message(), '\n')) << rest.status().message();
+  EXPECT_LT(rest.status().message().size(), 400u) << rest.status().message();
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -161,7 +164,25 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"BadVariable",
                   {},
                   {{"T_NPROC_PER_NODE", "lots"}},
-                  {"T_NPROC_PER_NODE", "lots", "whole number"}}),
+                  {"T_NPROC_PER_NODE", "lots", "whole number"}},
+        // Newlines and other control characters are shown escaped, so the error stays one line.
+        ErrorCase{"UnknownFlagWithNewline", {"--np\nroc=2"}, {}, {"unknown flag --np\\nroc=2"}},
+        ErrorCase{"BadValueWithNewline",
+                  {"--nproc-per-node=2\n4"},
+                  {},
+                  {"--nproc-per-node=\"2\\n4\"", "whole number"}},
+        ErrorCase{"BadVariableWithNewline",
+                  {},
+                  {{"T_NPROC_PER_NODE", "2\n4"}},
+                  {"T_NPROC_PER_NODE=\"2\\n4\"", "whole number"}},
+        ErrorCase{"BadSwitchValueWithControlCharacters",
+                  {"--verbose=on\r\noff\x1b"},
+                  {},
+                  {"--verbose=\"on\\r\\noff\\x1b\""}},
+        ErrorCase{"HugeValueIsShortened",
+                  {"--nproc-per-node=" + std::string(100000, '9')},
+                  {},
+                  {"--nproc-per-node=\"99999", "...\"", "whole number"}}),
     [](const testing::TestParamInfo<ErrorCase>& info) { return info.param.name; });
 
 TEST(FlagParserHelpTest, ListsEveryFlagWithItsVariable) {
@@ -187,8 +208,10 @@ TEST_P(ParseBoolTest, ReadsSwitchValues) {
   if (!c.want) {
     ASSERT_FALSE(got.ok()) << "\"" << c.text << "\" parsed as " << *got;
     EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_TRUE(absl::StrContains(got.status().message(), absl::StrFormat("\"%s\"", c.text)))
+    EXPECT_TRUE(absl::StrContains(got.status().message(),
+                                  absl::StrFormat("\"%s\"", absl::CHexEscape(c.text))))
         << got.status();
+    EXPECT_FALSE(absl::StrContains(got.status().message(), '\n')) << got.status();
     return;
   }
   ASSERT_TRUE(got.ok()) << got.status();
@@ -202,7 +225,7 @@ INSTANTIATE_TEST_SUITE_P(
                     BoolCase{"False", false}, BoolCase{"0", false}, BoolCase{"no", false},
                     BoolCase{"OFF", false}, BoolCase{"", std::nullopt}, BoolCase{"2", std::nullopt},
                     BoolCase{"y", std::nullopt}, BoolCase{" true", std::nullopt},
-                    BoolCase{"enabled", std::nullopt}));
+                    BoolCase{"enabled", std::nullopt}, BoolCase{"true\n", std::nullopt}));
 
 }  // namespace
 }  // namespace rdzv

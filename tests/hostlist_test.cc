@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -17,11 +18,15 @@ namespace {
 
 using Names = std::vector<std::string>;
 
-// Asserts that `status` is an InvalidArgumentError on one line quoting `input` and saying `why`.
+// Asserts that `status` is an InvalidArgumentError on one line quoting `input` (its first 200
+// characters when longer) and saying `why`.
 void ExpectError(const absl::Status& status, const std::string& input, const std::string& why) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   const std::string message(status.message());
-  EXPECT_TRUE(absl::StrContains(message, absl::StrCat("\"", input, "\""))) << message;
+  const std::string quoted =
+      input.size() <= 200 ? absl::StrCat("\"", absl::CHexEscape(input), "\"")
+                          : absl::StrCat("\"", absl::CHexEscape(input.substr(0, 200)), "...\"");
+  EXPECT_TRUE(absl::StrContains(message, quoted)) << message;
   EXPECT_TRUE(absl::StrContains(message, why)) << message;
   EXPECT_FALSE(absl::StrContains(message, "\n")) << message;
 }
@@ -92,6 +97,14 @@ const ErrorCase kExpandErrors[] = {
     {"n[0-999999999999999999]", "expands to over 1000000 names"},
     {"r[1-1001]n[1-1000]", "expands to over 1000000 names"},
     {"a[1-600000],b[1-600000]", "expands to over 1000000 names"},
+    {"n1,n\x1b[2J", "contains a control character"},
+    {std::string("n1\0n2", 5), "contains a control character"},
+    // Names are bounded too, so that a few kilobytes cannot expand to gigabytes.
+    {std::string(256, 'n'),
+     "names are up to 256 characters long); expected host names of at most 255"},
+    {absl::StrCat(std::string(3000, 'x'), "[0-999999]"), "names are up to 3006 characters long"},
+    {absl::StrCat("login1,", std::string(251, 'r'), "[1-2]n[001-100]"),
+     "are up to 256 characters long"},
 };
 
 TEST(ExpandHostlistTest, RefusesMalformedInput) {
@@ -120,6 +133,15 @@ TEST(ExpandHostlistTest, AcceptsExactlyTheLimit) {
   ASSERT_EQ(hosts->size(), kMaxHostlistExpansion);
   EXPECT_EQ(hosts->front(), "n1");
   EXPECT_EQ(hosts->back(), "n1000000");
+}
+
+TEST(ExpandHostlistTest, AcceptsNamesOfTheLongestLength) {
+  const std::string rack(250, 'r');
+  absl::StatusOr<Names> hosts = ExpandHostlist(absl::StrCat(rack, "[1-2]n[001-100]"));
+  ASSERT_TRUE(hosts.ok()) << hosts.status();
+  ASSERT_EQ(hosts->size(), 200u);
+  EXPECT_EQ(hosts->back(), absl::StrCat(rack, "2n100"));
+  EXPECT_EQ(hosts->back().size(), kMaxHostNameLength);
 }
 
 struct CompressCase {

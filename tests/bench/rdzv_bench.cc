@@ -17,9 +17,13 @@
 // Launch mode (--launch) times real rdzv-agent processes: `--standalone -- true` (wall time and
 // peak RSS, median of K runs), and N agents on loopback against one rdzvd running `true`.
 //
-// The parent never touches gRPC, so forking it is safe; workers exec this binary afresh. Every
-// process it starts dies with it (PR_SET_PDEATHSIG) and is killed and reaped on every path out,
-// and every wait is bounded.
+// Soak mode (--soak N) runs N consecutive rendezvous of two fresh clients each on one rdzvd and
+// prints rdzvd's RSS, open fds and threads before, halfway and after: fds and threads must not
+// keep growing.
+//
+// The parent never touches gRPC (except in soak mode, after its only fork), so forking it is safe;
+// workers exec this binary afresh. Every process it starts dies with it (PR_SET_PDEATHSIG) and is
+// killed and reaped on every path out, and every wait is bounded.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -47,6 +51,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -575,6 +580,7 @@ struct ProcStats {
   int64_t rss_kib = 0;
   int64_t hwm_kib = 0;
   int64_t fds = 0;
+  int64_t threads = 0;
 };
 
 ProcStats ReadProcStats(pid_t pid) {
@@ -600,6 +606,9 @@ ProcStats ReadProcStats(pid_t pid) {
     } else if (absl::ConsumePrefix(&l, "VmHWM:") &&
                absl::SimpleAtoi(absl::StripSuffix(absl::StripAsciiWhitespace(l), " kB"), &v)) {
       s.hwm_kib = v;
+    } else if (absl::ConsumePrefix(&l, "Threads:") &&
+               absl::SimpleAtoi(absl::StripAsciiWhitespace(l), &v)) {
+      s.threads = v;
     }
   }
   std::error_code ec;
@@ -663,6 +672,7 @@ struct Options {
   std::string auth = "none";  // rdzvd's --auth and the agents' credential; "omit": pass none
   std::string self;
   std::string log_dir;
+  int64_t soak = 0;
 };
 
 // rdzvd on a free loopback port, its stderr in log_dir. Retries when another process took the
@@ -1155,6 +1165,130 @@ int RunLaunch(const Options& o) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Soak mode.
+
+// One rendezvous of two fresh clients (as two agents would be) in job `job`, then both leave.
+// "" when both got the right ranks, else what went wrong.
+std::string SoakRendezvous(const std::string& endpoint, const std::string& job) {
+  std::string errors[2];
+  auto agent = [&](int index) {
+    ClientOptions options;
+    options.endpoint = endpoint;
+    options.join_timeout = absl::Seconds(30);
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
+    if (!client.ok()) {
+      errors[index] = client.status().ToString();
+      return;
+    }
+    JoinSpec spec;
+    spec.job_id = job;
+    spec.agent.agent_id = absl::StrCat(job, "-", index);
+    spec.agent.host = absl::StrCat("soak", index);
+    spec.agent.node_index = index;
+    spec.agent.nproc = 2;
+    spec.min_agents = spec.max_agents = 2;
+    spec.addresses = {"127.0.0.1"};
+    spec.master_port = 29500;
+    absl::StatusOr<AssignmentEvent> a = (*client)->Join(spec, {});
+    if (!a.ok()) {
+      errors[index] = a.status().ToString();
+    } else if (a->slot.rank_offset != 2 * index || a->world_size != 4) {
+      errors[index] = absl::StrFormat("agent %d got ranks from %d of %d", index,
+                                      a->slot.rank_offset, a->world_size);
+    } else if (absl::Status left = (*client)->Leave(); !left.ok()) {
+      errors[index] = left.ToString();
+    }
+  };
+  std::thread other(agent, 1);
+  agent(0);
+  other.join();
+  return errors[0].empty() ? errors[1] : errors[0];
+}
+
+// What rdzvd holds once it has gone quiet: waits until its thread and fd counts stop moving.
+ProcStats SettledStats(pid_t pid) {
+  ProcStats last = ReadProcStats(pid);
+  for (int i = 0; i < 50; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    const ProcStats now = ReadProcStats(pid);
+    if (now.fds == last.fds && now.threads == last.threads && now.rss_kib == last.rss_kib) {
+      return now;
+    }
+    last = now;
+  }
+  return last;
+}
+
+// --soak N: N consecutive rendezvous on one rdzvd; its RSS, open fds and threads before, halfway
+// and after (after a short warm-up, so that what is allocated once is in all three). Fails when
+// a rendezvous failed, a job is left, or fds or threads grew over the second half by more than
+// the few a thread pool varies by. The parent starts rdzvd before it uses gRPC, and forks
+// nothing after.
+int RunSoak(const Options& o) {
+  Child rdzvd;
+  int port = 0;
+  if (absl::Status s = StartRdzvd(o, rdzvd, port, absl::StrCat(o.log_dir, "/rdzvd-soak.log"));
+      !s.ok()) {
+    std::fprintf(stderr, "rdzv-bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  const std::string endpoint = absl::StrCat("127.0.0.1:", port);
+  const std::string prefix = absl::StrCat("soak-", getpid(), "-");
+  constexpr int kWarmUp = 50;
+  int failures = 0;
+  auto run = [&](int64_t first, int64_t count) {
+    for (int64_t i = first; i < first + count; ++i) {
+      if (std::string error = SoakRendezvous(endpoint, absl::StrCat(prefix, i)); !error.empty()) {
+        if (++failures <= 5)
+          std::fprintf(stderr, "rdzv-bench: rendezvous %ld: %s\n", static_cast<long>(i),
+                       error.c_str());
+      }
+    }
+  };
+  run(0, kWarmUp);
+  const ProcStats before = SettledStats(rdzvd.pid());
+  const int64_t t0 = NowNs();
+  const int64_t half = o.soak / 2;
+  run(kWarmUp, half);
+  const ProcStats middle = SettledStats(rdzvd.pid());
+  run(kWarmUp + half, o.soak - half);
+  const double wall_s = static_cast<double>(NowNs() - t0) / 1e9;
+  const ProcStats after = SettledStats(rdzvd.pid());
+  // What the server still holds: every job ended and was left, so nothing.
+  size_t jobs_left = 0;
+  ClientOptions status_options;
+  status_options.endpoint = endpoint;
+  if (absl::StatusOr<std::unique_ptr<Client>> c = Client::Create(status_options); c.ok()) {
+    absl::StatusOr<std::vector<JobStatusView>> jobs = (*c)->Status("");
+    if (jobs.ok()) jobs_left = jobs->size();
+  }
+  rdzvd.Stop(5'000'000'000);
+
+  std::printf("%ld rendezvous of 2 agents in %.2f s (%.1f ms each), %d failed\n",
+              static_cast<long>(o.soak), wall_s, 1000.0 * wall_s / static_cast<double>(o.soak),
+              failures);
+  std::printf("%-8s %9s %5s %8s\n", "rdzvd", "rss_MiB", "fds", "threads");
+  for (const auto& [name, stats] :
+       {std::pair{"before", before}, std::pair{"halfway", middle}, std::pair{"after", after}}) {
+    std::printf("%-8s %9.1f %5ld %8ld\n", name, static_cast<double>(stats.rss_kib) / 1024.0,
+                static_cast<long>(stats.fds), static_cast<long>(stats.threads));
+  }
+  std::printf("jobs still held: %zu\n", jobs_left);
+  std::fflush(stdout);
+  // gRPC's thread pool grows and shrinks with load, by a few threads: what leaks grows with the
+  // rendezvous, in the second half as in the first, so the second half is held to a small slack.
+  constexpr int64_t kSlack = 4;
+  const int64_t reference_fds = std::max(before.fds, middle.fds);
+  const int64_t reference_threads = std::max(before.threads, middle.threads);
+  const bool grew =
+      after.fds > reference_fds + kSlack || after.threads > reference_threads + kSlack;
+  if (grew) {
+    std::fprintf(stderr, "rdzv-bench: rdzvd's fds or threads kept growing over the soak\n");
+  }
+  return failures > 0 || grew || jobs_left > 0 ? 1 : 0;
+}
+
 absl::Status ParseList(absl::string_view v, std::vector<int64_t>& out) {
   out.clear();
   for (absl::string_view s : absl::StrSplit(v, ',', absl::SkipEmpty())) {
@@ -1180,6 +1314,7 @@ constexpr char kUsage[] =
 
 Usage: rdzv-bench [--agents 1,100,1000,4000,10000] [--reps R] [--csv FILE] [--check]
        rdzv-bench --launch [--launch-reps K] [--launch-nodes 8,32] [--csv FILE]
+       rdzv-bench --soak 1000
 Scale mode prints, per agent count N: rendezvous wall time and join latency, the floor (N
 fresh channels, one empty call each) and the ratio, rdzvd's CPU time and memory, the time for
 an abort to reach every agent, errors and whether every assignment was right.)";
@@ -1263,6 +1398,10 @@ int Main(int argc, char** argv) {
          [&](absl::string_view v) { return ParseCount(v, o.launch_reps, 1); }});
   p.Add({"launch-nodes", "", "N,N,...", "agent counts for launch mode (default 8,32)",
          [&](absl::string_view v) { return ParseList(v, o.launch_nodes); }});
+  p.Add({"soak", "", "N",
+         "run N consecutive rendezvous on one rdzvd and print its RSS, open fds and threads "
+         "before, halfway and after (e.g. --soak 1000)",
+         [&](absl::string_view v) { return ParseCount(v, o.soak, 1); }});
   p.Add({"help", "", "", "print this help", on(help)});
   absl::StatusOr<std::vector<std::string>> rest =
       p.Parse(std::vector<std::string>(argv + 1, argv + argc), ProcessEnv());
@@ -1293,7 +1432,7 @@ int Main(int argc, char** argv) {
   o.log_dir = dir;
   // A worker that dies must not take us down with SIGPIPE; its silence is reported instead.
   signal(SIGPIPE, SIG_IGN);
-  const int code = o.launch ? RunLaunch(o) : RunScale(o);
+  const int code = o.soak > 0 ? RunSoak(o) : o.launch ? RunLaunch(o) : RunScale(o);
   // Logs are kept only when something went wrong.
   if (code == 0) std::filesystem::remove_all(o.log_dir, ec);
   return code == kErrorsSeen ? 0 : code;
