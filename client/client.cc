@@ -232,9 +232,9 @@ absl::StatusOr<ClientAuth> ResolveClientAuth(ClientAuth auth) {
     return absl::InvalidArgumentError("token authentication needs a token (--rdzv-token-file)");
   }
   if (auth.mode == ClientAuth::Mode::kAuto) {
-    auth.mode = !auth.token.empty()             ? ClientAuth::Mode::kToken
-                : MungeWorks(auth.munge_socket) ? ClientAuth::Mode::kMunge
-                                                : ClientAuth::Mode::kNone;
+    auth.mode = !auth.token.empty()                     ? ClientAuth::Mode::kToken
+                : MungeSocketPresent(auth.munge_socket) ? ClientAuth::Mode::kMunge
+                                                        : ClientAuth::Mode::kNone;
   }
   return auth;
 }

@@ -34,7 +34,7 @@ namespace rdzv {
 // How the client proves who it is to the server (see common/auth.h).
 struct ClientAuth {
   enum class Mode {
-    kAuto,   // a token when one is given, else MUNGE when munged answers, else nothing
+    kAuto,   // a token when one is given, else MUNGE when munged's socket exists, else nothing
     kMunge,  // a MUNGE credential on every call
     kToken,  // the job's token on every call
     kNone,   // nothing (a server with --auth none)
@@ -45,7 +45,7 @@ struct ClientAuth {
 };
 
 // `auth` with kAuto resolved to what this host can use: kToken when a token is given, else
-// kMunge when munged answers, else kNone. InvalidArgument for kToken without a token.
+// kMunge when munged's socket exists, else kNone. InvalidArgument for kToken without a token.
 absl::StatusOr<ClientAuth> ResolveClientAuth(ClientAuth auth);
 
 struct ClientOptions {

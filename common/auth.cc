@@ -21,6 +21,8 @@ namespace {
 
 constexpr size_t kMaxTokenBytes = 4096;
 constexpr size_t kMinTokenBytes = 16;
+// libmunge's default socket as Debian's munge package builds it.
+constexpr char kDefaultMungeSocket[] = "/run/munge/munge.socket.2";
 
 // A munge context bound to `socket`; freed on scope exit.
 class MungeContext {
@@ -107,6 +109,12 @@ absl::StatusOr<MungeIdentity> MungeDecode(absl::string_view credential, const st
 bool MungeWorks(const std::string& socket) {
   absl::StatusOr<std::string> cred = MungeEncode("", socket);
   return cred.ok() && MungeDecode(*cred, socket).ok();
+}
+
+bool MungeSocketPresent(const std::string& socket) {
+  struct stat st;
+  const std::string path = socket.empty() ? std::string(kDefaultMungeSocket) : socket;
+  return stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {

@@ -50,6 +50,10 @@ absl::StatusOr<MungeIdentity> MungeDecode(absl::string_view credential, const st
 // Whether munged answers at `socket` (one encode and decode of an empty payload).
 bool MungeWorks(const std::string& socket);
 
+// Whether munged's socket exists at `socket` ("" for the default, /run/munge/munge.socket.2):
+// MUNGE is set up on this host. No call is made, so a busy munged does not count as absent.
+bool MungeSocketPresent(const std::string& socket);
+
 // Reads a job token from `path`: a regular file (not a link) owned by the caller, readable
 // and writable by the owner only (0600 or 0400), 16 to 4096 bytes of text; surrounding
 // whitespace is dropped. One-line errors name the file and the fix.
