@@ -264,8 +264,10 @@ class ProcessCollector : public Metrics::Collector {
           static_cast<double>(stats->resident_memory_bytes));
     gauge(kNames[2], "Virtual memory size in bytes.",
           static_cast<double>(stats->virtual_memory_bytes));
-    gauge(kNames[3], "Start time of the process since unix epoch in seconds.",
-          stats->start_time_seconds);
+    if (stats->start_time_seconds > 0) {
+      gauge(kNames[3], "Start time of the process since unix epoch in seconds.",
+            stats->start_time_seconds);
+    }
     gauge(kNames[4], "Number of OS threads in the process.", static_cast<double>(stats->threads));
     gauge(kNames[5], "Number of open file descriptors.", static_cast<double>(stats->open_fds));
     if (stats->max_fds > 0) {
@@ -293,12 +295,12 @@ Metrics::Metrics(absl::string_view version) {
                     RendezvousDurationBuckets());
   aborts_ = &AddCounterFamily(
       "rdzv_aborts_total",
-      "Jobs ended by an abort, by cause: worker_failed (a worker exited "
-      "non-zero or was killed), agent_lost (an agent or its node went away), resume_timeout "
-      "(agents did not come back after the server restarted).",
+      "Jobs ended by an abort, by cause: worker_failed (a worker exited non-zero or was killed), "
+      "agent_signalled (an agent was told to stop), agent_lost (an agent or its node went away), "
+      "resume_timed_out (agents did not come back after the server restarted).",
       "cause");
-  for (const absl::string_view cause : {kAbortWorkerFailed, kAbortAgentLost, kAbortResumeTimeout}) {
-    aborts_->WithLabel(cause);
+  for (int32_t cause = 0; cause <= kMaxAbortCause; ++cause) {
+    aborts_->WithLabel(AbortCauseName(static_cast<AbortCause>(cause)));
   }
   refused_calls_ = &AddCounterFamily(
       "rdzv_refused_calls_total",

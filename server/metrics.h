@@ -29,6 +29,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/rendezvous_types.h"
 
 namespace rdzv {
 
@@ -151,12 +152,6 @@ std::vector<double> RendezvousDurationBuckets();
 
 class Metrics {
  public:
-  // Label values of rdzv_aborts_total{cause}; others may be used too (see Family). A worker
-  // failed; an agent went away (killed, its node down).
-  static constexpr absl::string_view kAbortWorkerFailed = "worker_failed";
-  static constexpr absl::string_view kAbortAgentLost = "agent_lost";
-  // Agents that did not come back in time to a job that a restarted server rebuilt.
-  static constexpr absl::string_view kAbortResumeTimeout = "resume_timeout";
   // Label values of rdzv_refused_calls_total{reason}.
   static constexpr absl::string_view kRefusedUnauthenticated = "unauthenticated";
   static constexpr absl::string_view kRefusedPermissionDenied = "permission_denied";
@@ -179,7 +174,9 @@ class Metrics {
   Counter& restarts() { return *restarts_; }
   // rdzv_rendezvous_duration_seconds: from a round's first join to its assignment.
   Histogram& rendezvous_duration() { return *rendezvous_duration_; }
-  // rdzv_aborts_total{cause}: jobs ended by an abort (kAbort*).
+  // rdzv_aborts_total{cause}: jobs ended by an abort, by AbortCauseName (every cause reads 0
+  // from the start).
+  Counter& aborts(AbortCause cause) { return aborts_->WithLabel(AbortCauseName(cause)); }
   Counter& aborts(absl::string_view cause) { return aborts_->WithLabel(cause); }
   // rdzv_refused_calls_total{reason}: calls refused before reaching a job (kRefused*).
   Counter& refused_calls(absl::string_view reason) { return refused_calls_->WithLabel(reason); }

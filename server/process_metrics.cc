@@ -111,7 +111,6 @@ absl::StatusOr<ProcessStats> ReadProcessStats() {
     if (!text.ok()) return text.status();
     return ParseBootTime(*text);
   }();
-  if (!boot_time.ok()) return boot_time.status();
   if (ticks_per_second <= 0 || page_size <= 0) {
     return absl::UnavailableError("sysconf does not know the clock tick or page size");
   }
@@ -129,8 +128,10 @@ absl::StatusOr<ProcessStats> ReadProcessStats() {
   stats.resident_memory_bytes = stat->rss_pages * page_size;
   stats.virtual_memory_bytes = stat->vsize_bytes;
   stats.threads = stat->num_threads;
-  stats.start_time_seconds =
-      static_cast<double>(*boot_time) + static_cast<double>(stat->start_ticks) / ticks;
+  if (boot_time.ok()) {
+    stats.start_time_seconds =
+        static_cast<double>(*boot_time) + static_cast<double>(stat->start_ticks) / ticks;
+  }
   stats.open_fds = *open_fds;
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {

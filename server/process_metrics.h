@@ -35,7 +35,8 @@ struct ProcessStats {
   int64_t resident_memory_bytes = 0;
   int64_t virtual_memory_bytes = 0;
   int64_t threads = 0;
-  double start_time_seconds = 0;  // since the epoch
+  // Since the epoch; 0 when unknown (no /proc/stat, as under systemd's ProcSubset=pid).
+  double start_time_seconds = 0;
   int64_t open_fds = 0;
   int64_t max_fds = 0;  // the soft RLIMIT_NOFILE
 };

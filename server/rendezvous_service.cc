@@ -196,8 +196,10 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
   const JoinSpec spec = FromProto(*request);
   SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", spec.job_id, spec.agent.agent_id,
                spec.agent.host, spec.agent.node_index, spec.agent.nproc);
+  const Micros now = clock_();
+  if (options_.metrics != nullptr) options_.metrics->OnJoin(now, id, spec);
   Decisions decisions;
-  state_.Join(clock_(), id, spec, CallerInfo{PeerAddress(context->peer())}, decisions);
+  state_.Join(now, id, spec, CallerInfo{PeerAddress(context->peer())}, decisions);
   Apply(decisions, writers);
   return stream;
 }
@@ -207,14 +209,17 @@ void RendezvousService::StreamDone(StreamId id) {
   {
     absl::MutexLock lock(&mu_);
     if (streams_.erase(id) == 0) return;
+    const Micros now = clock_();
+    if (options_.metrics != nullptr) options_.metrics->OnStreamGone(now, id);
     Decisions decisions;
-    state_.StreamClosed(clock_(), id, decisions);
+    state_.StreamClosed(now, id, decisions);
     Apply(decisions, writers);
   }
   StartWrites(std::move(writers));
 }
 
 void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& writers) {
+  if (options_.metrics != nullptr) options_.metrics->OnDecisions(clock_(), decisions);
   for (Decisions::Send& send : decisions.sends) {
     auto it = streams_.find(send.stream);
     if (it == streams_.end()) continue;
@@ -334,6 +339,10 @@ void RendezvousService::Shutdown() {
 }
 
 void RendezvousService::StopWriters() { writer_pool_.join(); }
+
+void RendezvousService::CountRefused(absl::string_view reason) {
+  if (options_.metrics != nullptr) options_.metrics->OnRefused(reason);
+}
 
 size_t RendezvousService::open_streams() const {
   absl::MutexLock lock(&mu_);

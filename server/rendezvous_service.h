@@ -23,6 +23,7 @@
 #include "common/clock.h"
 #include "common/rendezvous_state.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
+#include "server/service_metrics.h"
 
 namespace rdzv {
 
@@ -34,6 +35,9 @@ struct ServiceOptions {
   // When set, the server hosts this one job and refuses others with NOT_FOUND, so that an
   // agent that reached another job's embedded server knows to look elsewhere.
   std::string only_job;
+  // Where the service reports what it sees for rdzvd's metrics; null for none. Not owned; must
+  // outlive the service.
+  ServiceMetrics* metrics = nullptr;
 };
 
 class RendezvousService final : public v1::Rendezvous::CallbackService {
@@ -62,6 +66,10 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   // Waits for the writer threads to finish what they were given and stops them. Call it once
   // the grpc::Server has stopped (its Wait() returned).
   void StopWriters();
+
+  // Counts a call refused before it reached a job, by reason (Metrics::kRefused*), for the
+  // checks in front of the service (authentication, limits). Does nothing without metrics.
+  void CountRefused(absl::string_view reason);
 
   // Streams still open (for tests and status logging).
   size_t open_streams() const;

@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """rdzvd's metrics as a real Prometheus sees them.
 
+RdzvdDuringRealJobs: a real rdzvd with --metrics-listen on loopback, scraped every second by a
+real Prometheus while real rdzv-agents run two jobs through it (one succeeds, one has a worker
+fail); the test reads the jobs, agents, joins, rounds, durations and aborts back through
+Prometheus's query API.
+
 metrics_demo_server serves a Metrics registry through MetricsHttpServer and counts a join every
 100 ms; a real Prometheus (tests/testing/prometheus.py) scrapes it every second, and the tests
 read the series back through Prometheus's query API, as a dashboard would. A scrape that
@@ -8,6 +13,7 @@ Prometheus cannot parse marks the target down, so these tests also check the tex
 
 Inputs (ctest sets them; see tests/CMakeLists.txt):
   METRICS_DEMO_SERVER  the metrics_demo_server binary
+  RDZVD_BIN, RDZV_AGENT_BIN  rdzvd and rdzv-agent
   PROMETHEUS_BIN       Prometheus (default /usr/bin/prometheus)
 
   METRICS_DEMO_SERVER=build/release/tests/metrics_demo_server \\
@@ -27,6 +33,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tes
 import prometheus  # noqa: E402
 
 DEMO = os.environ.get("METRICS_DEMO_SERVER", "")
+RDZVD = os.environ.get("RDZVD_BIN", "")
+AGENT = os.environ.get("RDZV_AGENT_BIN", "")
 
 
 def _die_with_parent():
@@ -104,6 +112,155 @@ class DemoServer:
     def _read_stderr(self):
         self._stderr.seek(0)
         return self._stderr.read().decode("utf-8", "replace")
+
+
+class Rdzvd:
+    """rdzvd on free loopback ports (gRPC and metrics), and the agents started against it.
+    Leaving the `with` block stops the agents (SIGKILL to their groups) and rdzvd (SIGTERM, then
+    SIGKILL after 10 s), and waits for all of them."""
+
+    def __init__(self):
+        self.port = 0
+        self.metrics_port = 0
+        self.returncode = None
+        self._stderr = tempfile.TemporaryFile()
+        self._log_text = ""
+        self._process = None
+        self.agents = []
+        self._agent_logs = []
+
+    def __enter__(self):
+        for binary in (RDZVD, AGENT):
+            if not binary or not os.access(binary, os.X_OK):
+                raise RuntimeError("RDZVD_BIN=%r / RDZV_AGENT_BIN=%r: build rdzvd and rdzv-agent "
+                                   "and set them (ctest does)" % (RDZVD, AGENT))
+        self._process = subprocess.Popen(
+            [RDZVD, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._stderr,
+            start_new_session=True, preexec_fn=_die_with_parent)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not (self.port and self.metrics_port):
+                for line in self.log().splitlines():
+                    if "serving on" in line and "(port " in line:
+                        self.port = int(line.rsplit("(port ", 1)[1].rstrip(")"))
+                    if "metrics on" in line and "(port " in line:
+                        self.metrics_port = int(line.rsplit("(port ", 1)[1].rstrip(")"))
+                if self._process.poll() is not None:
+                    break
+                time.sleep(0.05)
+            if not (self.port and self.metrics_port):
+                raise RuntimeError("rdzvd did not start: %s" % self.log())
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def agent(self, job, node, nnodes, worker):
+        log = tempfile.TemporaryFile()
+        self._agent_logs.append(log)
+        process = subprocess.Popen(
+            [AGENT, "--rdzv-endpoint", "127.0.0.1:%d" % self.port, "--rdzv-id", job,
+             "--nnodes", str(nnodes), "--node-rank", str(node), "--host-name", "n%d" % node,
+             "--join-timeout", "60", "--", "bash", "-c", worker],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=_die_with_parent)
+        self.agents.append(process)
+        return process
+
+    def stop(self):
+        """SIGTERM to rdzvd; returns its exit code."""
+        self._process.send_signal(signal.SIGTERM)
+        self.returncode = self._process.wait(timeout=20)
+        return self.returncode
+
+    def __exit__(self, *exc):
+        for process in self.agents:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+        for log in self._agent_logs:
+            log.close()
+        if self._process is None:
+            self._stderr.close()
+            return
+        if self._process.poll() is None:
+            self._process.send_signal(signal.SIGTERM)
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self._process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.returncode = self._process.wait()
+        self._log_text = self.log()
+        self._stderr.close()
+
+    @property
+    def pid(self):
+        return self._process.pid
+
+    def log(self):
+        if self._stderr.closed:
+            return self._log_text
+        self._stderr.seek(0)
+        return self._stderr.read().decode("utf-8", "replace")
+
+
+class RdzvdDuringRealJobs(unittest.TestCase):
+
+    def test_prometheus_sees_jobs_agents_rounds_and_aborts(self):
+        with Rdzvd() as rdzvd:
+            target = "127.0.0.1:%d" % rdzvd.metrics_port
+            with prometheus.Prometheus(target) as prom:
+                prom_pid, prom_dir = prom.pid, prom.directory
+                prom.wait_for('up{job="rdzv"}', lambda s: len(s) == 1 and s[0].value == 1)
+                self.assertEqual(prom.query("rdzv_agents_attached")[0].value, 0)
+                self.assertEqual(prom.query("rdzv_joins_total")[0].value, 0)
+
+                # A job of two agents whose workers run for a while, then succeed.
+                good = [rdzvd.agent("good", node, 2, "sleep 6") for node in (0, 1)]
+                prom.wait_for('rdzv_jobs{state="running"}', lambda s: s and s[0].value == 1)
+                prom.wait_for("rdzv_agents_attached", lambda s: s and s[0].value == 2)
+                self.assertEqual(prom.query("rdzv_joins_total")[0].value, 2)
+                self.assertEqual(prom.query("rdzv_rounds_completed_total")[0].value, 1)
+                self.assertEqual(prom.query("rdzv_rendezvous_duration_seconds_count")[0].value, 1)
+                # Both agents joined at once: the round filled in well under 10 s.
+                self.assertLess(prom.query("rdzv_rendezvous_duration_seconds_sum")[0].value, 10)
+                for process in good:
+                    self.assertEqual(process.wait(timeout=60), 0)
+
+                # A job whose worker on node 1 fails: the job ends with a worker_failed abort.
+                bad = [rdzvd.agent("bad", 0, 2, "sleep 30"), rdzvd.agent("bad", 1, 2, "exit 3")]
+                for process in bad:
+                    self.assertEqual(process.wait(timeout=60), 3)
+                prom.wait_for('rdzv_aborts_total{cause="worker_failed"}',
+                              lambda s: s and s[0].value == 1)
+                self.assertEqual(prom.query('rdzv_aborts_total{cause="agent_lost"}')[0].value, 0)
+                self.assertEqual(prom.query("rdzv_joins_total")[0].value, 4)
+                self.assertEqual(prom.query("rdzv_rounds_completed_total")[0].value, 2)
+                prom.wait_for("rdzv_agents_attached", lambda s: s and s[0].value == 0)
+                # The failed job is kept as ended for agents that come back; none is running.
+                self.assertEqual(prom.query('rdzv_jobs{state="running"}')[0].value, 0)
+                self.assertEqual(prom.query('rdzv_jobs{state="ended"}')[0].value, 1)
+
+                rss = prom.query("process_resident_memory_bytes")[0].value
+                self.assertGreater(rss, 1 << 20)
+                self.assertLess(rss, 1 << 30)
+                self.assertGreater(prom.query("process_open_fds")[0].value, 3)
+                self.assertEqual(prom.query('rdzv_refused_calls_total{reason="invalid"}')[0].value,
+                                 0)
+            self.assertEqual(rdzvd.stop(), 0, rdzvd.log())
+            rdzvd_pid = rdzvd.pid
+        self.assertEqual(processes_mentioning(prom_dir), [])
+        self.assertFalse(os.path.exists(prom_dir))
+        for pid in (prom_pid, rdzvd_pid):
+            with self.assertRaises(ProcessLookupError):
+                os.kill(pid, 0)
 
 
 class PrometheusScrapesRdzvMetrics(unittest.TestCase):

@@ -97,7 +97,8 @@ TEST(MetricsTest, RendersEveryRdzvMetricWithHelpAndType) {
        {"\nrdzv_joins_total 0\n", "\nrdzv_rounds_completed_total 0\n", "\nrdzv_restarts_total 0\n",
         "\nrdzv_aborts_total{cause=\"worker_failed\"} 0\n",
         "\nrdzv_aborts_total{cause=\"agent_lost\"} 0\n",
-        "\nrdzv_aborts_total{cause=\"resume_timeout\"} 0\n",
+        "\nrdzv_aborts_total{cause=\"resume_timed_out\"} 0\n",
+        "\nrdzv_aborts_total{cause=\"agent_signalled\"} 0\n",
         "\nrdzv_refused_calls_total{reason=\"unauthenticated\"} 0\n",
         "\nrdzv_refused_calls_total{reason=\"permission_denied\"} 0\n",
         "\nrdzv_refused_calls_total{reason=\"limit\"} 0\n",
@@ -117,7 +118,7 @@ TEST(MetricsTest, CountsShowInTheText) {
   metrics.joins().Inc(4);
   metrics.rounds_completed().Inc();
   metrics.restarts().Inc(2);
-  metrics.aborts(Metrics::kAbortWorkerFailed).Inc();
+  metrics.aborts(AbortCause::kWorkerFailed).Inc();
   metrics.aborts("a_new_cause").Inc(3);
   metrics.refused_calls(Metrics::kRefusedLimit).Inc(7);
   const std::string text = metrics.Render();
