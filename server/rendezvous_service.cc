@@ -272,6 +272,7 @@ grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerCont
                                FromProto(request->failure()), decisions);
       if (abort.ok()) {
         if (options_.log_jobs) spdlog::info("job {}: {}", request->job_id(), abort->reason);
+        RecordAbort(request->job_id(), *abort);
         *response->mutable_abort() = ToProto(*abort);
       }
       status = abort.status();
@@ -304,11 +305,16 @@ grpc::ServerUnaryReactor* RendezvousService::GetStatus(grpc::CallbackServerConte
                                                        v1::StatusResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::vector<JobStatusView> jobs;
+  std::vector<std::pair<size_t, AbortEvent>> aborts;  // by index into `jobs`
   {
     absl::MutexLock lock(&mu_);
     jobs = state_.Status(request->job_id());
+    AddRecordedAborts(request->job_id(), jobs, aborts);
   }
   for (const JobStatusView& j : jobs) *response->add_jobs() = ToProto(j);
+  for (const auto& [i, abort] : aborts) {
+    *response->mutable_jobs(static_cast<int>(i))->mutable_abort() = ToProto(abort);
+  }
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

@@ -56,6 +56,10 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const v1::StatusRequest* request,
                                       v1::StatusResponse* response) override;
+  // In job_control.cc.
+  grpc::ServerUnaryReactor* AbortJob(grpc::CallbackServerContext* context,
+                                     const v1::AbortJobRequest* request,
+                                     v1::AbortJobResponse* response) override;
 
   // Advances the state's timers; the server shell calls it periodically.
   void Tick();
@@ -87,6 +91,14 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   void StartWrites(std::vector<JoinStream*> writers) ABSL_LOCKS_EXCLUDED(mu_);
   void StreamDone(StreamId id);
 
+  // Whether the caller of `context` may control `job_id` (abort it): the job's owner or root.
+  // The one place where a caller's identity decides; see job_control.cc.
+  absl::Status AuthorizeJobControl(const grpc::CallbackServerContext& context,
+                                   const std::string& job_id) const;
+  // Keeps a job's first abort for GetStatus (job_control.cc).
+  void RecordAbort(const std::string& job_id, const AbortEvent& abort)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const Clock clock_;
   const ServiceOptions options_;
   mutable absl::Mutex mu_;
@@ -94,6 +106,18 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   absl::flat_hash_map<StreamId, JoinStream*> streams_ ABSL_GUARDED_BY(mu_);
   StreamId next_stream_ ABSL_GUARDED_BY(mu_) = 1;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  // The first abort of each job, from failure reports and AbortJob, and when it came; kept a
+  // while after the job is gone, and bounded (job_control.cc).
+  struct RecordedAbort {
+    AbortEvent abort;
+    Micros at = 0;
+  };
+  absl::flat_hash_map<std::string, RecordedAbort> aborts_ ABSL_GUARDED_BY(mu_);
+  // Adds the recorded aborts of `job_id` (all jobs when empty) to `jobs`: the abort of a job
+  // listed there, and an "ended" entry for one the state has forgotten.
+  void AddRecordedAborts(const std::string& job_id, std::vector<JobStatusView>& jobs,
+                         std::vector<std::pair<size_t, AbortEvent>>& aborts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   asio::thread_pool writer_pool_;
 };
 
