@@ -66,6 +66,7 @@
 #include "common/env.h"
 #include "common/flags.h"
 #include "common/process_env.h"
+#include "tests/bench/metrics_scrape.h"
 
 namespace rdzv::bench {
 namespace {
@@ -658,6 +659,7 @@ struct Options {
   int64_t launch_reps = 5;
   std::vector<int64_t> launch_nodes = {8, 32};
   std::vector<std::string> rdzvd_args;
+  int64_t metrics_scrape_ms = 0;  // 0: rdzvd serves no metrics
   std::string self;
   std::string log_dir;
 };
@@ -675,7 +677,13 @@ absl::Status StartRdzvd(const Options& o, Child& rdzvd, int& port, const std::st
     std::vector<std::string> argv = {o.rdzvd, "--listen", absl::StrCat("127.0.0.1:", *p),
                                      "--keepalive-timeout-ms=5000"};
     argv.insert(argv.end(), o.rdzvd_args.begin(), o.rdzvd_args.end());
+    absl::StatusOr<int> metrics_port = o.metrics_scrape_ms > 0 ? FreePort() : 0;
+    if (!metrics_port.ok()) return metrics_port.status();
+    if (*metrics_port != 0) {
+      argv.push_back(absl::StrCat("--metrics-listen=127.0.0.1:", *metrics_port));
+    }
     if (absl::Status s = rdzvd.Start(argv, false, log); !s.ok()) return s;
+    if (*metrics_port != 0) ScrapeMetrics(*metrics_port, o.metrics_scrape_ms);
     const int64_t deadline = NowNs() + 10'000'000'000;
     while (NowNs() < deadline) {
       if (CanConnect(*p)) {
@@ -1243,6 +1251,9 @@ int Main(int argc, char** argv) {
            o.rdzvd_args.emplace_back(v);
            return absl::OkStatus();
          }});
+  p.Add({"metrics-scrape-ms", "", "MS",
+         "rdzvd serves its metrics and the bench scrapes them every MS ms (default 0: off)",
+         [&](absl::string_view v) { return ParseCount(v, o.metrics_scrape_ms, 0); }});
   p.Add({"launch", "", "", "time real rdzv-agent launches instead", on(o.launch)});
   p.Add({"launch-reps", "", "K", "runs per launch case (default 5)",
          [&](absl::string_view v) { return ParseCount(v, o.launch_reps, 1); }});
