@@ -3,6 +3,7 @@
 #include "server/metrics.h"
 
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -368,12 +369,20 @@ TEST(ProcessMetricsTest, ReadsThisProcess) {
   // An extra descriptor, an extra thread and some CPU time all show.
   const int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   ASSERT_GE(fd, 0);
+  // The spinner burns 60 ms of CPU by its own clock, however busy the machine is, and stays
+  // alive until the second read.
   std::atomic<bool> stop{false};
+  std::atomic<bool> spun{false};
   std::thread spinner([&] {
+    timespec cpu{};
     while (!stop.load()) {
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
+      if (cpu.tv_sec > 0 || cpu.tv_nsec >= 60'000'000) spun = true;
     }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (int i = 0; i < 3000 && !spun.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   const absl::StatusOr<ProcessStats> after = ReadProcessStats();
   stop = true;
   spinner.join();
