@@ -204,40 +204,11 @@ struct Client::Impl {
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.rpc_timeout));
   }
 
-  // Puts this call's credential on `ctx`: a MUNGE credential made for this one call, or the
-  // job's token.
   absl::Status Authorize(grpc::ClientContext& ctx, absl::string_view method,
                          absl::string_view job) const {
-    switch (options.auth.mode) {
-      case ClientAuth::Mode::kToken:
-        ctx.AddMetadata(kTokenMetadata, options.auth.token);
-        return absl::OkStatus();
-      case ClientAuth::Mode::kMunge: {
-        absl::StatusOr<std::string> cred =
-            MungeEncode(CallPayload(method, job), options.auth.munge_socket);
-        if (!cred.ok()) return cred.status();
-        ctx.AddMetadata(kMungeMetadata, *cred);
-        return absl::OkStatus();
-      }
-      case ClientAuth::Mode::kAuto:
-      case ClientAuth::Mode::kNone:
-        return absl::OkStatus();
-    }
-    return absl::OkStatus();
+    return AttachCredential(ctx, options.auth, method, job);
   }
 };
-
-absl::StatusOr<ClientAuth> ResolveClientAuth(ClientAuth auth) {
-  if (auth.mode == ClientAuth::Mode::kToken && auth.token.empty()) {
-    return absl::InvalidArgumentError("token authentication needs a token (--rdzv-token-file)");
-  }
-  if (auth.mode == ClientAuth::Mode::kAuto) {
-    auth.mode = !auth.token.empty()                     ? ClientAuth::Mode::kToken
-                : MungeSocketPresent(auth.munge_socket) ? ClientAuth::Mode::kMunge
-                                                        : ClientAuth::Mode::kNone;
-  }
-  return auth;
-}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   auto impl = std::make_unique<Impl>();

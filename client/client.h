@@ -29,6 +29,10 @@
 #include "common/backoff.h"
 #include "common/rendezvous_types.h"
 
+namespace grpc {
+class ClientContext;
+}  // namespace grpc
+
 namespace rdzv {
 
 // How the client proves who it is to the server (see common/auth.h).
@@ -47,6 +51,11 @@ struct ClientAuth {
 // `auth` with kAuto resolved to what this host can use: kToken when a token is given, else
 // kMunge when munged's socket exists, else kNone. InvalidArgument for kToken without a token.
 absl::StatusOr<ClientAuth> ResolveClientAuth(ClientAuth auth);
+
+// Puts the credential `auth` (resolved) calls for on a call of `method` on `job`: a MUNGE
+// credential made for this one call, or the job's token.
+absl::Status AttachCredential(grpc::ClientContext& ctx, const ClientAuth& auth,
+                              absl::string_view method, absl::string_view job);
 
 struct ClientOptions {
   std::string endpoint;  // "host:port" of rdzvd

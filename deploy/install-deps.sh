@@ -8,6 +8,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libasio-dev googletest libgtest-dev libgmock-dev
   libmunge-dev libssl-dev    # MUNGE credentials and token digests
+  libcpp-httplib-dev         # rdzvd's Prometheus endpoint (--metrics-listen)
+  prometheus                 # a real Prometheus scrapes rdzvd in the metrics test
   slurm-wlm munge            # a real Slurm for the demo and the tests
   python3-torch              # real PyTorch (gloo) for the examples and end-to-end tests
   openmpi-bin                # mpirun launch shape tests

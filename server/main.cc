@@ -13,17 +13,19 @@
 #include "common/process_env.h"
 #include "server/authenticator.h"
 #include "server/server.h"
+#include "server/systemd_notify.h"
 
 namespace {
 
 constexpr char kUsage[] =
     R"(rdzvd: rendezvous server for rdzv-agent; serves many jobs at once, keyed by job id.
 
-Usage: rdzvd [--listen HOST:PORT] [--auth munge|token|none] [--log-level LEVEL]
+Usage: rdzvd [--listen HOST:PORT] [--auth munge|token|none] [--metrics-listen HOST:PORT]
+             [--log-level LEVEL]
 Example: rdzvd --listen 0.0.0.0:29400    (agents then use --rdzv-endpoint head:29400)
 Every call is authenticated (MUNGE by default) and each job belongs to the user who created
-it: other users can neither see nor touch it.
-Stops cleanly on SIGTERM or SIGINT.)";
+it: other users can neither see nor touch it. Serves grpc.health.v1 beside the rendezvous
+service, tells systemd when it is ready (Type=notify), and stops cleanly on SIGTERM or SIGINT.)";
 
 absl::Status ParseMillis(absl::string_view v, int64_t* out) {
   if (!absl::SimpleAtoi(v, out) || *out < 0) {
@@ -69,6 +71,12 @@ int main(int argc, char** argv) {
   parser.Add({"listen", "RDZV_LISTEN", "HOST:PORT", "address to serve on (default 0.0.0.0:29400)",
               [&](absl::string_view v) {
                 options.listen = std::string(v);
+                return absl::OkStatus();
+              }});
+  parser.Add({"metrics-listen", "RDZV_METRICS_LISTEN", "HOST:PORT",
+              "serve Prometheus metrics over HTTP at /metrics (default: off)",
+              [&](absl::string_view v) {
+                options.metrics_listen = std::string(v);
                 return absl::OkStatus();
               }});
   parser.Add({"log-level", "RDZV_LOG_LEVEL", "LEVEL",
@@ -143,9 +151,18 @@ int main(int argc, char** argv) {
   }
   spdlog::info("serving on {} (port {}), authentication: {}", options.listen, (*server)->port(),
                rdzv::AuthModeName(options.service.auth.mode));
+  if ((*server)->metrics_port() != 0) {
+    spdlog::info("metrics on http://{}/metrics (port {})", options.metrics_listen,
+                 (*server)->metrics_port());
+  }
+  const std::string notify_socket = rdzv::ProcessEnv()("NOTIFY_SOCKET").value_or("");
+  if (absl::Status s = rdzv::NotifySystemd(notify_socket, "READY=1"); !s.ok()) {
+    spdlog::warn("{}", s.message());
+  }
   int sig = 0;
   sigwait(&stop, &sig);
   spdlog::info("{}: shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  (void)rdzv::NotifySystemd(notify_socket, "STOPPING=1");
   (*server)->Shutdown();
   return 0;
 }

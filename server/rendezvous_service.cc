@@ -177,6 +177,9 @@ absl::StatusOr<Caller> RendezvousService::Authenticate(grpc::CallbackServerConte
   if (!caller.ok()) {
     spdlog::warn("refused {} from {}: {}", method, absl::CHexEscape(context->peer()),
                  caller.status().message());
+    CountRefused(caller.status().code() == absl::StatusCode::kPermissionDenied
+                     ? Metrics::kRefusedPermissionDenied
+                     : Metrics::kRefusedUnauthenticated);
   }
   return caller;
 }
@@ -232,8 +235,10 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
   const JoinSpec spec = FromProto(*request);
   SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", spec.job_id, spec.agent.agent_id,
                spec.agent.host, spec.agent.node_index, spec.agent.nproc);
+  const Micros now = clock_();
+  if (options_.metrics != nullptr) options_.metrics->OnJoin(now, id, spec);
   Decisions decisions;
-  state.Join(clock_(), id, spec, CallerInfo{PeerAddress(context->peer())}, decisions);
+  state.Join(now, id, spec, CallerInfo{PeerAddress(context->peer())}, decisions);
   Apply(decisions, writers);
   return stream;
 }
@@ -246,14 +251,17 @@ void RendezvousService::StreamDone(StreamId id) {
     if (it == streams_.end()) return;
     RendezvousState* state = it->second.state;
     streams_.erase(it);
+    const Micros now = clock_();
+    if (options_.metrics != nullptr) options_.metrics->OnStreamGone(now, id);
     Decisions decisions;
-    state->StreamClosed(clock_(), id, decisions);
+    state->StreamClosed(now, id, decisions);
     Apply(decisions, writers);
   }
   StartWrites(std::move(writers));
 }
 
 void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& writers) {
+  if (options_.metrics != nullptr) options_.metrics->OnDecisions(clock_(), decisions);
   for (Decisions::Send& send : decisions.sends) {
     auto it = streams_.find(send.stream);
     if (it == streams_.end()) continue;
@@ -314,6 +322,7 @@ grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerCont
                              FromProto(request->failure()), decisions);
       if (abort.ok()) {
         if (options_.log_jobs) spdlog::info("job {}: {}", request->job_id(), abort->reason);
+        RecordAbort(caller->owner, request->job_id(), *abort);
         *response->mutable_abort() = ToProto(*abort);
       }
       status = abort.status();
@@ -356,17 +365,24 @@ grpc::ServerUnaryReactor* RendezvousService::GetStatus(grpc::CallbackServerConte
     return reactor;
   }
   std::vector<JobStatusView> jobs;
+  std::vector<std::pair<size_t, AbortEvent>> aborts;  // by index into `jobs`
   {
     absl::MutexLock lock(&mu_);
     // A caller sees its own jobs; root and the admin groups see everyone's.
+    std::vector<const std::string*> owners;
     for (auto& [owner, state] : states_) {
       if (!caller->admin && owner != caller->owner) continue;
-      std::vector<JobStatusView> some = state->Status(request->job_id());
-      jobs.insert(jobs.end(), std::make_move_iterator(some.begin()),
-                  std::make_move_iterator(some.end()));
+      for (JobStatusView& view : state->Status(request->job_id())) {
+        jobs.push_back(std::move(view));
+        owners.push_back(&owner);
+      }
     }
+    AddRecordedAborts(*caller, request->job_id(), owners, jobs, aborts);
   }
   for (const JobStatusView& j : jobs) *response->add_jobs() = ToProto(j);
+  for (const auto& [i, abort] : aborts) {
+    *response->mutable_jobs(static_cast<int>(i))->mutable_abort() = ToProto(abort);
+  }
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -398,6 +414,10 @@ void RendezvousService::Shutdown() {
 }
 
 void RendezvousService::StopWriters() { writer_pool_.join(); }
+
+void RendezvousService::CountRefused(absl::string_view reason) {
+  if (options_.metrics != nullptr) options_.metrics->OnRefused(reason);
+}
 
 size_t RendezvousService::open_streams() const {
   absl::MutexLock lock(&mu_);

@@ -26,6 +26,7 @@
 #include "common/rendezvous_state.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
 #include "server/authenticator.h"
+#include "server/service_metrics.h"
 
 namespace rdzv {
 
@@ -39,6 +40,9 @@ struct ServiceOptions {
   std::string only_job;
   // Who may call, and how callers prove it. Jobs are kept per owner (see Authenticator).
   AuthPolicy auth;
+  // Where the service reports what it sees for rdzvd's metrics; null for none. Not owned; must
+  // outlive the service.
+  ServiceMetrics* metrics = nullptr;
 };
 
 class RendezvousService final : public v1::Rendezvous::CallbackService {
@@ -57,6 +61,10 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const v1::StatusRequest* request,
                                       v1::StatusResponse* response) override;
+  // In job_control.cc.
+  grpc::ServerUnaryReactor* AbortJob(grpc::CallbackServerContext* context,
+                                     const v1::AbortJobRequest* request,
+                                     v1::AbortJobResponse* response) override;
 
   // Advances the state's timers; the server shell calls it periodically.
   void Tick();
@@ -67,6 +75,10 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   // Waits for the writer threads to finish what they were given and stops them. Call it once
   // the grpc::Server has stopped (its Wait() returned).
   void StopWriters();
+
+  // Counts a call refused before it reached a job, by reason (Metrics::kRefused*), for the
+  // checks in front of the service (authentication, limits). Does nothing without metrics.
+  void CountRefused(absl::string_view reason);
 
   // Streams still open (for tests and status logging).
   size_t open_streams() const;
@@ -94,6 +106,11 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
     RendezvousState* state;  // the owner's jobs the stream joined
   };
 
+  // Whether the caller of `context` may control `job_id` (abort it): the job's owner or root.
+  // Keeps the first abort of `owner`'s job `job_id` for GetStatus (job_control.cc).
+  void RecordAbort(const std::string& owner, const std::string& job_id, const AbortEvent& abort)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const Clock clock_;
   const ServiceOptions options_;
   mutable absl::Mutex mu_;
@@ -102,6 +119,23 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   absl::flat_hash_map<StreamId, Stream> streams_ ABSL_GUARDED_BY(mu_);
   StreamId next_stream_ ABSL_GUARDED_BY(mu_) = 1;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  // The first abort of each job, from failure reports and AbortJob, and when it came; kept a
+  // while after the job is gone, and bounded (job_control.cc).
+  struct RecordedAbort {
+    std::string owner;
+    std::string job_id;
+    AbortEvent abort;
+    Micros at = 0;
+  };
+  absl::flat_hash_map<std::string, RecordedAbort> aborts_ ABSL_GUARDED_BY(mu_);
+  // Adds the recorded aborts of `job_id` (all jobs when empty) that `caller` may see to `jobs`
+  // (whose owners are `owners`): the abort of a job listed there, and an "ended" entry for one
+  // the state has forgotten.
+  void AddRecordedAborts(const Caller& caller, const std::string& job_id,
+                         const std::vector<const std::string*>& owners,
+                         std::vector<JobStatusView>& jobs,
+                         std::vector<std::pair<size_t, AbortEvent>>& aborts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   asio::thread_pool writer_pool_;
 };
 

@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <spdlog/spdlog.h>
@@ -15,7 +16,13 @@ namespace rdzv {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   std::unique_ptr<Server> server(new Server());
-  server->service_ = std::make_unique<RendezvousService>(SteadyClock(), options.service);
+  ServiceOptions service_options = options.service;
+  if (!options.metrics_listen.empty()) {
+    server->metrics_ = std::make_unique<Metrics>(RDZV_VERSION);
+    server->service_metrics_ = std::make_unique<ServiceMetrics>(server->metrics_.get());
+    service_options.metrics = server->service_metrics_.get();
+  }
+  server->service_ = std::make_unique<RendezvousService>(SteadyClock(), service_options);
 
 #ifdef NDEBUG
   // Debian builds abseil without NDEBUG, which leaves absl::Mutex's deadlock detector on in
@@ -25,6 +32,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 #endif
 
+  // grpc.health.v1.Health, answered by gRPC itself; the server reports SERVING once started.
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
@@ -58,6 +67,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         options.listen));
   }
 
+  if (server->metrics_ != nullptr) {
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
+        MetricsHttpServer::Start(options.metrics_listen, server->metrics_.get());
+    if (!http.ok()) return http.status();  // the destructor stops what started
+    server->metrics_http_ = *std::move(http);
+  }
+  if (auto* health = server->grpc_server_->GetHealthCheckService(); health != nullptr) {
+    health->SetServingStatus(true);
+  }
+
   server->tick_interval_ = options.tick_interval;
   server->ArmTimer();
   server->timer_thread_ = std::thread([io = &server->io_] { io->run(); });
@@ -77,9 +96,17 @@ Server::~Server() { Shutdown(); }
 
 size_t Server::open_streams() const { return service_->open_streams(); }
 
+int Server::metrics_port() const { return metrics_http_ != nullptr ? metrics_http_->port() : 0; }
+
 void Server::Shutdown() {
   if (stopped_) return;
   stopped_ = true;
+  if (metrics_http_ != nullptr) metrics_http_->Shutdown();
+  if (grpc_server_ != nullptr) {
+    if (auto* health = grpc_server_->GetHealthCheckService(); health != nullptr) {
+      health->SetServingStatus(false);
+    }
+  }
   service_->Shutdown();
   if (grpc_server_ != nullptr) {
     grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -1,5 +1,7 @@
-// Server: rdzvd as an object. Listens on an address, serves the rendezvous service, and
-// drives its timers from an Asio steady_timer on a thread of its own. rdzvd's main() runs one;
+// Server: rdzvd as an object. Listens on an address, serves the rendezvous service and the
+// standard gRPC health service (grpc.health.v1, SERVING from Start() until Shutdown()), drives
+// its timers from an Asio steady_timer on a thread of its own, and optionally serves Prometheus
+// metrics over HTTP. rdzvd's main() runs one;
 // rdzv-agent embeds one in the agent of node 0 (or with --standalone).
 //
 // Thread-safe. Shutdown() is idempotent and also runs from the destructor.
@@ -16,7 +18,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/metrics.h"
+#include "server/metrics_http.h"
 #include "server/rendezvous_service.h"
+#include "server/service_metrics.h"
 
 namespace rdzv {
 
@@ -32,6 +37,9 @@ struct ServerOptions {
   // second keep about a fifth of a core busy for the whole job.
   absl::Duration keepalive = absl::Seconds(1);
   absl::Duration keepalive_timeout = absl::Seconds(1);
+  // "host:port" to serve Prometheus metrics on (GET /metrics); empty for none. Port 0 picks a
+  // free one (see Server::metrics_port()).
+  std::string metrics_listen;
 };
 
 class Server {
@@ -45,6 +53,8 @@ class Server {
 
   // The port actually bound.
   int port() const { return port_; }
+  // The metrics port actually bound; 0 without metrics.
+  int metrics_port() const;
 
   // Closes every stream with UNAVAILABLE, stops accepting calls and waits (bounded) for the
   // calls in flight to end.
@@ -57,6 +67,10 @@ class Server {
   Server() = default;
   void ArmTimer();
 
+  // Declared before the service, which reports to them: they go after it.
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<ServiceMetrics> service_metrics_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;
   std::unique_ptr<RendezvousService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   asio::io_context io_;

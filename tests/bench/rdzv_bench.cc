@@ -71,6 +71,7 @@
 #include "common/env.h"
 #include "common/flags.h"
 #include "common/process_env.h"
+#include "tests/bench/metrics_scrape.h"
 
 namespace rdzv::bench {
 namespace {
@@ -670,6 +671,7 @@ struct Options {
   std::vector<int64_t> launch_nodes = {8, 32};
   std::vector<std::string> rdzvd_args;
   std::string auth = "none";  // rdzvd's --auth and the agents' credential; "omit": pass none
+  int64_t metrics_scrape_ms = 0;  // 0: rdzvd serves no metrics
   std::string self;
   std::string log_dir;
   int64_t soak = 0;
@@ -689,7 +691,13 @@ absl::Status StartRdzvd(const Options& o, Child& rdzvd, int& port, const std::st
                                      "--keepalive-timeout-ms=5000"};
     if (o.auth != "omit") argv.push_back(absl::StrCat("--auth=", o.auth));
     argv.insert(argv.end(), o.rdzvd_args.begin(), o.rdzvd_args.end());
+    absl::StatusOr<int> metrics_port = o.metrics_scrape_ms > 0 ? FreePort() : 0;
+    if (!metrics_port.ok()) return metrics_port.status();
+    if (*metrics_port != 0) {
+      argv.push_back(absl::StrCat("--metrics-listen=127.0.0.1:", *metrics_port));
+    }
     if (absl::Status s = rdzvd.Start(argv, false, log); !s.ok()) return s;
+    if (*metrics_port != 0) ScrapeMetrics(*metrics_port, o.metrics_scrape_ms);
     const int64_t deadline = NowNs() + 10'000'000'000;
     while (NowNs() < deadline) {
       if (CanConnect(*p)) {
@@ -1393,6 +1401,9 @@ int Main(int argc, char** argv) {
            o.rdzvd_args.emplace_back(v);
            return absl::OkStatus();
          }});
+  p.Add({"metrics-scrape-ms", "", "MS",
+         "rdzvd serves its metrics and the bench scrapes them every MS ms (default 0: off)",
+         [&](absl::string_view v) { return ParseCount(v, o.metrics_scrape_ms, 0); }});
   p.Add({"launch", "", "", "time real rdzv-agent launches instead", on(o.launch)});
   p.Add({"launch-reps", "", "K", "runs per launch case (default 5)",
          [&](absl::string_view v) { return ParseCount(v, o.launch_reps, 1); }});

@@ -1,0 +1,161 @@
+#include "ctl/ctl_commands.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/auth.h"
+#include "ctl/status_format.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "rdzv/v1/rdzv.grpc.pb.h"
+
+namespace rdzv {
+namespace {
+
+void SetDeadline(grpc::ClientContext& context, const CtlOptions& options) {
+  context.set_deadline(std::chrono::system_clock::now() +
+                       absl::ToChronoMilliseconds(options.timeout));
+}
+
+// Puts the caller's credential on `context`: rdzvd authenticates every call, and shows or lets
+// abort only the caller's own jobs (every job for root and its admin groups).
+absl::Status Authorize(grpc::ClientContext& context, const CtlOptions& options,
+                       absl::string_view method, absl::string_view job) {
+  if (!options.token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadTokenFile(options.token_file);
+    if (!token.ok()) return token.status();
+    context.AddMetadata(kTokenMetadata, *token);
+    return absl::OkStatus();
+  }
+  if (!MungeSocketPresent(options.munge_socket)) return absl::OkStatus();
+  absl::StatusOr<std::string> cred = MungeEncode(CallPayload(method, job), options.munge_socket);
+  if (!cred.ok()) return cred.status();
+  context.AddMetadata(kMungeMetadata, *cred);
+  return absl::OkStatus();
+}
+
+int Refused(std::ostream& err, const absl::Status& status) {
+  err << "rdzvctl: " << status.message() << "\n";
+  return 1;
+}
+
+int Failed(std::ostream& err, const CtlOptions& options, const grpc::Status& status) {
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    err << absl::StrFormat(
+        "rdzvctl: rdzvd at %s did not answer (%s); check that it runs and that "
+        "--rdzv-endpoint/RDZV_ENDPOINT names it\n",
+        options.endpoint, status.error_message());
+  } else {
+    err << "rdzvctl: " << status.error_message() << "\n";
+  }
+  return 1;
+}
+
+int Status(v1::Rendezvous::Stub& stub, const CtlOptions& options, std::ostream& out,
+           std::ostream& err) {
+  v1::StatusRequest request;
+  request.set_job_id(options.job);
+  v1::StatusResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, options);
+  if (absl::Status a = Authorize(context, options, "GetStatus", options.job); !a.ok()) {
+    return Refused(err, a);
+  }
+  const grpc::Status status = stub.GetStatus(&context, request, &response);
+  if (!status.ok()) return Failed(err, options, status);
+  if (options.json) {
+    out << ToJson(response) << "\n";
+  } else if (!options.job.empty() && response.jobs().empty()) {
+    err << absl::StrFormat("rdzvctl: rdzvd knows no job %s; rdzvctl status lists the jobs\n",
+                           options.job);
+    return 1;
+  } else {
+    out << FormatStatusTable(response, options.nodelist);
+  }
+  return 0;
+}
+
+int Watch(v1::Rendezvous::Stub& stub, const CtlOptions& options, std::ostream& out,
+          std::ostream& err) {
+  const bool terminal = !options.json && isatty(STDOUT_FILENO);
+  for (int i = 0; options.count == 0 || i < options.count; ++i) {
+    if (i > 0) std::this_thread::sleep_for(absl::ToChronoMilliseconds(options.interval));
+    // Home and clear on a terminal; elsewhere (a pipe, a log) one block per refresh.
+    if (terminal) out << "\x1b[H\x1b[2J";
+    if (!options.json)
+      out << absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone()) << "  "
+          << options.endpoint << "\n";
+    // A refresh that fails is shown, and the next one tries again.
+    Status(stub, options, out, err);
+    out.flush();
+  }
+  return 0;
+}
+
+int Abort(v1::Rendezvous::Stub& stub, const CtlOptions& options, std::ostream& out,
+          std::ostream& err) {
+  v1::AbortJobRequest request;
+  request.set_job_id(options.job);
+  request.set_reason(options.reason);
+  v1::AbortJobResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, options);
+  if (absl::Status a = Authorize(context, options, "AbortJob", options.job); !a.ok()) {
+    return Refused(err, a);
+  }
+  const grpc::Status status = stub.AbortJob(&context, request, &response);
+  if (!status.ok()) return Failed(err, options, status);
+  if (options.json) {
+    out << ToJson(response) << "\n";
+  } else {
+    out << absl::StrFormat("job %s ended: %s\n", options.job, response.abort().reason());
+  }
+  return 0;
+}
+
+int Health(const std::shared_ptr<grpc::Channel>& channel, const CtlOptions& options,
+           std::ostream& out, std::ostream& err) {
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, options);
+  const grpc::Status status = stub->Check(&context, request, &response);
+  if (!status.ok()) return Failed(err, options, status);
+  const std::string name =
+      grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+  if (options.json) {
+    out << ToJson(response) << "\n";
+  } else {
+    out << absl::StrFormat("%s %s\n", options.endpoint, name);
+  }
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 3;
+}
+
+}  // namespace
+
+int RunCtlCommand(const CtlOptions& options, std::ostream& out, std::ostream& err) {
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(options.endpoint, grpc::InsecureChannelCredentials());
+  auto stub = v1::Rendezvous::NewStub(channel);
+  switch (options.command) {
+    case CtlCommand::kStatus:
+      return Status(*stub, options, out, err);
+    case CtlCommand::kWatch:
+      return Watch(*stub, options, out, err);
+    case CtlCommand::kAbort:
+      return Abort(*stub, options, out, err);
+    case CtlCommand::kHealth:
+      return Health(channel, options, out, err);
+  }
+  return 2;
+}
+
+}  // namespace rdzv

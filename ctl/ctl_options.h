@@ -1,0 +1,44 @@
+// rdzvctl's command line: the command, its arguments and the options, with the endpoint taken
+// from --rdzv-endpoint, RDZV_ENDPOINT or the site configuration (/etc/rdzv.conf), as rdzv-agent
+// takes it. Pure: the environment comes in as an EnvLookup.
+#ifndef RDZV_CTL_CTL_OPTIONS_H_
+#define RDZV_CTL_CTL_OPTIONS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/env.h"
+
+namespace rdzv {
+
+enum class CtlCommand { kStatus, kWatch, kAbort, kHealth };
+
+struct CtlOptions {
+  CtlCommand command = CtlCommand::kStatus;
+  std::string endpoint;  // host:port of rdzvd
+  std::string job;       // status/watch: one job (empty: all); abort: the job
+  std::string reason;    // abort
+  bool json = false;
+  absl::Duration timeout = absl::Seconds(5);   // per call
+  absl::Duration interval = absl::Seconds(2);  // watch
+  int count = 0;                               // watch: refreshes, 0 for until interrupted
+  // status/watch: the job's nodes (a Slurm hostlist), to name the missing ones.
+  std::vector<std::string> nodelist;
+  // How rdzvctl proves who it is: the job's token when given, else MUNGE when munged runs here.
+  std::string token_file;
+  std::string munge_socket;
+  bool help = false;
+};
+
+// Parses `args` (without argv[0]). InvalidArgument names the word or flag and what to do.
+absl::StatusOr<CtlOptions> ParseCtlOptions(const std::vector<std::string>& args,
+                                           const EnvLookup& env);
+
+// The --help text.
+std::string CtlHelp();
+
+}  // namespace rdzv
+
+#endif  // RDZV_CTL_CTL_OPTIONS_H_

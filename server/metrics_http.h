@@ -1,0 +1,59 @@
+// MetricsHttpServer: serves a Metrics registry over HTTP for Prometheus, as rdzvd does for
+// --metrics-listen: GET /metrics (text exposition format 0.0.4) and GET /healthz ("ok").
+//
+// Bounded by construction, so that a scraper (or anyone who can reach the port) cannot take
+// resources from the rendezvous service: two worker threads behind a short queue (when both
+// are busy the accepting thread waits, and further connections wait in the kernel's backlog),
+// one request per connection, request bodies of at most 1 KiB, and 2 s read and write timeouts.
+// It uses cpp-httplib (Debian's libcpp-httplib-dev), hidden from this header.
+//
+// Does not own the Metrics, which must outlive the server. Thread-safe; Shutdown() is
+// idempotent and runs from the destructor.
+#ifndef RDZV_SERVER_METRICS_HTTP_H_
+#define RDZV_SERVER_METRICS_HTTP_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "server/metrics.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace rdzv {
+
+class MetricsHttpServer {
+ public:
+  // Binds `listen` ("host:port", "[v6addr]:port"; port 0 picks a free one, see port()) and
+  // starts serving on threads of its own. InvalidArgument for a malformed address,
+  // FailedPrecondition (one line naming the address and why) when it cannot be bound.
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& listen,
+                                                                  Metrics* metrics);
+  ~MetricsHttpServer();
+  MetricsHttpServer(const MetricsHttpServer&) = delete;
+  MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
+
+  // The port actually bound.
+  int port() const { return port_; }
+
+  // Stops accepting, lets the requests in progress finish and joins the threads. Returns
+  // within about a second (longer only while a client is in the middle of sending a request
+  // or reading a response, up to the 2 s timeouts).
+  void Shutdown();
+
+ private:
+  MetricsHttpServer();
+
+  std::unique_ptr<httplib::Server> http_;
+  std::thread thread_;
+  int port_ = 0;
+  std::atomic<bool> stopped_{false};
+};
+
+}  // namespace rdzv
+
+#endif  // RDZV_SERVER_METRICS_HTTP_H_

@@ -1,0 +1,117 @@
+// rdzvctl's pure parts: the command line and how answers are shown.
+#include <string>
+#include <vector>
+
+#include "ctl/ctl_options.h"
+#include "ctl/status_format.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace rdzv {
+namespace {
+
+using ::testing::HasSubstr;
+
+absl::StatusOr<CtlOptions> Parse(std::vector<std::string> args, EnvList env = {}) {
+  return ParseCtlOptions(args, EnvFromList(std::move(env)));
+}
+
+TEST(CtlOptionsTest, CommandsWordsAndOptionsInAnyOrder) {
+  absl::StatusOr<CtlOptions> o =
+      Parse({"--rdzv-endpoint", "h:1", "abort", "job7", "--reason", "bad data", "--json"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->command, CtlCommand::kAbort);
+  EXPECT_EQ(o->job, "job7");
+  EXPECT_EQ(o->reason, "bad data");
+  EXPECT_TRUE(o->json);
+  EXPECT_EQ(o->endpoint, "h:1");
+
+  o = Parse({"watch", "--interval", "0.5", "--count", "3", "--nodelist", "n[1-3]"},
+            {{"RDZV_ENDPOINT", "head:29400"}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->command, CtlCommand::kWatch);
+  EXPECT_EQ(o->interval, absl::Milliseconds(500));
+  EXPECT_EQ(o->count, 3);
+  EXPECT_EQ(o->nodelist, (std::vector<std::string>{"n1", "n2", "n3"}));
+  EXPECT_EQ(o->endpoint, "head:29400");
+
+  // The flag wins over the environment.
+  o = Parse({"--rdzv-endpoint", "a:1", "health"}, {{"RDZV_ENDPOINT", "b:2"}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->endpoint, "a:1");
+  EXPECT_EQ(o->command, CtlCommand::kHealth);
+}
+
+TEST(CtlOptionsTest, MistakesAreOneLineErrorsSayingWhatToDo) {
+  const struct {
+    std::vector<std::string> args;
+    std::string says;
+  } cases[] = {
+      {{"status"}, "--rdzv-endpoint"},
+      {{}, "no command"},
+      {{"--rdzv-endpoint", "h:1", "stats"}, "unknown command \"stats\""},
+      {{"--rdzv-endpoint", "h:1", "abort", "j"}, "--reason"},
+      {{"--rdzv-endpoint", "h:1", "abort", "--reason", "x"}, "abort needs the job"},
+      {{"--rdzv-endpoint", "h:1", "health", "extra"}, "unexpected argument \"extra\""},
+      {{"--rdzv-endpoint", "h:1", "watch", "--interval", "0"}, "seconds"},
+      {{"--rdzv-endpoint", "h:1", "status", "--nodelist", "n[1-"}, "nodelist"},
+  };
+  for (const auto& c : cases) {
+    absl::StatusOr<CtlOptions> o = Parse(c.args);
+    ASSERT_FALSE(o.ok()) << c.says;
+    EXPECT_THAT(std::string(o.status().message()), HasSubstr(c.says));
+    EXPECT_EQ(std::string(o.status().message()).find('\n'), std::string::npos);
+  }
+}
+
+v1::JobStatus Job(const std::string& id, const std::string& state, int max_agents,
+                  std::vector<std::pair<std::string, int64_t>> agents) {
+  v1::JobStatus job;
+  job.set_job_id(id);
+  job.set_state(state);
+  job.set_round(1);
+  job.set_min_agents(max_agents);
+  job.set_max_agents(max_agents);
+  job.set_joined(static_cast<int32_t>(agents.size()));
+  for (const auto& [host, index] : agents) {
+    v1::AgentStatus& a = *job.add_agents();
+    a.set_host(host);
+    a.set_node_index(index);
+  }
+  return job;
+}
+
+TEST(StatusFormatTest, MissingNodesAsAHostlist) {
+  const v1::JobStatus filling = Job("j", "filling", 8, {{"n0", 0}, {"n1", 1}, {"n4", 4}});
+  EXPECT_EQ(MissingNodes(filling, {}), "[2-3,5-7]");
+  EXPECT_EQ(MissingNodes(filling, {"n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7"}), "n[2-3,5-7]");
+  EXPECT_EQ(MissingNodes(Job("j", "filling", 2, {{"a", 0}}), {}), "[1]");
+  EXPECT_EQ(MissingNodes(Job("j", "filling", 4, {{"a", -1}}), {}), "3 more");
+  EXPECT_EQ(MissingNodes(Job("j", "running", 2, {{"a", 0}, {"b", 1}}), {}), "");
+}
+
+TEST(StatusFormatTest, TableHasOneLinePerJobWithItsFailure) {
+  v1::StatusResponse status;
+  *status.add_jobs() = Job("train", "filling", 4, {{"n0", 0}, {"n1", 1}});
+  v1::JobStatus ended = Job("bad", "ended", 2, {{"n5", 0}, {"n6", 1}});
+  ended.mutable_abort()->set_reason("rank 3 (local rank 1, node 1) on n6 exited with code 3");
+  ended.set_world_size(4);
+  *status.add_jobs() = ended;
+  const std::string table = FormatStatusTable(status, {});
+  EXPECT_THAT(table, HasSubstr("JOB    STATE    ROUND  AGENTS  WORLD  HOSTS   MISSING  FAILURE\n"));
+  EXPECT_THAT(table, HasSubstr("train  filling  1      2/4     -      n[0-1]  [2-3]    -\n"));
+  EXPECT_THAT(table, HasSubstr("bad    ended    1      2/2     4      n[5-6]  -        rank 3"));
+  EXPECT_EQ(FormatStatusTable(v1::StatusResponse(), {}), "no jobs\n");
+}
+
+TEST(StatusFormatTest, JsonKeepsTheProtocolsFieldNames) {
+  v1::StatusResponse status;
+  *status.add_jobs() = Job("train", "filling", 4, {{"n0", 0}});
+  const std::string json = ToJson(status);
+  EXPECT_THAT(json, HasSubstr("\"job_id\":\"train\""));
+  EXPECT_THAT(json, HasSubstr("\"max_agents\":4"));
+  EXPECT_THAT(json, HasSubstr("\"world_size\":0"));
+}
+
+}  // namespace
+}  // namespace rdzv
