@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "client/hang_watchdog.h"
 #include "common/env.h"
 #include "common/rendezvous_types.h"
 
@@ -33,6 +34,9 @@ struct AgentFlags {
   absl::Duration last_call = absl::Seconds(1);
   absl::Duration term_timeout = absl::Seconds(3);
   std::optional<absl::Duration> reconnect_timeout;
+  // --hang-timeout: a heartbeat timeout, or auto to learn it; zero for none.
+  absl::Duration hang_timeout = absl::ZeroDuration();
+  bool hang_timeout_auto = false;
   std::string host_name;  // --host-name: how this node is named in the rendezvous
   std::string log_level = "info";
   std::string mode = "auto";  // auto, node or task (under Slurm)
@@ -81,6 +85,8 @@ struct AgentConfig {
   // After losing the server mid-job: how long the workers go on while the agent rejoins. Zero
   // stops them at once (the default when the server lives in an agent, as it cannot come back).
   absl::Duration reconnect_timeout;
+  // The watchdog's heartbeat timeout (torch's file timers are always served).
+  HangWatchdogOptions hang;
   OutputOptions output;
   std::vector<std::string> command;
 };
