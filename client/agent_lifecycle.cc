@@ -171,7 +171,8 @@ AgentActions AgentLifecycle::WorkerEnded(const WorkerEnd& end, int64_t now_us) {
   if (own_hang_ && end.rank == own_hang_->rank) {
     // The hung worker has printed its stack and ended: tell the job, whose abort then shows it.
     FailureInfo f = *std::exchange(own_hang_, std::nullopt);
-    f.stderr_tail = end.stderr_tail;
+    // Never empty: the other agents wait for this report until it carries a tail.
+    f.stderr_tail = end.stderr_tail.empty() ? "(nothing on stderr)" : end.stderr_tail;
     if (outcome_ && outcome_->first_failure && outcome_->first_failure->cause == f.cause &&
         outcome_->first_failure->rank == f.rank && outcome_->first_failure->host == f.host) {
       outcome_ = AbortFor(f);

@@ -468,6 +468,14 @@ TEST_F(LifecycleHangTest, HangIsRestartedUnderMaxRestarts) {
   EXPECT_EQ(join->restart_count, 1);
 }
 
+TEST_F(LifecycleHangTest, HungWorkerThatWroteNothingStillCompletesTheReport) {
+  AgentActions a = lc_.WorkerHung({1, 3, 1, 50 * kS, "x"});
+  AgentActions again = lc_.WorkerEnded(End(3, 0, ""), 0);
+  const auto* second = Find<agent_action::ReportFailure>(again);
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(second->failure.stderr_tail, "(nothing on stderr)");
+}
+
 TEST_F(LifecycleHangTest, HangWhileStoppingIsIgnored) {
   lc_.WorkerEnded(End(2, 1), 0);
   EXPECT_TRUE(lc_.WorkerHung({1, 3, 1, 1, "x"}).empty());

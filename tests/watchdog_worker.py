@@ -15,6 +15,8 @@ parser.add_argument("--steps", type=int, default=5)
 parser.add_argument("--hang-rank", type=int, default=-1)
 parser.add_argument("--heartbeat", action="store_true")
 parser.add_argument("--first-attempt-only", action="store_true")
+parser.add_argument("--noise", action="store_true",
+                    help="also write a malformed line and an expired timer of another process")
 parser.add_argument("--marker", default="")
 args = parser.parse_args()
 
@@ -22,6 +24,11 @@ rank = int(os.environ["RANK"])
 dist.init_process_group("gloo")
 timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
 fifo = os.open(os.environ["TORCHELASTIC_TIMER_FILE"], os.O_WRONLY | os.O_NONBLOCK)
+
+
+if args.noise:
+    os.write(fifo, b"this is not a request\n")
+    os.write(fifo, b'{"version": 1, "pid": 1, "scope_id": "x", "expiration_time": 1, "signal": 9}\n')
 
 
 def heartbeat():
