@@ -308,7 +308,9 @@ void Agent::Impl::Do(const agent_action::StartWorkers& start) {
     launch.local_rank = start.assignment.slot.local_rank_offset + i;
     launch.env = std::move(env.entries);
     launch.error_file = ErrorFilePath(ctx, i);
-    launch.remove_if_orphaned = {launch.error_file, run_dir_};
+    launch.remove_if_orphaned = {launch.error_file};
+    if (watchdog_) launch.remove_if_orphaned.push_back(watchdog_->path());
+    launch.remove_if_orphaned.push_back(run_dir_);
     launches.push_back(std::move(launch));
   }
   first_local_rank_ = start.assignment.slot.local_rank_offset;
