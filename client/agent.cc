@@ -22,6 +22,7 @@
 #include "client/agent_rendezvous.h"
 #include "client/local_endpoint.h"
 #include "client/server_locator.h"
+#include "client/watchdog_fifo.h"
 #include "client/worker_group.h"
 #include "common/auth.h"
 #include "common/clock.h"
@@ -87,6 +88,9 @@ class Agent::Impl {
   void Do(const agent_action::StartWorkers& start);
   void Do(const agent_action::StopWorkers& stop);
   void Do(const agent_action::KillWorkers&) { workers_->Kill(); }
+  void Do(const agent_action::AbortWorker& abort) { workers_->Abort(abort.rank); }
+  void Do(const agent_action::AwaitStack& await);
+  absl::Status OpenWatchdog();
   void Do(const agent_action::ForwardSignal& forward);
   void Do(const agent_action::ReportFailure& report);
   void Do(const agent_action::CancelJoin&) { rendezvous_->Cancel(); }
@@ -102,6 +106,7 @@ class Agent::Impl {
   asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
   asio::signal_set signals_{io_};
   asio::steady_timer await_timer_{io_};
+  asio::steady_timer stack_timer_{io_};
 
   ServerLocation location_;
   std::unique_ptr<AgentRendezvous> rendezvous_;
@@ -109,6 +114,8 @@ class Agent::Impl {
   std::optional<ReservedPort> master_port_;
   std::string run_dir_;  // the workers' error files
   std::unique_ptr<WorkerGroup> workers_;
+  std::unique_ptr<WatchdogFifo> watchdog_;  // null when the user names a timer file of their own
+  int32_t first_local_rank_ = 0;            // of the workers that run
   std::unique_ptr<AgentLifecycle> lifecycle_;
   std::deque<AgentAction> pending_;
   bool handling_ = false;
@@ -168,11 +175,14 @@ absl::Status Agent::Impl::Prepare() {
 
   WorkerGroup::Callbacks callbacks;
   callbacks.on_exit = [this](const WorkerEnd& end) {
+    if (watchdog_) watchdog_->WorkerEnded(end.local_rank - first_local_rank_);
     Handle(lifecycle_->WorkerEnded(end, WallMicros()));
   };
   callbacks.on_all_done = [this] { Handle(lifecycle_->AllWorkersDone()); };
   workers_ = std::make_unique<WorkerGroup>(io_, *launcher_, config_.output, config_.term_timeout,
                                            std::move(callbacks));
+
+  if (absl::Status s = OpenWatchdog(); !s.ok()) return s;
 
   LifecycleOptions options;
   options.job_id = spec_.job_id;
@@ -187,6 +197,20 @@ absl::Status Agent::Impl::Prepare() {
   options.reconnect_timeout = config_.reconnect_timeout;
   options.term_timeout = config_.term_timeout;
   lifecycle_ = std::make_unique<AgentLifecycle>(std::move(options));
+  return absl::OkStatus();
+}
+
+absl::Status Agent::Impl::OpenWatchdog() {
+  if (run_dir_.empty()) return absl::OkStatus();
+  // A timer file of the user's own has a server of their own: the workers keep it.
+  if (const char* own = std::getenv("TORCHELASTIC_TIMER_FILE"); own != nullptr && *own != '\0') {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<WatchdogFifo>> fifo =
+      WatchdogFifo::Open(io_, run_dir_ + "/watchdog.fifo", config_.hang,
+                         [this](const WorkerHang& hang) { Handle(lifecycle_->WorkerHung(hang)); });
+  if (!fifo.ok()) return fifo.status();
+  watchdog_ = *std::move(fifo);
   return absl::OkStatus();
 }
 
@@ -251,6 +275,7 @@ void Agent::Impl::Do(const agent_action::Join& join) {
   }
   JoinSpec spec = spec_;
   spec.resume = join.resume;
+  if (watchdog_) spec.longest_heartbeat_interval = watchdog_->longest_interval();
   spdlog::debug("joining job {} at {} as {} ({} workers, restart {})", spec.job_id,
                 rendezvous_->endpoint(), spec.agent.agent_id, spec.agent.nproc, spec.restart_count);
   const int32_t generation = join.generation;
@@ -280,6 +305,7 @@ void Agent::Impl::Do(const agent_action::StartWorkers& start) {
   ctx.run_id = spec_.job_id;
   ctx.rdzv_endpoint = rendezvous_->endpoint();
   ctx.error_file_dir = run_dir_;
+  if (watchdog_) ctx.timer_file = watchdog_->path();
   const EnvList base = ProcessEnvList();
   std::vector<WorkerLaunch> launches;
   for (int32_t i = 0; i < ctx.nproc; ++i) {
@@ -292,18 +318,32 @@ void Agent::Impl::Do(const agent_action::StartWorkers& start) {
     launch.local_rank = start.assignment.slot.local_rank_offset + i;
     launch.env = std::move(env.entries);
     launch.error_file = ErrorFilePath(ctx, i);
-    launch.remove_if_orphaned = {launch.error_file, run_dir_};
+    launch.remove_if_orphaned = {launch.error_file};
+    if (watchdog_) launch.remove_if_orphaned.push_back(watchdog_->path());
+    launch.remove_if_orphaned.push_back(run_dir_);
     launches.push_back(std::move(launch));
   }
-  if (absl::Status s = workers_->Start(config_.command, launches); !s.ok()) {
-    Handle(lifecycle_->WorkersStartFailed(s, WallMicros()));
+  first_local_rank_ = start.assignment.slot.local_rank_offset;
+  absl::Status s = workers_->Start(config_.command, launches);
+  if (watchdog_) {
+    watchdog_->StartRound(workers_->pids(), start.assignment.slot.rank_offset, first_local_rank_,
+                          start.assignment.longest_heartbeat_interval);
   }
+  if (!s.ok()) Handle(lifecycle_->WorkersStartFailed(s, WallMicros()));
 }
 
 void Agent::Impl::Do(const agent_action::StopWorkers& stop) {
+  if (watchdog_) watchdog_->StopRound();
   if (const int signalled = workers_->Stop(); signalled > 0) {
     spdlog::info("stopping {} workers: {}", signalled, stop.why);
   }
+}
+
+void Agent::Impl::Do(const agent_action::AwaitStack& await) {
+  stack_timer_.expires_after(absl::ToChronoMicroseconds(await.limit));
+  stack_timer_.async_wait([this](const std::error_code& ec) {
+    if (!ec) Handle(lifecycle_->StackWaitOver());
+  });
 }
 
 void Agent::Impl::Do(const agent_action::ForwardSignal& forward) {
@@ -366,6 +406,8 @@ void Agent::Impl::Do(const agent_action::Exit& exit) {
   linger_ = exit.linger;
   signals_.cancel();
   await_timer_.cancel();
+  stack_timer_.cancel();
+  if (watchdog_) watchdog_->StopRound();
   work_.reset();
   io_.stop();
 }

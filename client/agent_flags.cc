@@ -166,6 +166,16 @@ FlagParser MakeParser(AgentFlags& f) {
            f.reconnect_timeout = d;
            return absl::OkStatus();
          }});
+  p.Add({"hang-timeout", "RDZV_HANG_TIMEOUT", "DURATION|auto",
+         "a worker that has sent a heartbeat and then none for this long is hung: it is sent\n"
+         "SIGABRT for its stack and the job fails (or restarts); auto learns the timeout from\n"
+         "the intervals seen (default 0: heartbeats are not watched; torch's timers always are)",
+         [&f](absl::string_view v) {
+           f.hang_timeout_auto = v == "auto";
+           if (f.hang_timeout_auto) return absl::OkStatus();
+           if (DurationSetter(&f.hang_timeout)(v).ok()) return absl::OkStatus();
+           return absl::InvalidArgumentError("expected a duration such as 60s or 5m, or auto");
+         }});
   p.Add({"host-name", "RDZV_HOST_NAME", "NAME",
          "this node's name in the rendezvous (default: SLURMD_NODENAME, else the host name)",
          StringSetter(&f.host_name)});

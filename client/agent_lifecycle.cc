@@ -18,6 +18,9 @@ using agent_action::Log;
 // How long the hosting agent keeps its server up for the others after a failure: they need it
 // only to learn how the job ended and to stop their workers.
 constexpr absl::Duration kAwaitAfterFailure = absl::Seconds(5);
+// How much longer than the term timeout (after which a hung worker gets SIGKILL) an agent waits
+// for another node's hung worker's stack.
+constexpr absl::Duration kStackMargin = absl::Seconds(2);
 
 Log Info(std::string text) { return {Log::kInfo, std::move(text)}; }
 Log Warn(std::string text) { return {Log::kWarn, std::move(text)}; }
@@ -112,10 +115,16 @@ AgentActions AgentLifecycle::Progress(int32_t generation, const ProgressEvent& p
 
 AgentActions AgentLifecycle::Aborted(int32_t generation, const AbortEvent& abort) {
   if (generation != generation_ || phase_ == Phase::kDone) return {};
-  outcome_ = abort;
-  if (phase_ == Phase::kRunning) return StopWorkers();
+  const bool was_waiting = awaiting_stack_;
+  AgentActions actions = NoteOutcome(abort);
+  if (phase_ == Phase::kRunning) {
+    Append(actions, StopWorkers());
+  } else if (was_waiting && !awaiting_stack_) {
+    // The hung worker's stack has come.
+    Append(actions, MaybeFinish());
+  }
   // While joining, the join ends with the abort too.
-  return {};
+  return actions;
 }
 
 AgentActions AgentLifecycle::ServerLost(int32_t generation, const absl::Status& status) {
@@ -135,14 +144,14 @@ AgentActions AgentLifecycle::ServerLost(int32_t generation, const absl::Status& 
 
 AgentActions AgentLifecycle::FailureAnswered(int32_t generation,
                                              const absl::StatusOr<AbortEvent>& first) {
-  report_pending_ = false;
+  if (reports_pending_ > 0) --reports_pending_;
   AgentActions actions;
   if (!first.ok()) {
     actions.push_back(Warn(absl::StrCat("could not report the failure to the rendezvous server: ",
                                         first.status().message())));
   } else if (generation == generation_ && phase_ != Phase::kDone) {
     // The server's answer names the job's first failure, which may be another node's.
-    outcome_ = *first;
+    Append(actions, NoteOutcome(*first));
   }
   Append(actions, MaybeFinish());
   return actions;
@@ -159,6 +168,18 @@ AgentActions AgentLifecycle::WorkersStartFailed(const absl::Status& status, int6
 }
 
 AgentActions AgentLifecycle::WorkerEnded(const WorkerEnd& end, int64_t now_us) {
+  if (own_hang_ && end.rank == own_hang_->rank) {
+    // The hung worker has printed its stack and ended: tell the job, whose abort then shows it.
+    FailureInfo f = *std::exchange(own_hang_, std::nullopt);
+    // Never empty: the other agents wait for this report until it carries a tail.
+    f.stderr_tail = end.stderr_tail.empty() ? "(nothing on stderr)" : end.stderr_tail;
+    if (outcome_ && outcome_->first_failure && outcome_->first_failure->cause == f.cause &&
+        outcome_->first_failure->rank == f.rank && outcome_->first_failure->host == f.host) {
+      outcome_ = AbortFor(f);
+    }
+    ++reports_pending_;
+    return {agent_action::ReportFailure{generation_, f}};
+  }
   if (end.exit.code() == 0 || phase_ != Phase::kRunning) return {};
   FailureInfo f = NewFailure(now_us);
   f.rank = end.rank;
@@ -173,6 +194,44 @@ AgentActions AgentLifecycle::WorkerEnded(const WorkerEnd& end, int64_t now_us) {
 AgentActions AgentLifecycle::AllWorkersDone() {
   workers_live_ = false;
   return MaybeFinish();
+}
+
+AgentActions AgentLifecycle::WorkerHung(const WorkerHang& hang) {
+  if (phase_ != Phase::kRunning) return {};
+  FailureInfo f = NewFailure(hang.since_us);
+  f.cause = AbortCause::kWorkerHung;
+  f.rank = hang.rank;
+  f.local_rank = hang.local_rank;
+  f.signal = SIGABRT;
+  f.exit_code = 128 + SIGABRT;
+  f.hang_detail = hang.detail;
+  own_hang_ = f;
+  AgentActions actions = {
+      Warn(absl::StrFormat("rank %d hung: %s; sending it SIGABRT for its stack (SIGKILL after %s)",
+                           hang.rank, hang.detail, absl::FormatDuration(options_.term_timeout))),
+      agent_action::AbortWorker{hang.rank}};
+  Append(actions, Fail(f));
+  return actions;
+}
+
+AgentActions AgentLifecycle::StackWaitOver() {
+  if (!awaiting_stack_) return {};
+  awaiting_stack_ = false;
+  return MaybeFinish();
+}
+
+AgentActions AgentLifecycle::NoteOutcome(const AbortEvent& abort) {
+  outcome_ = abort;
+  const std::optional<FailureInfo>& f = abort.first_failure;
+  const bool stack_to_come = abort.cause == AbortCause::kWorkerHung && f &&
+                             f->stderr_tail.empty() && !(own_hang_ && own_hang_->rank == f->rank);
+  if (!stack_to_come) {
+    awaiting_stack_ = false;
+    return {};
+  }
+  if (awaiting_stack_) return {};
+  awaiting_stack_ = true;
+  return {agent_action::AwaitStack{options_.term_timeout + kStackMargin}};
 }
 
 AgentActions AgentLifecycle::Signal(int sig, int64_t now_us) {
@@ -230,7 +289,7 @@ AgentActions AgentLifecycle::OthersGone() {
 
 AgentActions AgentLifecycle::Fail(const FailureInfo& failure) {
   outcome_ = AbortFor(failure);
-  report_pending_ = true;
+  ++reports_pending_;
   AgentActions actions = {agent_action::ReportFailure{generation_, failure}};
   Append(actions, StopWorkers());
   return actions;
@@ -255,7 +314,7 @@ AgentActions AgentLifecycle::MaybeFinish() {
   if (phase_ != Phase::kRunning && phase_ != Phase::kStopping) return {};
   // The workers first; and the server's answer to a failure report names the job's first
   // failure, which is what the root cause must show.
-  if (workers_live_ || report_pending_) return {};
+  if (workers_live_ || reports_pending_ > 0 || awaiting_stack_) return {};
   if (outcome_ && MayRestart(*outcome_)) return Restart();
   AgentActions actions;
   if (outcome_) {
@@ -275,6 +334,7 @@ bool AgentLifecycle::MayRestart(const AbortEvent& abort) const {
   // A stop request (a signal to an agent) ends the job.
   switch (abort.cause) {
     case AbortCause::kWorkerFailed:
+    case AbortCause::kWorkerHung:
       return true;
     case AbortCause::kAgentLost:
       return options_.elastic;
@@ -288,6 +348,8 @@ AgentActions AgentLifecycle::Restart() {
       "job %s: restarting the workers (restart %d of %d) after: %s", options_.job_id,
       assignment_.restart_count + 1, options_.max_restarts, outcome_->reason))};
   outcome_.reset();
+  own_hang_.reset();
+  awaiting_stack_ = false;
   restart_count_ = assignment_.restart_count + 1;
   Append(actions, JoinRound(std::nullopt));
   return actions;
@@ -317,7 +379,13 @@ std::string AgentLifecycle::RootCause(const AbortEvent& abort) const {
     }
   };
   if (const std::optional<FailureInfo>& f = abort.first_failure;
-      f && f->cause == AbortCause::kWorkerFailed) {
+      f && f->cause == AbortCause::kWorkerHung) {
+    if (!f->stderr_tail.empty()) {
+      block(absl::StrCat("last lines of rank ", f->rank, "'s stderr (its stack):"), f->stderr_tail);
+    } else {
+      absl::StrAppend(&text, "\n  (rank ", f->rank, "'s stack did not arrive)");
+    }
+  } else if (f && f->cause == AbortCause::kWorkerFailed) {
     if (!f->error_message.empty() && !absl::StrContains(abort.reason, f->error_message)) {
       block(absl::StrCat("rank ", f->rank, "'s error:"), f->error_message);
     } else if (!f->stderr_tail.empty()) {

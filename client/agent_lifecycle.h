@@ -1,7 +1,9 @@
 // AgentLifecycle: the agent's decisions as a pure state machine. It holds no clock, socket,
 // process or thread: the agent feeds it what happened (the join's result, a worker's end, a
 // signal, an abort from the rendezvous, the server lost) and carries out the actions it returns
-// (join, start or stop the workers, report a failure, leave, exit). Every policy lives here:
+// (join, start or stop the workers, report a failure, leave, exit). A hung worker (found by the
+// watchdog) is a failure too: it is stopped with SIGABRT so that it prints its stack, reported
+// at once, and reported again with that stack once it has ended. Every policy lives here:
 // when the job has failed, what the root cause is, whether to restart, when to exit and with
 // which code.
 //
@@ -23,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/hang_watchdog.h"
 #include "client/worker_group.h"
 #include "common/rendezvous_types.h"
 
@@ -63,6 +66,16 @@ struct StopWorkers {
   std::string why;
 };
 struct KillWorkers {};
+// SIGABRT to the worker at global `rank` (so that it prints its stack), SIGKILL after the term
+// timeout; StopWorkers leaves it to that.
+struct AbortWorker {
+  int32_t rank = 0;
+};
+// Another node's worker hung and its stack is on its way: wait for the abort that carries it,
+// or `limit`, then call StackWaitOver.
+struct AwaitStack {
+  absl::Duration limit;
+};
 struct ForwardSignal {
   int signal = 0;
 };
@@ -92,9 +105,10 @@ struct Exit {
 
 using AgentAction =
     std::variant<agent_action::Join, agent_action::StartWorkers, agent_action::StopWorkers,
-                 agent_action::KillWorkers, agent_action::ForwardSignal,
-                 agent_action::ReportFailure, agent_action::CancelJoin, agent_action::Leave,
-                 agent_action::AwaitOthers, agent_action::Log, agent_action::Exit>;
+                 agent_action::KillWorkers, agent_action::AbortWorker, agent_action::AwaitStack,
+                 agent_action::ForwardSignal, agent_action::ReportFailure, agent_action::CancelJoin,
+                 agent_action::Leave, agent_action::AwaitOthers, agent_action::Log,
+                 agent_action::Exit>;
 using AgentActions = std::vector<AgentAction>;
 
 class AgentLifecycle {
@@ -124,6 +138,10 @@ class AgentLifecycle {
   AgentActions WorkerEnded(const WorkerEnd& end, int64_t now_us);
   // Every worker that StartWorkers started has ended and its output is forwarded.
   AgentActions AllWorkersDone();
+  // The watchdog found a worker hung (its timer expired, or its heartbeats stopped).
+  AgentActions WorkerHung(const WorkerHang& hang);
+  // The wait of AwaitStack is over.
+  AgentActions StackWaitOver();
 
   // The agent received `signal`.
   AgentActions Signal(int signal, int64_t now_us);
@@ -139,6 +157,9 @@ class AgentLifecycle {
 
  private:
   AgentActions Fail(const FailureInfo& failure);
+  // Takes `abort` as the job's outcome; asks to wait when it names a hang whose stack is yet to
+  // come from another node.
+  AgentActions NoteOutcome(const AbortEvent& abort);
   AgentActions StopWorkers();
   AgentActions EndForLostServer(std::string reason);
   AgentActions MaybeFinish();
@@ -157,7 +178,10 @@ class AgentLifecycle {
   AssignmentEvent assignment_;  // of the round that runs (or ran)
   std::optional<AbortEvent> outcome_;
   bool workers_live_ = false;    // StartWorkers issued, AllWorkersDone not yet seen
-  bool report_pending_ = false;  // a ReportFailure has not been answered yet
+  int32_t reports_pending_ = 0;  // ReportFailures not answered yet
+  // This agent's hung worker, reported once; reported again with its stack when it ends.
+  std::optional<FailureInfo> own_hang_;
+  bool awaiting_stack_ = false;  // AwaitStack asked for, not over
   int exit_code_ = 0;            // for a join given up on a signal
 };
 

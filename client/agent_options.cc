@@ -150,6 +150,8 @@ absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& en
   c.term_timeout = flags.term_timeout;
   c.reconnect_timeout = flags.reconnect_timeout.value_or(
       flags.rdzv_endpoint.empty() ? absl::ZeroDuration() : absl::Seconds(30));
+  c.hang.heartbeat_timeout = flags.hang_timeout;
+  c.hang.auto_timeout = flags.hang_timeout_auto;
   c.output = {flags.rank_prefix, flags.log_dir, flags.tee, flags.local_ranks_filter};
   c.command = flags.command;
 

@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/worker_shape.h"
+#include "client/hang_watchdog.h"
 #include "common/env.h"
 #include "common/rendezvous_types.h"
 
@@ -38,6 +39,9 @@ struct AgentFlags {
   absl::Duration last_call = absl::Seconds(1);
   absl::Duration term_timeout = absl::Seconds(3);
   std::optional<absl::Duration> reconnect_timeout;
+  // --hang-timeout: a heartbeat timeout, or auto to learn it; zero for none.
+  absl::Duration hang_timeout = absl::ZeroDuration();
+  bool hang_timeout_auto = false;
   std::string host_name;  // --host-name: how this node is named in the rendezvous
   std::string log_level = "info";
   std::string mode = "auto";  // auto, node or task (under Slurm)
@@ -95,6 +99,8 @@ struct AgentConfig {
   // After losing the server mid-job: how long the workers go on while the agent rejoins. Zero
   // stops them at once (the default when the server lives in an agent, as it cannot come back).
   absl::Duration reconnect_timeout;
+  // The watchdog's heartbeat timeout (torch's file timers are always served).
+  HangWatchdogOptions hang;
   OutputOptions output;
   std::vector<std::string> command;
   // What each worker's launch gets on top of its torchrun environment (ShapingLauncher).

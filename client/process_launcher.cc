@@ -47,8 +47,8 @@ absl::StatusOr<std::string> FindProgram(const ProcessSpec& spec) {
       absl::StrFormat("cannot run %s: not found in PATH; give its full path or fix PATH", name));
 }
 
-// The signals a guard handles: stop requests and user signals are passed on to the worker's
-// group; SIGCHLD tells it the worker ended.
+// The signals a guard handles: stop requests, user signals and SIGABRT (a hung worker's request
+// for its stack) are passed on to the worker's group; SIGCHLD tells it the worker ended.
 // The guard's parent-death signal: one the agent never sends, so that the agent's death cannot
 // pass for a SIGTERM to be forwarded. (The kernel sends it as soon as the agent's main thread
 // exits, while getppid() may still name the agent, its other threads not yet gone.)
@@ -57,7 +57,8 @@ int AgentDiedSignal() { return SIGRTMIN; }
 sigset_t GuardSignals() {
   sigset_t set;
   sigemptyset(&set);
-  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD, AgentDiedSignal()}) {
+  for (int s :
+       {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGABRT, SIGCHLD, AgentDiedSignal()}) {
     sigaddset(&set, s);
   }
   return set;

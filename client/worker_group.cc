@@ -5,6 +5,7 @@
 
 #include <asio/post.hpp>
 #include <cstdio>
+#include <utility>
 
 #include "client/error_file.h"
 #include "common/logging.h"
@@ -46,7 +47,13 @@ absl::Status WorkerGroup::Start(const std::vector<std::string>& command,
     }
     w->pid = spawned->pid;
     w->output = *std::move(output);
-    w->output->Start(spawned->stdout_fd, spawned->stderr_fd, [this] { CheckDone(); });
+    w->output->Start(spawned->stdout_fd, spawned->stderr_fd, [this, worker = w.get()] {
+      if (worker->held_end && worker->output->closed()) {
+        worker->held_end->stderr_tail = worker->output->StderrTail();
+        ReportEnd(*std::exchange(worker->held_end, std::nullopt));
+      }
+      CheckDone();
+    });
     workers_.push_back(std::move(w));
   }
   // A worker may have ended before its SIGCHLD found it in the table.
@@ -73,12 +80,20 @@ void WorkerGroup::Reap() {
         end.stderr_tail = w->output->StderrTail();
         end.error_message = ReadErrorFile(w->launch.error_file);
       }
-      if (callbacks_.on_exit) {
-        asio::post(io_, [on_exit = callbacks_.on_exit, end = std::move(end)] { on_exit(end); });
+      if (w->aborting && !w->output->closed()) {
+        w->held_end = std::move(end);
+      } else {
+        ReportEnd(std::move(end));
       }
     }
   }
   CheckDone();
+}
+
+void WorkerGroup::ReportEnd(WorkerEnd end) {
+  if (callbacks_.on_exit) {
+    asio::post(io_, [on_exit = callbacks_.on_exit, end = std::move(end)] { on_exit(end); });
+  }
 }
 
 void WorkerGroup::CheckDone() {
@@ -88,15 +103,42 @@ void WorkerGroup::CheckDone() {
   }
   done_reported_ = true;
   kill_timer_.cancel();
+  kill_armed_ = false;
   if (callbacks_.on_all_done) asio::post(io_, callbacks_.on_all_done);
 }
 
 int WorkerGroup::Stop() {
-  const int signalled = Signal(SIGTERM);
-  if (signalled == 0) return 0;
+  int signalled = 0;
+  for (auto& w : workers_) {
+    if (!w->exit && !w->aborting && launcher_.SignalGroup(w->pid, SIGTERM).ok()) ++signalled;
+  }
+  if (signalled > 0) ArmKillTimer();
+  return signalled;
+}
+
+void WorkerGroup::Abort(int32_t rank) {
+  for (auto& w : workers_) {
+    if (w->launch.rank != rank || w->exit || w->aborting) continue;
+    w->aborting = true;
+    (void)launcher_.SignalGroup(w->pid, SIGABRT);
+    ArmKillTimer();
+  }
+}
+
+std::vector<pid_t> WorkerGroup::pids() const {
+  std::vector<pid_t> pids;
+  for (const auto& w : workers_) pids.push_back(w->pid);
+  return pids;
+}
+
+void WorkerGroup::ArmKillTimer() {
+  // One deadline for everything signalled now: arming it again would push it back.
+  if (kill_armed_) return;
+  kill_armed_ = true;
   kill_timer_.expires_after(absl::ToChronoMicroseconds(term_timeout_));
   kill_timer_.async_wait([this](const std::error_code& ec) {
     if (ec) return;
+    kill_armed_ = false;
     for (auto& w : workers_) {
       if (w->exit) continue;
       spdlog::warn("rank {} did not stop within {}; sending SIGKILL", w->launch.rank,
@@ -104,7 +146,6 @@ int WorkerGroup::Stop() {
       (void)launcher_.SignalGroup(w->pid, SIGKILL);
     }
   });
-  return signalled;
 }
 
 void WorkerGroup::Kill() {

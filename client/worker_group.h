@@ -1,6 +1,7 @@
 // WorkerGroup: the workers an agent runs in one round. It spawns them through a ProcessLauncher
 // (each behind its guard process), forwards their output (WorkerOutput), reaps them, and stops
-// them: SIGTERM, then SIGKILL after the term timeout for any still running.
+// them: SIGTERM, then SIGKILL after the term timeout for any still running. A hung worker is
+// stopped with SIGABRT instead (Abort), so that it prints its stack first.
 //
 // It reports through the callbacks given at construction, always posted to the io_context and
 // never called from inside one of its own methods, so that the owner may call back into the
@@ -80,6 +81,15 @@ class WorkerGroup {
   // SIGKILL to every running worker, now.
   void Kill();
 
+  // SIGABRT to the worker at global `rank` (Python with faulthandler prints every thread's
+  // stack), SIGKILL after the term timeout; Stop leaves it to that. Its exit is reported once
+  // its output has been read to the end, so that the stack is in its stderr tail.
+  void Abort(int32_t rank);
+
+  // The process of each worker of the latest Start, in launch order (its guard: the worker and
+  // its children descend from it).
+  std::vector<pid_t> pids() const;
+
   // Passes `sig` to every running worker; returns how many.
   int Signal(int sig);
 
@@ -89,9 +99,13 @@ class WorkerGroup {
     pid_t pid = -1;
     std::optional<ProcessExit> exit;
     std::unique_ptr<WorkerOutput> output;
+    bool aborting = false;
+    std::optional<WorkerEnd> held_end;  // an aborted worker's end, until its output closes
   };
 
   void CheckDone();
+  void ReportEnd(WorkerEnd end);
+  void ArmKillTimer();
 
   asio::io_context& io_;
   ProcessLauncher& launcher_;
@@ -99,6 +113,7 @@ class WorkerGroup {
   const absl::Duration term_timeout_;
   const Callbacks callbacks_;
   asio::steady_timer kill_timer_;
+  bool kill_armed_ = false;
   std::vector<std::unique_ptr<Worker>> workers_;
   bool done_reported_ = true;
 };

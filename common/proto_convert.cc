@@ -36,6 +36,7 @@ v1::JoinRequest ToProto(const JoinSpec& spec) {
   r.set_protocol_version(spec.resume ? 2 : 1);
   if (spec.resume) *r.mutable_resume() = ToProto(*spec.resume);
   if (spec.max_restarts) r.set_max_restarts(*spec.max_restarts);
+  r.set_longest_heartbeat_interval_ms(spec.longest_heartbeat_interval / 1000);
   return r;
 }
 
@@ -57,6 +58,7 @@ JoinSpec FromProto(const v1::JoinRequest& r) {
   spec.restart_count = r.restart_count();
   if (r.has_resume()) spec.resume = FromProto(r.resume());
   if (r.has_max_restarts()) spec.max_restarts = r.max_restarts();
+  spec.longest_heartbeat_interval = r.longest_heartbeat_interval_ms() * 1000;
   return spec;
 }
 
@@ -72,6 +74,7 @@ v1::WorkerFailure ToProto(const FailureInfo& f) {
   p.set_error_message(f.error_message);
   p.set_time_us(f.time_us);
   p.set_cause(CauseToProto(f.cause));
+  p.set_hang_detail(f.hang_detail);
   return p;
 }
 
@@ -87,6 +90,7 @@ FailureInfo FromProto(const v1::WorkerFailure& p) {
   f.error_message = p.error_message();
   f.time_us = p.time_us();
   f.cause = CauseFromProto(p.cause());
+  f.hang_detail = p.hang_detail();
   // Agents that predate causes reported only their workers' failures.
   if (f.cause == AbortCause::kUnspecified) f.cause = AbortCause::kWorkerFailed;
   return f;
@@ -169,6 +173,7 @@ AssignmentEvent FromProto(const v1::Assignment& p) {
   a.master_port = p.master_port();
   a.restart_count = p.restart_count();
   a.agents = p.agents();
+  a.longest_heartbeat_interval = p.longest_heartbeat_interval_ms() * 1000;
   return a;
 }
 
@@ -185,6 +190,7 @@ v1::Assignment ToProto(const AssignmentEvent& e) {
   a.set_master_port(e.master_port);
   a.set_restart_count(e.restart_count);
   a.set_agents(e.agents);
+  a.set_longest_heartbeat_interval_ms(e.longest_heartbeat_interval / 1000);
   return a;
 }
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/hang_verdict.h"
 
 namespace rdzv {
 
@@ -46,6 +47,8 @@ struct RendezvousState::Job {
   absl::flat_hash_map<int64_t, std::string> claims;
   AssignmentEvent assignment;  // the parts every member shares
   std::optional<AbortEvent> abort;
+  // The longest heartbeat interval its agents have reported, over all rounds.
+  Micros longest_heartbeat_interval = 0;
 };
 
 namespace {
@@ -409,6 +412,11 @@ void RendezvousState::CompleteRound(Job& job, Decisions& out) {
   shared.group_world_size = table->group_world_size;
   shared.restart_count = job.restart_count;
   shared.agents = static_cast<int32_t>(members.size());
+  for (const Member* m : members) {
+    job.longest_heartbeat_interval =
+        std::max(job.longest_heartbeat_interval, m->spec.longest_heartbeat_interval);
+  }
+  shared.longest_heartbeat_interval = job.longest_heartbeat_interval;
   std::vector<const std::string*> peers;
   peers.reserve(members.size());
   for (const Member* m : members) peers.push_back(&m->peer_address);
@@ -479,9 +487,10 @@ absl::StatusOr<AbortEvent> RendezvousState::ReportFailure(Micros now, const std:
                                                           const std::string& agent_id,
                                                           const FailureInfo& failure,
                                                           Decisions& out) {
-  if (failure.cause != AbortCause::kWorkerFailed && failure.cause != AbortCause::kAgentSignalled) {
+  if (failure.cause != AbortCause::kWorkerFailed && failure.cause != AbortCause::kWorkerHung &&
+      failure.cause != AbortCause::kAgentSignalled) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "a failure report names a worker's failure or an agent's stop request, not %s",
+        "a failure report names a worker's failure or hang or an agent's stop request, not %s",
         AbortCauseName(failure.cause)));
   }
   Job* job = FindJob(job_id);
@@ -491,6 +500,12 @@ absl::StatusOr<AbortEvent> RendezvousState::ReportFailure(Micros now, const std:
   }
   if (job->phase != Phase::kEnded) {
     EndJob(*job, now, AbortFor(failure), out);
+  } else if (job->abort) {
+    // A hang that began first names the culprit, however late its report came.
+    if (std::optional<AbortEvent> better =
+            RefineAbortWithHang(*job->abort, now - job->ended_at, failure)) {
+      EndJob(*job, job->ended_at, *std::move(better), out);
+    }
   }
   return *job->abort;
 }

@@ -21,6 +21,8 @@ const char* AbortCauseName(AbortCause cause) {
       return "server_lost";
     case AbortCause::kResumeTimedOut:
       return "resume_timed_out";
+    case AbortCause::kWorkerHung:
+      return "worker_hung";
   }
   return "unspecified";
 }
@@ -35,6 +37,10 @@ std::string DescribeFailure(const FailureInfo& f) {
   switch (f.cause) {
     case AbortCause::kWorkerFailed:
       break;
+    case AbortCause::kWorkerHung:
+      return absl::StrFormat(
+          "rank %d hung: %s; stopped with SIGABRT (local rank %d, node %d on %s)", f.rank,
+          f.hang_detail, f.local_rank, f.group_rank, f.host);
     case AbortCause::kAgentSignalled:
       return absl::StrFormat("the agent on %s (node %d) received %s", f.host, f.group_rank,
                              SignalName(f.signal));

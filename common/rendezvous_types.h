@@ -52,6 +52,9 @@ struct AssignmentEvent {
   // The job's restart count: 0 for the first run, +1 for each restart after a failure.
   int32_t restart_count = 0;
   int32_t agents = 0;
+  // The longest heartbeat interval the job's agents have reported, over all its rounds
+  // (--hang-timeout auto).
+  Micros longest_heartbeat_interval = 0;
 };
 
 // What an agent asks for when it joins a job.
@@ -71,6 +74,8 @@ struct JoinSpec {
   std::optional<AssignmentEvent> resume;
   // The agent's --max-restarts; every agent of a job must have the same. Unset: not checked.
   std::optional<int32_t> max_restarts;
+  // The longest interval between two heartbeats of one worker this agent has seen; 0 for none.
+  Micros longest_heartbeat_interval = 0;
 };
 
 // Why a job ended early. Carried as data from whoever decided it to every agent, so that no one
@@ -82,14 +87,16 @@ enum class AbortCause : int32_t {
   kAgentLost = 3,       // the server lost an agent: its process died or its node went silent
   kServerLost = 4,      // an agent lost its server and could not rejoin (decided by the agent)
   kResumeTimedOut = 5,  // a restarted server gave up waiting for the job's agents to return
+  kWorkerHung = 6,      // a worker's watchdog timer expired or its heartbeats stopped
 };
-inline constexpr int32_t kMaxAbortCause = 5;
+inline constexpr int32_t kMaxAbortCause = 6;
 
 // A stable lower-case name ("worker_failed"), for logs, metrics and JSON.
 const char* AbortCauseName(AbortCause cause);
 
 // What an agent reports when its part of the job fails: a worker's end (kWorkerFailed, with
-// the worker's ranks), or a stop request the agent received (kAgentSignalled).
+// the worker's ranks), a hung worker (kWorkerHung, likewise), or a stop request the agent
+// received (kAgentSignalled).
 struct FailureInfo {
   AbortCause cause = AbortCause::kWorkerFailed;
   std::string host;
@@ -102,6 +109,9 @@ struct FailureInfo {
   std::string stderr_tail;
   std::string error_message;
   int64_t time_us = 0;  // when, in microseconds since the Unix epoch on the reporting host
+  // kWorkerHung: how the hang showed, e.g. `timer "train.py#12" expired 0.1s ago (pid 4242)`;
+  // time_us is then when the worker became overdue (its deadline), not when it was found.
+  std::string hang_detail;
 };
 
 struct AbortEvent {

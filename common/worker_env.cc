@@ -11,9 +11,11 @@ namespace rdzv {
 namespace {
 
 // Set only when the user has not chosen a value. OMP_NUM_THREADS=1 keeps N workers on one node
-// from each starting one thread per core; it is what torchrun does for more than one worker.
+// from each starting one thread per core; it is what torchrun does for more than one worker. A
+// user's own TORCHELASTIC_TIMER_FILE names a timer server of their own.
 bool IsDefault(const std::string& name) {
-  return name == "OMP_NUM_THREADS" || name == "NCCL_ASYNC_ERROR_HANDLING";
+  return name == "OMP_NUM_THREADS" || name == "NCCL_ASYNC_ERROR_HANDLING" ||
+         name == "TORCHELASTIC_TIMER_FILE" || name == "PYTHONFAULTHANDLER";
 }
 
 }  // namespace
@@ -53,6 +55,12 @@ EnvList WorkerVariables(const WorkerContext& ctx, int32_t local_index) {
   if (!ctx.rdzv_endpoint.empty()) vars.emplace_back("RDZV_ENDPOINT", ctx.rdzv_endpoint);
   if (!ctx.error_file_dir.empty()) {
     vars.emplace_back("TORCHELASTIC_ERROR_FILE", ErrorFilePath(ctx, local_index));
+  }
+  if (!ctx.timer_file.empty()) {
+    vars.emplace_back("TORCHELASTIC_TIMER_FILE", ctx.timer_file);
+    // A hung worker is sent SIGABRT first: with faulthandler on, Python prints every thread's
+    // stack, which the root cause shows.
+    vars.emplace_back("PYTHONFAULTHANDLER", "1");
   }
   if (a.slot.local_world_size > 1) vars.emplace_back("OMP_NUM_THREADS", "1");
   vars.emplace_back("NCCL_ASYNC_ERROR_HANDLING", "1");

@@ -26,6 +26,9 @@ struct WorkerContext {
   // Where workers write torch's error file (TORCHELASTIC_ERROR_FILE, what @record writes);
   // empty for none.
   std::string error_file_dir;
+  // The agent's watchdog FIFO (TORCHELASTIC_TIMER_FILE, torch's file timers and rdzv's
+  // heartbeats); empty for none.
+  std::string timer_file;
 };
 
 // The error file of the worker with local index `local_index`, or "" when ctx has no dir.
@@ -41,8 +44,9 @@ struct MergedEnv {
   std::vector<std::string> notes;    // one line per user value replaced or kept
 };
 
-// Merges `vars` over `base` (the agent's environment). Defaults (OMP_NUM_THREADS and the like)
-// yield to a user's own value; everything else replaces it, with a note when the value differs.
+// Merges `vars` over `base` (the agent's environment). Defaults (OMP_NUM_THREADS,
+// TORCHELASTIC_TIMER_FILE, PYTHONFAULTHANDLER and the like) yield to a user's own value; everything
+// else replaces it, with a note when the value differs.
 MergedEnv MergeWorkerEnv(const EnvList& base, const EnvList& vars);
 
 }  // namespace rdzv

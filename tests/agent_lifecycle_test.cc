@@ -81,10 +81,13 @@ std::optional<A> One(const AgentActions& actions) {
 std::string Kinds(const AgentActions& actions) {
   std::vector<std::string> kinds;
   for (const AgentAction& a : actions) {
-    static constexpr const char* kNames[] = {"Join",        "StartWorkers",  "StopWorkers",
-                                             "KillWorkers", "ForwardSignal", "ReportFailure",
-                                             "CancelJoin",  "Leave",         "AwaitOthers",
-                                             "Log",         "Exit"};
+    // In the order of AgentAction's alternatives.
+    static constexpr const char* kNames[] = {
+        "Join",        "StartWorkers",  "StopWorkers",   "KillWorkers", "AbortWorker",
+        "AwaitStack",  "ForwardSignal", "ReportFailure", "CancelJoin",  "Leave",
+        "AwaitOthers", "Log",           "Exit"};
+    static_assert(std::size(kNames) == std::variant_size_v<AgentAction>,
+                  "name every kind of action");
     if (!std::holds_alternative<act::Log>(a)) kinds.push_back(kNames[a.index()]);
   }
   return absl::StrJoin(kinds, ",");

@@ -1,0 +1,152 @@
+// The watchdog under real PyTorch (gloo), two agents × two workers against a real rdzvd on
+// loopback: a rank stuck inside torch's file timer, or silent after its heartbeats, fails the
+// job on every node within seconds, every agent names that rank and shows the Python line it
+// was stuck on, and nothing is left running; healthy jobs with timers and heartbeats succeed.
+#include <signal.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+
+namespace rdzv {
+namespace {
+
+using ::rdzv::testing::FreeLoopbackPort;
+using ::rdzv::testing::Subprocess;
+using ::rdzv::testing::SubprocessOptions;
+using ::testing::HasSubstr;
+
+const std::string kWorker = std::string(RDZV_SOURCE_DIR) + "/tests/watchdog_worker.py";
+constexpr absl::Duration kTimeout = absl::Seconds(180);
+
+class WatchdogTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    port_ = FreeLoopbackPort();
+    rdzvd_.emplace(SubprocessOptions{
+        .argv = {RDZVD_BIN, "--auth", "none", "--listen", absl::StrCat("127.0.0.1:", port_)},
+        .unset_env_prefixes = {"RDZV_"}});
+    ASSERT_TRUE(testing::WaitForLoopbackPort(port_, absl::Seconds(20))) << rdzvd_->Stderr();
+  }
+  void TearDown() override {
+    rdzvd_->Signal(SIGTERM);
+    EXPECT_EQ(rdzvd_->Wait(absl::Seconds(20)), 0) << rdzvd_->Stderr();
+    const std::vector<std::string> left =
+        testing::WaitUntilNoProcessMatches(marker_, absl::Seconds(10));
+    EXPECT_TRUE(left.empty()) << absl::StrJoin(left, "\n");
+  }
+
+  SubprocessOptions Agent(const std::string& job, int node, std::vector<std::string> flags,
+                          std::vector<std::string> worker_args) {
+    SubprocessOptions o;
+    o.argv = {RDZV_AGENT_BIN,
+              "--rdzv-endpoint",
+              absl::StrCat("127.0.0.1:", port_),
+              "--rdzv-id",
+              job,
+              "--nnodes",
+              "2",
+              "--node-rank",
+              absl::StrCat(node),
+              "--nproc-per-node",
+              "2"};
+    o.argv.insert(o.argv.end(), flags.begin(), flags.end());
+    for (const std::string& a : {std::string("--"), std::string(RDZV_TORCH_PYTHON), kWorker,
+                                 std::string("--marker"), marker_}) {
+      o.argv.push_back(a);
+    }
+    o.argv.insert(o.argv.end(), worker_args.begin(), worker_args.end());
+    o.unset_env_prefixes = {"SLURM_", "RDZV_", "TORCHELASTIC_", "MASTER_", "PYTHONFAULTHANDLER"};
+    o.env = {{"RDZV_CONFIG", "/dev/null"}};
+    return o;
+  }
+
+  // Runs both agents; returns how long after the first "hung" line the last one exited.
+  absl::Duration RunHung(Subprocess& node0, Subprocess& node1) {
+    EXPECT_TRUE(node0.WaitForOutput(" hung: ", kTimeout) ||
+                node1.WaitForOutput(" hung: ", kTimeout))
+        << node0.Stderr() << node1.Stderr();
+    const absl::Time found = absl::Now();
+    codes_ = {node0.Wait(kTimeout), node1.Wait(kTimeout)};
+    return absl::Now() - found;
+  }
+
+  int port_ = 0;
+  std::optional<Subprocess> rdzvd_;
+  const std::string marker_ = testing::UniqueMarker();
+  std::vector<int> codes_;
+};
+
+TEST_F(WatchdogTest, RankStuckInTimerFailsEveryNodeWithItsStack) {
+  Subprocess node0(Agent("wd-timer", 0, {}, {"--hang-rank", "3"}));
+  Subprocess node1(Agent("wd-timer", 1, {}, {"--hang-rank", "3"}));
+  const absl::Duration after = RunHung(node0, node1);
+  // The stack, then the job's end everywhere: well within the term timeout (3 s) and a margin.
+  EXPECT_LT(after, absl::Seconds(8));
+  EXPECT_EQ(codes_, std::vector<int>({128 + SIGABRT, 128 + SIGABRT}));
+  for (Subprocess* node : {&node0, &node1}) {
+    const std::string err = node->Stderr();
+    EXPECT_THAT(err, HasSubstr("failed: rank 3 hung: timer \"step\" expired")) << err;
+    EXPECT_THAT(err, HasSubstr("local rank 1, node 1")) << err;
+    EXPECT_THAT(err, HasSubstr("rank 3's stderr (its stack)")) << err;
+    EXPECT_THAT(err, HasSubstr("watchdog_worker.py\", line 39 in stuck")) << err;
+  }
+}
+
+TEST_F(WatchdogTest, SilentHeartbeatFailsTheJob) {
+  const std::vector<std::string> flags = {"--hang-timeout", "5s"};
+  const std::vector<std::string> args = {"--hang-rank", "1", "--heartbeat"};
+  Subprocess node0(Agent("wd-beat", 0, flags, args));
+  Subprocess node1(Agent("wd-beat", 1, flags, args));
+  const absl::Duration after = RunHung(node0, node1);
+  EXPECT_LT(after, absl::Seconds(8));
+  EXPECT_EQ(codes_, std::vector<int>({128 + SIGABRT, 128 + SIGABRT}));
+  for (Subprocess* node : {&node0, &node1}) {
+    const std::string err = node->Stderr();
+    // Rank 1 went silent first; the others' heartbeats stopped later, in all_reduce.
+    EXPECT_THAT(err, HasSubstr("failed: rank 1 hung: no heartbeat for")) << err;
+    EXPECT_THAT(err, HasSubstr("(timeout 5s)")) << err;
+    EXPECT_THAT(err, HasSubstr("in stuck")) << err;
+  }
+}
+
+TEST_F(WatchdogTest, HealthyJobWithTimersAndHeartbeatsSucceeds) {
+  // Longer than a step, or a worker's exit after its last heartbeat, takes on a busy machine.
+  const std::vector<std::string> flags = {"--hang-timeout", "10s"};
+  // Node 1's workers also write a malformed line and an expired timer of init (pid 1), which
+  // the agent must ignore.
+  Subprocess node0(Agent("wd-ok", 0, flags, {"--heartbeat"}));
+  Subprocess node1(Agent("wd-ok", 1, flags, {"--heartbeat", "--noise"}));
+  ASSERT_EQ(node0.Wait(kTimeout), 0) << node0.Stderr();
+  ASSERT_EQ(node1.Wait(kTimeout), 0) << node1.Stderr();
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_THAT(node0.Stdout() + node1.Stdout(),
+                HasSubstr(absl::StrCat("rank ", rank, " finished 5 steps")));
+  }
+  EXPECT_THAT(node0.Stderr(), ::testing::Not(HasSubstr("watchdog FIFO")));
+  EXPECT_THAT(node1.Stderr(), HasSubstr("watchdog FIFO: ignoring a malformed request"));
+  EXPECT_THAT(node1.Stderr(), HasSubstr("from pid 1, which is not one of this agent's workers"));
+  EXPECT_THAT(node1.Stderr(), HasSubstr("ignored 2 malformed requests and 2 from other processes"));
+}
+
+TEST_F(WatchdogTest, HangIsRestartedAndTheSecondAttemptSucceeds) {
+  const std::vector<std::string> flags = {"--max-restarts", "1"};
+  const std::vector<std::string> args = {"--hang-rank", "2", "--first-attempt-only"};
+  Subprocess node0(Agent("wd-restart", 0, flags, args));
+  Subprocess node1(Agent("wd-restart", 1, flags, args));
+  ASSERT_EQ(node0.Wait(kTimeout), 0) << node0.Stderr();
+  ASSERT_EQ(node1.Wait(kTimeout), 0) << node1.Stderr();
+  EXPECT_THAT(node0.Stderr(),
+              HasSubstr("restarting the workers (restart 1 of 1) after: rank 2 hung"));
+  EXPECT_THAT(node0.Stdout() + node1.Stdout(), HasSubstr("rank 2 finished 5 steps"));
+}
+
+}  // namespace
+}  // namespace rdzv

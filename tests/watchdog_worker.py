@@ -1,0 +1,56 @@
+"""A training loop for the watchdog tests: DDP-style steps over gloo, each inside torch's
+file timer and (with --heartbeat) preceded by an rdzv heartbeat. --hang-rank R makes rank R
+stop at step 2: inside its timer, before its heartbeat, while the others block in all_reduce.
+"""
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic import timer
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=5)
+parser.add_argument("--hang-rank", type=int, default=-1)
+parser.add_argument("--heartbeat", action="store_true")
+parser.add_argument("--first-attempt-only", action="store_true")
+parser.add_argument("--noise", action="store_true",
+                    help="also write a malformed line and an expired timer of another process")
+parser.add_argument("--marker", default="")
+args = parser.parse_args()
+
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo")
+timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
+fifo = os.open(os.environ["TORCHELASTIC_TIMER_FILE"], os.O_WRONLY | os.O_NONBLOCK)
+
+
+if args.noise:
+    os.write(fifo, b"this is not a request\n")
+    os.write(fifo, b'{"version": 1, "pid": 1, "scope_id": "x", "expiration_time": 1, "signal": 9}\n')
+
+
+def heartbeat():
+    os.write(fifo, f'{{"version": 1, "pid": {os.getpid()}, "heartbeat": true}}\n'.encode())
+
+
+def stuck():
+    time.sleep(600)
+
+
+hangs = rank == args.hang_rank and not (
+    args.first_attempt_only and os.environ["TORCHELASTIC_RESTART_COUNT"] != "0")
+t = torch.ones(1)
+for step in range(args.steps):
+    if hangs and step == 2:
+        if args.heartbeat:
+            stuck()
+        with timer.expires(after=2, scope="step"):
+            stuck()
+    time.sleep(0.5)  # loading the next batch
+    if args.heartbeat:
+        heartbeat()
+    with timer.expires(after=10 if args.heartbeat else 2, scope="step"):
+        dist.all_reduce(t)
+print(f"rank {rank} finished {args.steps} steps", flush=True)
