@@ -14,8 +14,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/client.h"
-#include "client/worker_shape.h"
 #include "client/hang_watchdog.h"
+#include "client/worker_shape.h"
 #include "common/env.h"
 #include "common/rendezvous_types.h"
 

@@ -213,8 +213,8 @@ TEST_F(HostileInputTest, LogDirOfOwnIsUsedAsBefore) {
 
 TEST_F(HostileInputTest, OrphansBeyondAPageOfPidsAreAllKilled) {
   // 900 processes that leave the worker's group and are orphaned: their pids take more than
-  // one 4 KiB read of the guard's list of adopted children. The sleeps carry no marker, so they get a
-  // duration no one else uses.
+  // one 4 KiB read of the guard's list of adopted children. The sleeps carry no marker, so they get
+  // a duration no one else uses.
   const std::string sleep = absl::StrCat("sleep 977.", getpid(), "1");
   Subprocess& agent = StartAgent(absl::StrCat("for i in $(seq 900); do setsid ", sleep,
                                               " & done; sleep 1; echo started; exit 0"));

@@ -670,7 +670,7 @@ struct Options {
   int64_t launch_reps = 5;
   std::vector<int64_t> launch_nodes = {8, 32};
   std::vector<std::string> rdzvd_args;
-  std::string auth = "none";  // rdzvd's --auth and the agents' credential; "omit": pass none
+  std::string auth = "none";      // rdzvd's --auth and the agents' credential; "omit": pass none
   int64_t metrics_scrape_ms = 0;  // 0: rdzvd serves no metrics
   std::string self;
   std::string log_dir;
