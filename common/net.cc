@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 
 namespace rdzv {
 namespace {
@@ -130,7 +131,13 @@ std::vector<std::string> InterfaceAddresses() {
 }
 
 bool IsLoopbackAddress(absl::string_view address) {
-  return absl::StartsWith(address, "127.") || address == "::1" || address == "localhost";
+  absl::ConsumePrefix(&address, "[");
+  absl::ConsumeSuffix(&address, "]");
+  if (address == "localhost" || address == "::1") return true;
+  // Parsed, not matched by prefix: "127.example.org" is a name that may resolve anywhere.
+  in_addr a4;
+  const std::string text(address);
+  return inet_pton(AF_INET, text.c_str(), &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127;
 }
 
 absl::StatusOr<ReservedPort> ReservedPort::Reserve() {

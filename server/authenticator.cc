@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/auth.h"
+#include "common/net.h"
 
 namespace rdzv {
 namespace {
@@ -65,23 +66,13 @@ absl::Status ResolveGroups(absl::string_view list, std::vector<gid_t>* gids) {
   return absl::OkStatus();
 }
 
-bool IsLoopbackHost(absl::string_view host) {
-  absl::ConsumePrefix(&host, "[");
-  absl::ConsumeSuffix(&host, "]");
-  if (host == "localhost" || host == "::1") return true;
-  struct in_addr a4;
-  const std::string h(host);
-  if (inet_pton(AF_INET, h.c_str(), &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
-  return false;
-}
-
 absl::Status CheckServerAuth(const AuthPolicy& policy, absl::string_view listen) {
   switch (policy.mode) {
     case AuthMode::kNone: {
       const size_t colon = listen.rfind(':');
       const absl::string_view host =
           colon == absl::string_view::npos ? listen : listen.substr(0, colon);
-      if (!IsLoopbackHost(host)) {
+      if (!IsLoopbackAddress(host)) {
         return absl::FailedPreconditionError(absl::StrFormat(
             "--auth none lets anyone who can reach %s stop or redirect any job; it is allowed "
             "only on a loopback address (--listen 127.0.0.1:PORT). Use --auth munge or token",

@@ -62,9 +62,6 @@ absl::Status ResolveGroups(absl::string_view list, std::vector<gid_t>* gids);
 // the fix otherwise.
 absl::Status CheckServerAuth(const AuthPolicy& policy, absl::string_view listen);
 
-// Whether `host` (a name or address, IPv6 possibly in brackets) is a loopback address.
-bool IsLoopbackHost(absl::string_view host);
-
 class Authenticator {
  public:
   explicit Authenticator(AuthPolicy policy);
