@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "client/client.h"
 #include "common/auth.h"
 #include "ctl/status_format.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -23,21 +24,20 @@ void SetDeadline(grpc::ClientContext& context, const CtlOptions& options) {
                        absl::ToChronoMilliseconds(options.timeout));
 }
 
-// Puts the caller's credential on `context`: rdzvd authenticates every call, and shows or lets
-// abort only the caller's own jobs (every job for root and its admin groups).
+// Puts the caller's credential on `context`, as an agent would: rdzvd authenticates every call,
+// and shows or lets abort only the caller's own jobs (every job for root and its admin groups).
 absl::Status Authorize(grpc::ClientContext& context, const CtlOptions& options,
                        absl::string_view method, absl::string_view job) {
+  ClientAuth auth;
+  auth.munge_socket = options.munge_socket;
   if (!options.token_file.empty()) {
     absl::StatusOr<std::string> token = ReadTokenFile(options.token_file);
     if (!token.ok()) return token.status();
-    context.AddMetadata(kTokenMetadata, *token);
-    return absl::OkStatus();
+    auth.token = *std::move(token);
   }
-  if (!MungeSocketPresent(options.munge_socket)) return absl::OkStatus();
-  absl::StatusOr<std::string> cred = MungeEncode(CallPayload(method, job), options.munge_socket);
-  if (!cred.ok()) return cred.status();
-  context.AddMetadata(kMungeMetadata, *cred);
-  return absl::OkStatus();
+  absl::StatusOr<ClientAuth> resolved = ResolveClientAuth(std::move(auth));
+  if (!resolved.ok()) return resolved.status();
+  return AttachCredential(context, *resolved, method, job);
 }
 
 int Refused(std::ostream& err, const absl::Status& status) {
