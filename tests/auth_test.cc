@@ -207,5 +207,21 @@ TEST_F(AuthTest, UnsafeSettingsAreRefusedBeforeAnythingStarts) {
   EXPECT_THAT(agent.Stderr(), HasSubstr("chmod 600"));
 }
 
+TEST_F(AuthTest, TokenFilesThatAreLinksOrFifosAreRefusedWithoutBlocking) {
+  const std::string real = TokenFile("real.token", "real-token-0123456789abcdef", 0);
+  const std::string link = dir_.File("link.token");
+  ASSERT_EQ(symlink(real.c_str(), link.c_str()), 0);
+  const std::string fifo = dir_.File("fifo.token");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  for (const auto& [path, why] : std::vector<std::pair<std::string, std::string>>{
+           {link, "symbolic link"}, {fifo, "not a regular file"}}) {
+    Subprocess agent({.argv = {RDZV_AGENT_BIN, "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-id", "x",
+                               "--nnodes", "1", "--rdzv-token-file", path, "--", "true"},
+                      .unset_env_prefixes = {"RDZV_", "SLURM_"}});
+    EXPECT_NE(agent.Wait(kWait), 0);
+    EXPECT_THAT(agent.Stderr(), HasSubstr(why)) << path;
+  }
+}
+
 }  // namespace
 }  // namespace rdzv
