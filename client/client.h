@@ -38,7 +38,7 @@ namespace rdzv {
 // How the client proves who it is to the server (see common/auth.h).
 struct ClientAuth {
   enum class Mode {
-    kAuto,   // a token when one is given, else MUNGE when munged's socket exists, else nothing
+    kAuto,   // a token when one is given, else MUNGE when munged listens, else nothing
     kMunge,  // a MUNGE credential on every call
     kToken,  // the job's token on every call
     kNone,   // nothing (a server with --auth none)
@@ -49,7 +49,8 @@ struct ClientAuth {
 };
 
 // `auth` with kAuto resolved to what this host can use: kToken when a token is given, else
-// kMunge when munged's socket exists, else kNone. InvalidArgument for kToken without a token.
+// kMunge when munged listens on its socket, else kNone. InvalidArgument for kToken without a
+// token.
 absl::StatusOr<ClientAuth> ResolveClientAuth(ClientAuth auth);
 
 // Puts the credential `auth` (resolved) calls for on a call of `method` on `job`: a MUNGE

@@ -4,7 +4,9 @@
 #include <munge.h>
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -112,9 +114,21 @@ bool MungeWorks(const std::string& socket) {
 }
 
 bool MungeSocketPresent(const std::string& socket) {
-  struct stat st;
   const std::string path = socket.empty() ? std::string(kDefaultMungeSocket) : socket;
-  return stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return false;
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;  // cannot tell: let the call itself report
+  const int rc = connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  const int err = errno;
+  close(fd);
+  // Refused: a socket file left behind by a munged that is gone. A full backlog (EAGAIN) is a
+  // busy munged, which is present.
+  return rc == 0 || (err != ECONNREFUSED && err != ENOENT);
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {

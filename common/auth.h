@@ -50,8 +50,9 @@ absl::StatusOr<MungeIdentity> MungeDecode(absl::string_view credential, const st
 // Whether munged answers at `socket` (one encode and decode of an empty payload).
 bool MungeWorks(const std::string& socket);
 
-// Whether munged's socket exists at `socket` ("" for the default, /run/munge/munge.socket.2):
-// MUNGE is set up on this host. No call is made, so a busy munged does not count as absent.
+// Whether munged listens at `socket` ("" for the default, /run/munge/munge.socket.2): MUNGE is
+// set up on this host. Only a connect is tried, no credential: a socket file whose munged is gone
+// (connection refused) counts as absent, a busy munged (full backlog) as present.
 bool MungeSocketPresent(const std::string& socket);
 
 // Reads a job token from `path`: a regular file (not a link) owned by the caller, readable

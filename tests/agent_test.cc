@@ -105,8 +105,8 @@ class AgentTest : public ::testing::Test {
   Subprocess& StartAgent(const std::string& name, const std::string& job, int nnodes,
                          std::vector<std::string> flags) {
     std::vector<std::string> argv = {
-        RDZV_AGENT_BIN, "--rdzv-endpoint",    endpoint_,        "--rdzv-id", job,
-        "--nnodes",     absl::StrCat(nnodes), "--join-timeout", "60"};
+        RDZV_AGENT_BIN,       "--rdzv-endpoint", endpoint_, "--rdzv-id", job,   "--nnodes",
+        absl::StrCat(nnodes), "--join-timeout",  "60",      "--auth",    "none"};
     argv.insert(argv.end(), flags.begin(), flags.end());
     argv.push_back("--");
     for (std::string& a : WorkerCommand()) argv.push_back(std::move(a));
@@ -289,6 +289,8 @@ TEST_F(AgentTest, FailingWorkerStopsTheWholeJobWithItsExitCode) {
   std::vector<Subprocess*> agents;
   for (int node = 0; node < 3; ++node) {
     std::vector<std::string> argv = {RDZV_AGENT_BIN,
+                                     "--auth",
+                                     "none",
                                      "--rdzv-endpoint",
                                      endpoint_,
                                      "--rdzv-id",
@@ -330,8 +332,8 @@ TEST_F(AgentTest, WorkerKilledBySignalGives128PlusSignal) {
   std::vector<Subprocess*> agents;
   for (int node = 0; node < 2; ++node) {
     std::vector<std::string> argv = {
-        RDZV_AGENT_BIN, "--rdzv-endpoint",  endpoint_, "--rdzv-id", "segv", "--nnodes", "2",
-        "--node-rank",  absl::StrCat(node), "--"};
+        RDZV_AGENT_BIN, "--auth",   "none", "--rdzv-endpoint", endpoint_,          "--rdzv-id",
+        "segv",         "--nnodes", "2",    "--node-rank",     absl::StrCat(node), "--"};
     for (std::string& a : WorkerCommand(
              absl::StrCat("if [ $RANK = 1 ]; then sleep 0.3; ulimit -c 0; kill -SEGV $$; fi; ",
                           SleepForever()))) {
@@ -354,8 +356,9 @@ TEST_F(AgentTest, WorkerKilledBySignalGives128PlusSignal) {
 
 TEST_F(AgentTest, UnreachableEndpointFailsAfterTheJoinTimeout) {
   const std::string endpoint = absl::StrCat("127.0.0.1:", testing::FreeLoopbackPort());
-  Subprocess& agent = Start({RDZV_AGENT_BIN, "--rdzv-endpoint", endpoint, "--rdzv-id", "nobody",
-                             "--nnodes", "1", "--join-timeout", "2", "--", "true", marker_});
+  Subprocess& agent =
+      Start({RDZV_AGENT_BIN, "--auth", "none", "--rdzv-endpoint", endpoint, "--rdzv-id", "nobody",
+             "--nnodes", "1", "--join-timeout", "2", "--", "true", marker_});
   const absl::Time start = absl::Now();
   EXPECT_NE(agent.Wait(kLongWait), 0);
   const absl::Duration took = absl::Now() - start;

@@ -5,7 +5,9 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/client.h"
 #include "tests/testing/output.h"
 #include "tests/testing/subprocess.h"
 
@@ -221,6 +224,33 @@ TEST_F(AuthTest, TokenFilesThatAreLinksOrFifosAreRefusedWithoutBlocking) {
     EXPECT_NE(agent.Wait(kWait), 0);
     EXPECT_THAT(agent.Stderr(), HasSubstr(why)) << path;
   }
+}
+
+// A socket file whose munged is gone (the daemon was killed) is no MUNGE: --auth auto sends
+// nothing rather than fail every call on "connection refused".
+TEST_F(AuthTest, AutoPicksMungeOnlyWhenMungedListens) {
+  ClientAuth auto_auth;
+  auto_auth.munge_socket = socket_;
+  absl::StatusOr<ClientAuth> live = ResolveClientAuth(auto_auth);
+  ASSERT_TRUE(live.ok()) << live.status();
+  EXPECT_EQ(live->mode, ClientAuth::Mode::kMunge);
+
+  const std::string stale = dir_.File("stale.socket");
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(stale.size(), sizeof(addr.sun_path));
+  stale.copy(addr.sun_path, stale.size());
+  ASSERT_EQ(bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+  close(fd);  // the file stays, nobody listens
+  auto_auth.munge_socket = stale;
+  absl::StatusOr<ClientAuth> gone = ResolveClientAuth(auto_auth);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_EQ(gone->mode, ClientAuth::Mode::kNone);
+
+  auto_auth.munge_socket = dir_.File("no.socket");
+  EXPECT_EQ(ResolveClientAuth(auto_auth)->mode, ClientAuth::Mode::kNone);
 }
 
 }  // namespace

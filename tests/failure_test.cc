@@ -129,6 +129,8 @@ class FailureTest : public ::testing::Test {
                          const std::string& first = "") {
     const std::string host = absl::StrCat("n", node);
     std::vector<std::string> argv = {RDZV_AGENT_BIN,
+                                     "--auth",
+                                     "none",
                                      "--rdzv-endpoint",
                                      endpoint_,
                                      "--rdzv-id",

@@ -54,6 +54,7 @@ std::unique_ptr<Client> NewClient(const std::string& endpoint,
   ClientOptions options;
   options.endpoint = endpoint;
   options.join_timeout = join_timeout;
+  options.auth.mode = ClientAuth::Mode::kNone;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
   EXPECT_TRUE(client.ok()) << client.status();
   return client.ok() ? std::move(*client) : nullptr;
