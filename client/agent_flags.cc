@@ -176,6 +176,19 @@ FlagParser MakeParser(AgentFlags& f) {
            if (DurationSetter(&f.hang_timeout)(v).ok()) return absl::OkStatus();
            return absl::InvalidArgumentError("expected a duration such as 60s or 5m, or auto");
          }});
+  p.Add({"hang-timeout-min", "RDZV_HANG_TIMEOUT_MIN", "DURATION",
+         "with --hang-timeout auto: the learned timeout is never shorter than this (default\n"
+         "30s); it is 5 times the longest heartbeat interval the job has seen, once each node\n"
+         "has seen 5 intervals or an earlier attempt of the job taught it one",
+         [&f](absl::string_view v) {
+           absl::Duration d;
+           if (absl::Status s = DurationSetter(&d)(v); !s.ok()) return s;
+           if (d <= absl::ZeroDuration()) {
+             return absl::InvalidArgumentError("expected a positive duration such as 30s");
+           }
+           f.hang_timeout_min = d;
+           return absl::OkStatus();
+         }});
   p.Add({"host-name", "RDZV_HOST_NAME", "NAME",
          "this node's name in the rendezvous (default: SLURMD_NODENAME, else the host name)",
          StringSetter(&f.host_name)});

@@ -152,6 +152,7 @@ absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& en
       flags.rdzv_endpoint.empty() ? absl::ZeroDuration() : absl::Seconds(30));
   c.hang.heartbeat_timeout = flags.hang_timeout;
   c.hang.auto_timeout = flags.hang_timeout_auto;
+  c.hang.auto_floor = flags.hang_timeout_min;
   c.output = {flags.rank_prefix, flags.log_dir, flags.tee, flags.local_ranks_filter};
   c.command = flags.command;
 

@@ -42,6 +42,7 @@ struct AgentFlags {
   // --hang-timeout: a heartbeat timeout, or auto to learn it; zero for none.
   absl::Duration hang_timeout = absl::ZeroDuration();
   bool hang_timeout_auto = false;
+  absl::Duration hang_timeout_min = absl::Seconds(30);  // auto's floor
   std::string host_name;  // --host-name: how this node is named in the rendezvous
   std::string log_level = "info";
   std::string mode = "auto";  // auto, node or task (under Slurm)

@@ -71,8 +71,9 @@ std::optional<WorkerHang> HangWatchdog::Check(Micros now) {
       if (!first || since < first->since_us) {
         first =
             WorkerHang{i, 0, 0, since,
-                       absl::StrFormat("no heartbeat for %s (timeout %s)",
-                                       Seconds(now - *w.last_beat), absl::FormatDuration(timeout))};
+                       absl::StrFormat("no heartbeat for %s (timeout %s%s)",
+                                       Seconds(now - *w.last_beat), absl::FormatDuration(timeout),
+                                       options_.auto_timeout ? ", learned" : "")};
       }
     }
   }

@@ -166,7 +166,9 @@ TEST(HangWatchdogTest, AutoTimeoutAfterWarmUp) {
   EXPECT_EQ(w.heartbeat_timeout(), absl::Seconds(291));
   w.Apply(0, Beat(10), 101 * kS);
   EXPECT_FALSE(w.Check(101 * kS + 291 * kS).has_value());
-  EXPECT_TRUE(w.Check(101 * kS + 291 * kS + 1).has_value());
+  const std::optional<WorkerHang> hang = w.Check(101 * kS + 291 * kS + 1);
+  ASSERT_TRUE(hang.has_value());
+  EXPECT_THAT(hang->detail, HasSubstr("(timeout 4m51s, learned)"));
 }
 
 TEST(HangWatchdogTest, AutoTimeoutFromTheJobNeedsNoWarmUp) {

@@ -117,6 +117,28 @@ TEST_F(WatchdogTest, SilentHeartbeatFailsTheJob) {
   }
 }
 
+// --hang-timeout auto: no timeout is given; after the warm-up the agent has learned one from the
+// heartbeats (0.5 s apart, so the floor of 3 s given here is what applies) and a rank that goes
+// silent at step 8 is caught by it.
+TEST_F(WatchdogTest, LearnedHeartbeatTimeoutFindsTheSilentRank) {
+  const std::vector<std::string> flags = {"--hang-timeout", "auto", "--hang-timeout-min", "3s"};
+  const std::vector<std::string> args = {"--hang-rank", "1",  "--hang-step", "8",
+                                         "--steps",     "12", "--heartbeat"};
+  Subprocess node0(Agent("wd-auto", 0, flags, args));
+  Subprocess node1(Agent("wd-auto", 1, flags, args));
+  const absl::Duration after = RunHung(node0, node1);
+  EXPECT_LT(after, absl::Seconds(8));
+  EXPECT_EQ(codes_, std::vector<int>({128 + SIGABRT, 128 + SIGABRT}));
+  for (Subprocess* node : {&node0, &node1}) {
+    const std::string err = node->Stderr();
+    EXPECT_THAT(err, HasSubstr("failed: rank 1 hung: no heartbeat for")) << err;
+    EXPECT_THAT(err, HasSubstr(", learned)")) << err;
+    EXPECT_THAT(err, HasSubstr("in stuck")) << err;
+  }
+  // Rank 1 went silent after step 7: it had not hung before the warm-up ended.
+  EXPECT_THAT(node0.Stdout() + node1.Stdout(), ::testing::Not(HasSubstr("finished")));
+}
+
 TEST_F(WatchdogTest, HealthyJobWithTimersAndHeartbeatsSucceeds) {
   // Longer than a step, or a worker's exit after its last heartbeat, takes on a busy machine.
   const std::vector<std::string> flags = {"--hang-timeout", "10s"};

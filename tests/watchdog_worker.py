@@ -1,6 +1,6 @@
 """A training loop for the watchdog tests: DDP-style steps over gloo, each inside torch's
 file timer and (with --heartbeat) preceded by an rdzv heartbeat. --hang-rank R makes rank R
-stop at step 2: inside its timer, before its heartbeat, while the others block in all_reduce.
+stop at step 2 (--hang-step): inside its timer, before its heartbeat, while the others block in all_reduce.
 """
 import argparse
 import os
@@ -13,6 +13,7 @@ from torch.distributed.elastic import timer
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=5)
 parser.add_argument("--hang-rank", type=int, default=-1)
+parser.add_argument("--hang-step", type=int, default=2)
 parser.add_argument("--heartbeat", action="store_true")
 parser.add_argument("--first-attempt-only", action="store_true")
 parser.add_argument("--noise", action="store_true",
@@ -43,7 +44,7 @@ hangs = rank == args.hang_rank and not (
     args.first_attempt_only and os.environ["TORCHELASTIC_RESTART_COUNT"] != "0")
 t = torch.ones(1)
 for step in range(args.steps):
-    if hangs and step == 2:
+    if hangs and step == args.hang_step:
         if args.heartbeat:
             stuck()
         with timer.expires(after=2, scope="step"):
