@@ -587,6 +587,16 @@ void RendezvousState::Tick(Micros now, Decisions& out) {
     } else if (job.phase == Phase::kEnded && job.attached == 0 &&
                now - std::max(job.ended_at, job.last_detach) >= options_.ended_job_ttl) {
       expired.push_back(id);
+    } else if (job.phase == Phase::kEnded && job.attached > 0 &&
+               now - job.ended_at >= options_.ended_job_ttl) {
+      // Every agent heard the abort long ago; one that still holds its stream open (hung, or
+      // not a real agent) does not keep the job alive: its stream is ended with the abort.
+      for (auto& [agent, member] : job.members) {
+        if (member.stream == 0) continue;
+        out.closes.push_back({member.stream, absl::AbortedError(job.abort->reason)});
+        Detach(job, member);
+      }
+      expired.push_back(id);
     }
   }
   for (const std::string& id : expired) jobs_.erase(id);

@@ -102,6 +102,7 @@ class RendezvousState {
   std::vector<JobStatusView> Status(const std::string& job_id) const;
 
   size_t job_count() const;
+  bool has_job(const std::string& job_id) const { return jobs_.contains(job_id); }
 
  private:
   struct Job;

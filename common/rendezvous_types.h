@@ -112,6 +112,8 @@ struct FailureInfo {
   // kWorkerHung: how the hang showed, e.g. `timer "train.py#12" expired 0.1s ago (pid 4242)`;
   // time_us is then when the worker became overdue (its deadline), not when it was found.
   std::string hang_detail;
+
+  bool operator==(const FailureInfo&) const = default;
 };
 
 struct AbortEvent {
@@ -119,6 +121,8 @@ struct AbortEvent {
   std::optional<FailureInfo> first_failure;  // for kWorkerFailed and kAgentSignalled
   std::string reason;                        // one line for people
   int32_t exit_code = 1;                     // never 0: the job did not succeed
+
+  bool operator==(const AbortEvent&) const = default;
 };
 
 // "SIGSEGV" for 11; "signal 77" for a number without a name.

@@ -13,6 +13,7 @@
 #include "common/proto_convert.h"
 #include "server/metrics.h"
 #include "server/rendezvous_service.h"
+#include "server/request_limits.h"
 
 namespace rdzv {
 namespace {
@@ -75,7 +76,8 @@ grpc::ServerUnaryReactor* RendezvousService::AbortJob(grpc::CallbackServerContex
     return reactor;
   }
   // Only the job's owner, root or an admin group may abort it.
-  absl::StatusOr<Caller> caller = Authenticate(context, "AbortJob", job_id);
+  absl::StatusOr<Caller> caller =
+      Authenticate(context, "AbortJob", job_id, CheckAbortJobRequest(*request));
   if (!caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -30,6 +31,14 @@ service, tells systemd when it is ready (Type=notify), and stops cleanly on SIGT
 absl::Status ParseMillis(absl::string_view v, int64_t* out) {
   if (!absl::SimpleAtoi(v, out) || *out < 0) {
     return absl::InvalidArgumentError("expected milliseconds, a whole number >= 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseCount(absl::string_view v, int64_t min, int64_t max, int64_t* out) {
+  if (!absl::SimpleAtoi(v, out) || *out < min || *out > max) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("expected a whole number from %d to %d", min, max));
   }
   return absl::OkStatus();
 }
@@ -94,6 +103,18 @@ int main(int argc, char** argv) {
   parser.Add({"keepalive-timeout-ms", "RDZV_KEEPALIVE_TIMEOUT_MS", "MS",
               "how long a ping may wait for its answer (default 1000)",
               [&](absl::string_view v) { return ParseMillis(v, &keepalive_timeout_ms); }});
+  int64_t max_jobs = options.service.max_jobs_per_user;
+  int64_t max_agents = options.service.max_agents_per_user;
+  int64_t memory_mb = static_cast<int64_t>(options.memory_limit_bytes >> 20);
+  parser.Add({"max-jobs-per-user", "RDZV_MAX_JOBS_PER_USER", "N",
+              "jobs one user may have on this server at once (default 1000)",
+              [&](absl::string_view v) { return ParseCount(v, 1, 1'000'000, &max_jobs); }});
+  parser.Add({"max-agents-per-user", "RDZV_MAX_AGENTS_PER_USER", "N",
+              "agents one user may have attached at once (default 100000)",
+              [&](absl::string_view v) { return ParseCount(v, 1, 10'000'000, &max_agents); }});
+  parser.Add({"memory-limit-mb", "RDZV_MEMORY_LIMIT_MB", "MB",
+              "memory gRPC may use for all connections and calls together (default 4096)",
+              [&](absl::string_view v) { return ParseCount(v, 64, 1 << 24, &memory_mb); }});
   parser.Add({"help", "", "", "print this help", [&](absl::string_view) {
                 help = true;
                 return absl::OkStatus();
@@ -119,6 +140,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.service.state.progress_interval = progress_ms * 1000;
+  options.service.max_jobs_per_user = max_jobs;
+  options.service.max_agents_per_user = max_agents;
+  options.memory_limit_bytes = static_cast<size_t>(memory_mb) << 20;
   options.keepalive = absl::Milliseconds(keepalive_ms);
   options.keepalive_timeout = absl::Milliseconds(keepalive_timeout_ms);
   if (keepalive_ms > 0 && keepalive_timeout_ms == 0) {

@@ -15,6 +15,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/proto_convert.h"
+#include "server/request_limits.h"
 
 namespace rdzv {
 
@@ -36,7 +37,7 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
 
   // Queues `event`. True when the caller must have StartWrites() called (outside the service's
   // lock).
-  bool Push(v1::JoinEvent event) {
+  bool Push(std::shared_ptr<const v1::JoinEvent> event) {
     absl::MutexLock lock(&mu_);
     if (finishing_) return false;
     queue_.push_back(std::move(event));
@@ -115,7 +116,7 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
     if (finished_) return;
     if (!queue_.empty()) {
       writing_ = true;
-      StartWrite(&queue_.front());
+      StartWrite(queue_.front().get());
     } else if (pending_finish_) {
       finished_ = true;
       Finish(*pending_finish_);
@@ -126,7 +127,8 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
   RendezvousService* const service_;
   const StreamId id_;
   absl::Mutex mu_;
-  std::list<v1::JoinEvent> queue_ ABSL_GUARDED_BY(mu_);
+  // Shared: a broadcast's one message sits in every stream's queue.
+  std::list<std::shared_ptr<const v1::JoinEvent>> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;  // a finish is asked for: queue no more
   bool finished_ ABSL_GUARDED_BY(mu_) = false;   // Finish has been called
@@ -160,6 +162,13 @@ std::string PeerAddress(const std::string& peer) {
   return "";
 }
 
+// Whether `a` and `b` are the same abort (assignments differ per agent).
+bool SameBroadcast(const Event& a, const Event& b) {
+  const auto* x = std::get_if<AbortEvent>(&a);
+  const auto* y = std::get_if<AbortEvent>(&b);
+  return x != nullptr && y != nullptr && *x == *y;
+}
+
 absl::string_view Metadata(const grpc::CallbackServerContext* context, const char* key) {
   const auto& md = context->client_metadata();
   auto it = md.find(key);
@@ -171,7 +180,8 @@ absl::string_view Metadata(const grpc::CallbackServerContext* context, const cha
 
 absl::StatusOr<Caller> RendezvousService::Authenticate(grpc::CallbackServerContext* context,
                                                        absl::string_view method,
-                                                       absl::string_view job_id) {
+                                                       absl::string_view job_id,
+                                                       const absl::Status& limits) {
   absl::StatusOr<Caller> caller = auth_.Authenticate(
       {Metadata(context, kMungeMetadata), Metadata(context, kTokenMetadata)}, method, job_id);
   if (!caller.ok()) {
@@ -180,6 +190,11 @@ absl::StatusOr<Caller> RendezvousService::Authenticate(grpc::CallbackServerConte
     CountRefused(caller.status().code() == absl::StatusCode::kPermissionDenied
                      ? Metrics::kRefusedPermissionDenied
                      : Metrics::kRefusedUnauthenticated);
+  } else if (!limits.ok()) {
+    spdlog::warn("refused {} from {}: {}", method, absl::CHexEscape(context->peer()),
+                 limits.message());
+    CountRefused(Metrics::kRefusedLimit);
+    return limits;
   }
   return caller;
 }
@@ -194,7 +209,8 @@ grpc::ServerWriteReactor<v1::JoinEvent>* RendezvousService::Join(
     grpc::CallbackServerContext* context, const v1::JoinRequest* request) {
   std::vector<JoinStream*> writers;
   JoinStream* stream;
-  absl::StatusOr<Caller> caller = Authenticate(context, "Join", request->job_id());
+  absl::StatusOr<Caller> caller =
+      Authenticate(context, "Join", request->job_id(), CheckJoinRequest(*request));
   if (!caller.ok()) {
     stream = new JoinStream(this, 0);
     if (stream->PushClose(ToGrpcStatus(caller.status()))) writers.push_back(stream);
@@ -231,7 +247,14 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
                                                options_.only_job, request->job_id())));
   }
   RendezvousState& state = StateOf(caller.owner);
+  if (absl::Status limit = CheckUserLimits(caller, state, request->job_id()); !limit.ok()) {
+    spdlog::warn("refused a join of job {}: {}", absl::CHexEscape(request->job_id()),
+                 limit.message());
+    if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedLimit);
+    return refuse(ToGrpcStatus(limit));
+  }
   streams_.emplace(id, Stream{stream, &state});
+  ++streams_per_user_[&state];
   const JoinSpec spec = FromProto(*request);
   SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", spec.job_id, spec.agent.agent_id,
                spec.agent.host, spec.agent.node_index, spec.agent.nproc);
@@ -250,7 +273,7 @@ void RendezvousService::StreamDone(StreamId id) {
     auto it = streams_.find(id);
     if (it == streams_.end()) return;
     RendezvousState* state = it->second.state;
-    streams_.erase(it);
+    EraseStream(it);
     const Micros now = clock_();
     if (options_.metrics != nullptr) options_.metrics->OnStreamGone(now, id);
     Decisions decisions;
@@ -262,10 +285,18 @@ void RendezvousService::StreamDone(StreamId id) {
 
 void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& writers) {
   if (options_.metrics != nullptr) options_.metrics->OnDecisions(clock_(), decisions);
+  // A job's abort is the same event for every stream: it becomes one message that every queue
+  // shares.
+  std::shared_ptr<const v1::JoinEvent> last;
+  const Event* last_event = nullptr;
   for (Decisions::Send& send : decisions.sends) {
     auto it = streams_.find(send.stream);
     if (it == streams_.end()) continue;
-    if (it->second.stream->Push(ToProto(send.event))) writers.push_back(it->second.stream);
+    if (last_event == nullptr || !SameBroadcast(*last_event, send.event)) {
+      last = std::make_shared<const v1::JoinEvent>(ToProto(send.event));
+      last_event = &send.event;
+    }
+    if (it->second.stream->Push(last)) writers.push_back(it->second.stream);
   }
   for (const Decisions::Close& close : decisions.closes) {
     auto it = streams_.find(close.stream);
@@ -277,8 +308,33 @@ void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& wr
       writers.push_back(it->second.stream);
     }
     // The stream is finished from our side: the state already forgot it.
-    streams_.erase(it);
+    EraseStream(it);
   }
+}
+
+void RendezvousService::EraseStream(absl::flat_hash_map<StreamId, Stream>::iterator it) {
+  auto count = streams_per_user_.find(it->second.state);
+  if (count != streams_per_user_.end() && --count->second <= 0) streams_per_user_.erase(count);
+  streams_.erase(it);
+}
+
+absl::Status RendezvousService::CheckUserLimits(const Caller& caller, const RendezvousState& state,
+                                                const std::string& job_id) const {
+  if (!state.has_job(job_id) &&
+      static_cast<int64_t>(state.job_count()) >= options_.max_jobs_per_user) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s has %d jobs on this rendezvous server already, its --max-jobs-per-user; wait for "
+        "some to end, or ask its administrator",
+        caller.name, state.job_count()));
+  }
+  auto count = streams_per_user_.find(&state);
+  if (count != streams_per_user_.end() && count->second >= options_.max_agents_per_user) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s has %d agents attached to this rendezvous server already, its "
+        "--max-agents-per-user; wait for some jobs to end, or ask its administrator",
+        caller.name, count->second));
+  }
+  return absl::OkStatus();
 }
 
 void RendezvousService::StartWrites(std::vector<JoinStream*> writers) {
@@ -305,7 +361,8 @@ grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerCont
                                                         const v1::ReportExitRequest* request,
                                                         v1::ReportExitResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<Caller> caller = Authenticate(context, "ReportExit", request->job_id());
+  absl::StatusOr<Caller> caller =
+      Authenticate(context, "ReportExit", request->job_id(), CheckReportExitRequest(*request));
   if (!caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
@@ -316,10 +373,12 @@ grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerCont
     absl::MutexLock lock(&mu_);
     if (request->has_failure()) {
       Decisions decisions;
+      v1::WorkerFailure failure = request->failure();
+      TruncateFailureText(failure);
       absl::StatusOr<AbortEvent> abort =
           StateOf(caller->owner)
-              .ReportFailure(clock_(), request->job_id(), request->agent_id(),
-                             FromProto(request->failure()), decisions);
+              .ReportFailure(clock_(), request->job_id(), request->agent_id(), FromProto(failure),
+                             decisions);
       if (abort.ok()) {
         if (options_.log_jobs) spdlog::info("job {}: {}", request->job_id(), abort->reason);
         RecordAbort(caller->owner, request->job_id(), *abort);
@@ -338,7 +397,8 @@ grpc::ServerUnaryReactor* RendezvousService::Leave(grpc::CallbackServerContext* 
                                                    const v1::LeaveRequest* request,
                                                    v1::LeaveResponse* /*response*/) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<Caller> caller = Authenticate(context, "Leave", request->job_id());
+  absl::StatusOr<Caller> caller =
+      Authenticate(context, "Leave", request->job_id(), CheckLeaveRequest(*request));
   if (!caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
@@ -359,7 +419,8 @@ grpc::ServerUnaryReactor* RendezvousService::GetStatus(grpc::CallbackServerConte
                                                        const v1::StatusRequest* request,
                                                        v1::StatusResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<Caller> caller = Authenticate(context, "GetStatus", request->job_id());
+  absl::StatusOr<Caller> caller =
+      Authenticate(context, "GetStatus", request->job_id(), CheckStatusRequest(*request));
   if (!caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;

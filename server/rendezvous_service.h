@@ -43,6 +43,10 @@ struct ServiceOptions {
   // Where the service reports what it sees for rdzvd's metrics; null for none. Not owned; must
   // outlive the service.
   ServiceMetrics* metrics = nullptr;
+  // What one user (one owner) may hold on this server at once: jobs, whatever their state, and
+  // open Join streams (one per agent). A join past either is refused with RESOURCE_EXHAUSTED.
+  int64_t max_jobs_per_user = 1000;
+  int64_t max_agents_per_user = 100'000;
 };
 
 class RendezvousService final : public v1::Rendezvous::CallbackService {
@@ -95,9 +99,11 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   // Hands the streams to the writer threads, which start their writes.
   void StartWrites(std::vector<JoinStream*> writers) ABSL_LOCKS_EXCLUDED(mu_);
   void StreamDone(StreamId id);
-  // The caller of `context`'s call of `method` on `job_id`, or why not (logged).
+  // The caller of `context`'s call of `method` on `job_id`, or why not (logged and counted):
+  // unauthenticated, or `limits` (the request's check, server/request_limits.h) when not OK.
   absl::StatusOr<Caller> Authenticate(grpc::CallbackServerContext* context,
-                                      absl::string_view method, absl::string_view job_id);
+                                      absl::string_view method, absl::string_view job_id,
+                                      const absl::Status& limits);
   // The jobs of `owner`, made on first use.
   RendezvousState& StateOf(const std::string& owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -105,6 +111,12 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
     JoinStream* stream;
     RendezvousState* state;  // the owner's jobs the stream joined
   };
+  // Forgets stream `it`, and counts it off its owner's streams.
+  void EraseStream(absl::flat_hash_map<StreamId, Stream>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why `caller` may not open another stream into `job_id` of `state`, or OK.
+  absl::Status CheckUserLimits(const Caller& caller, const RendezvousState& state,
+                               const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Whether the caller of `context` may control `job_id` (abort it): the job's owner or root.
   // Keeps the first abort of `owner`'s job `job_id` for GetStatus (job_control.cc).
@@ -117,6 +129,8 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   const Authenticator auth_;
   absl::flat_hash_map<std::string, std::unique_ptr<RendezvousState>> states_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<StreamId, Stream> streams_ ABSL_GUARDED_BY(mu_);
+  // Open streams by the owner's state they joined (for max_agents_per_user).
+  absl::flat_hash_map<const RendezvousState*, int64_t> streams_per_user_ ABSL_GUARDED_BY(mu_);
   StreamId next_stream_ ABSL_GUARDED_BY(mu_) = 1;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   // The first abort of each job, from failure reports and AbortJob, and when it came; kept a

@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <spdlog/spdlog.h>
@@ -11,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "server/rendezvous_service.h"
+#include "server/request_limits.h"
 
 namespace rdzv {
 
@@ -54,12 +56,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // Bandwidth probing sizes flow-control windows for bulk transfers; our messages are tiny, and
   // each probe is an extra write and read per agent (per assignment and abort too).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  // Every connection builds its own filter stack, and every call runs through it. The minimal
-  // stack leaves out what rdzvd does not use: per-message compression, server-side deadline
-  // timers (clients enforce their deadlines; a Join stream's is a month away) and the message
-  // size filter (so no 4 MiB cap on requests, which are a few hundred bytes). That is a fifth of
-  // the CPU time and about 1.3 KiB of memory per agent.
-  builder.AddChannelArgument(GRPC_ARG_MINIMAL_STACK, 1);
+  // The full filter stack, not gRPC's minimal one: the minimal stack would save some CPU time
+  // and about 1.3 KiB per agent, but it leaves out the message size filter, and then a request
+  // of any size (up to 2 GiB) is read whole before rdzvd sees it. The largest real request is a
+  // failure report of a few dozen KiB (server/request_limits.h); larger ones are refused with
+  // RESOURCE_EXHAUSTED before they are stored.
+  builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
+  // An agent has one Join stream and at most a call or two beside it on its connection.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
+  // All of gRPC's buffers together: past this, new connections and reads wait or fail rather
+  // than the process growing until the kernel kills it.
+  grpc::ResourceQuota quota("rdzvd");
+  quota.Resize(options.memory_limit_bytes);
+  builder.SetResourceQuota(quota);
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr || server->port_ == 0) {
     return absl::FailedPreconditionError(absl::StrFormat(

@@ -40,6 +40,8 @@ struct ServerOptions {
   // "host:port" to serve Prometheus metrics on (GET /metrics); empty for none. Port 0 picks a
   // free one (see Server::metrics_port()).
   std::string metrics_listen;
+  // gRPC's memory for all connections and calls together (its resource quota).
+  size_t memory_limit_bytes = size_t{4} << 30;
 };
 
 class Server {

@@ -734,19 +734,34 @@ TEST_F(RunningJobTest, EndedJobIsForgottenAfterTheTtlOnceNothingIsAttached) {
   ASSERT_TRUE(state_.ReportFailure(10 * kSecond, "j", "n1/agent", Failure("n1", 3, 7), d).ok());
   Closed(10 * kSecond, 1);
   Closed(10 * kSecond, 2);
-  // n2 stays attached well past the TTL: the job is kept.
-  EXPECT_TRUE(IsEmpty(Tick(10 * kSecond + ttl)));
-  EXPECT_TRUE(IsEmpty(Tick(10 * kSecond + 3 * ttl)));
-  EXPECT_EQ(state_.job_count(), 1u);
-
-  // Once it goes, an agent reconnecting within the TTL still learns how the job ended.
-  const Micros gone = 10 * kSecond + 3 * ttl;
-  EXPECT_TRUE(IsEmpty(Closed(gone, 3)));
-  Tick(gone + ttl - 1);
+  Closed(12 * kSecond, 3);
+  // An agent reconnecting within the TTL of the last detach still learns how the job ended.
+  Tick(12 * kSecond + ttl - 1);
   EXPECT_EQ(state_.job_count(), 1u);
   EXPECT_EQ(state_.Status("j").at(0).state, "ended");
-  Tick(gone + ttl);
+  Tick(12 * kSecond + ttl);
   EXPECT_EQ(state_.job_count(), 0u);
+}
+
+TEST_F(RunningJobTest, StreamHeldOpenAfterTheEndIsClosedAndTheJobForgotten) {
+  const Micros ttl = StateOptions{}.ended_job_ttl;
+  Decisions d;
+  ASSERT_TRUE(state_.ReportFailure(10 * kSecond, "j", "n1/agent", Failure("n1", 3, 7), d).ok());
+  Closed(10 * kSecond, 1);
+  Closed(10 * kSecond, 2);
+  // n2 heard the abort but keeps its stream open: it cannot keep the job (and its id) forever.
+  EXPECT_TRUE(IsEmpty(Tick(10 * kSecond + ttl - 1)));
+  EXPECT_EQ(state_.job_count(), 1u);
+  const Decisions end = Tick(10 * kSecond + ttl);
+  ASSERT_EQ(ClosesOf(end).size(), 1u) << Summary(end);
+  EXPECT_EQ(ClosesOf(end).at(3).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(absl::StrContains(ClosesOf(end).at(3).message(), "n1")) << ClosesOf(end).at(3);
+  EXPECT_EQ(state_.job_count(), 0u);
+  // Its late close changes nothing, and the job id is free for a requeued job.
+  EXPECT_TRUE(IsEmpty(Closed(10 * kSecond + ttl + 1, 3)));
+  JoinSpec a = Spec("j", "m0", 0, 1);
+  a.agent.agent_id = "requeued-0";
+  EXPECT_EQ(EventsOf<AssignmentEvent>(Join(10 * kSecond + ttl + 2, 40, a)).size(), 1u);
 }
 
 TEST_F(RunningJobTest, EndedJobWithNothingAttachedIsForgottenAfterTheTtl) {

@@ -22,9 +22,16 @@ not in the default --cases:
                what `deploy/slurm/local-cluster.sh env` prints; with no cluster up the case is
                skipped with one line saying how to start it.
 
+  srun-hang    the same shape, but global rank 4 hangs: it sleeps inside torch's file timer
+               (`timer.expires(after=2)`) and never returns, the others sleep --srun-sleep s.
+               Time from the timer's deadline until srun, every agent and every worker is gone.
+               rdzv serves the timer FIFO by default; torchrun runs with
+               TORCHELASTIC_ENABLE_FILE_TIMER=1 (its FileTimerServer), under plain srun and
+               under --kill-on-bad-exit=1, like srun-failfast.
+
 Usage: /usr/bin/python3 tests/bench/compare_torchrun.py --build-dir build/release [--reps 3]
        [--failfast-reps 1] [--nodes 8,32] [--csv FILE]
-       [--cases standalone,agents,failfast,srun-failfast] [--srun-sleep 60]
+       [--cases standalone,agents,failfast,srun-failfast,srun-hang] [--srun-sleep 60]
 
 Debian's torchrun 1.13 crashes under Python 3.11 in Std.from_str (iterating an IntFlag skips
 NONE), so torchrun runs as `python3 -c` with that one lookup replaced at run time; nothing on
@@ -279,14 +286,32 @@ def slurm_env(repo):
     return env
 
 
-def run_srun_failfast(tools, tool, rep, sleep_s, env, kill_on_bad_exit=False):
-    """3 nodes x 2 workers under srun, rank 4 fails: seconds from the failure until srun and
-    everything it started is gone, seconds until srun returned, srun's exit code, how many
-    marked processes were still alive when srun returned, and whether the run was clean."""
+# The srun-hang worker: rank 4 sleeps inside torch's file timer and writes the timer's deadline
+# first; the others sleep. argv: STAMP SLEEP_S (the sleep, with its fraction, marks the run).
+HANG_WORKER = r"""
+import os, sys, time
+from torch.distributed.elastic import timer
+timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
+if os.environ["RANK"] == "4":
+    time.sleep(1)
+    deadline = time.time() + 2
+    with open(sys.argv[1], "w") as f:
+        f.write(repr(deadline))
+    with timer.expires(after=2, scope="step"):
+        time.sleep(600)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def run_srun_failfast(tools, tool, rep, sleep_s, env, kill_on_bad_exit=False, hang=False):
+    """3 nodes x 2 workers under srun, rank 4 fails (or, with `hang`, hangs in a file timer):
+    seconds from the failure (the timer's deadline) until srun and everything it started is
+    gone, seconds until srun returned, srun's exit code, how many marked processes were still
+    alive when srun returned, and whether the run was clean."""
     # The fractional sleep names this run's workers in the process table; it is in the command
     # line of srun, of every agent or torchrun (after `--`) and of every worker.
     marker = f"{sleep_s}.{random.randrange(10**6, 10**7)}"
-    variant = tool + ("-kill-on-bad-exit" if kill_on_bad_exit else "")
+    variant = ("hang-" if hang else "") + tool + ("-kill-on-bad-exit" if kill_on_bad_exit else "")
     stamp = os.path.join(tools.logdir, f"srun-{variant}-failed-{rep}")
     script = (f'if [ "$RANK" = 4 ]; then sleep 1; date +%s.%N > {stamp}; exit 3; fi; '
               f"exec sleep {marker}")
@@ -295,6 +320,10 @@ def run_srun_failfast(tools, tool, rep, sleep_s, env, kill_on_bad_exit=False):
     if kill_on_bad_exit:
         srun.append("--kill-on-bad-exit=1")
     worker = ["sh", "-c", script]
+    if hang:
+        worker = [tools.python, "-c", HANG_WORKER, stamp, marker]
+        if tool == "torchrun":
+            env = dict(env, TORCHELASTIC_ENABLE_FILE_TIMER="1")
     if tool == "rdzv":
         argv = srun + [tools.agent, "--nproc-per-node", "2", "--"] + worker
     else:
@@ -355,13 +384,14 @@ def main():
     ap.add_argument("--srun-sleep", type=int, default=60,
                     help="the healthy workers' sleep in srun-failfast, seconds (default 60)")
     ap.add_argument("--cases", default="standalone,agents,failfast",
-                    help="comma-separated; also srun-failfast, which needs a Slurm cluster "
+                    help="comma-separated; also srun-failfast and srun-hang, which need a Slurm "
+                    "cluster "
                     "(default standalone,agents,failfast)")
     ap.add_argument("--tools", default="rdzv,torchrun")
     ap.add_argument("--csv", help="also write one row per run to this file")
     args = ap.parse_args()
     cases = set(args.cases.split(","))
-    unknown = cases - {"standalone", "agents", "failfast", "srun-failfast"}
+    unknown = cases - {"standalone", "agents", "failfast", "srun-failfast", "srun-hang"}
     if unknown:
         ap.error(f"unknown --cases {','.join(sorted(unknown))}")
     # SIGTERM unwinds like Ctrl-C, so that everything started is still killed.
@@ -377,7 +407,10 @@ def main():
     ok_all = True
     srun_case = "srun-failfast: after failure"
     srun_kob_case = "srun-failfast kill-on-bad-exit"
-    rdzv_case_for = {srun_kob_case: srun_case}  # rdzv runs under plain srun in both rows
+    hang_case = "srun-hang: after the deadline"
+    hang_kob_case = "srun-hang kill-on-bad-exit"
+    # rdzv runs under plain srun in both rows
+    rdzv_case_for = {srun_kob_case: srun_case, hang_kob_case: hang_case}
     srun_notes = []  # (label, rep, exit code, seconds until srun returned, alive at return)
 
     def record(tool, case, n, rep, seconds, ok, code=None):
@@ -406,17 +439,21 @@ def main():
                     record(tool, "fail-fast: all gone", 2, rep, gone, ok)
                     record(tool, "fail-fast: after failure", 2, rep, since, ok)
         srun_env = None
-        if "srun-failfast" in cases:
+        if cases & {"srun-failfast", "srun-hang"}:
             srun_env = slurm_env(os.path.normpath(os.path.join(here, "..", "..")))
         if srun_env is not None:
-            variants = [(t, kob) for t in tool_list for kob in ([False, True] if t == "torchrun"
-                                                                 else [False])]
-            for tool, kob in variants:
-                label = tool + (" --kill-on-bad-exit=1" if kob else "")
+            variants = [(h, t, kob) for h in (False, True)
+                        if ("srun-hang" if h else "srun-failfast") in cases
+                        for t in tool_list for kob in ([False, True] if t == "torchrun"
+                                                       else [False])]
+            for hang, tool, kob in variants:
+                label = ("hang " if hang else "") + tool + (" --kill-on-bad-exit=1" if kob else "")
+                case = ((hang_kob_case if kob else hang_case) if hang
+                        else (srun_kob_case if kob else srun_case))
                 for rep in range(args.reps if tool == "rdzv" else args.failfast_reps):
                     since, srun_after, code, alive, ok = run_srun_failfast(
-                        tools, tool, rep, args.srun_sleep, srun_env, kob)
-                    record(tool, srun_kob_case if kob else srun_case, 3, rep, since, ok, code)
+                        tools, tool, rep, args.srun_sleep, srun_env, kob, hang)
+                    record(tool, case, 3, rep, since, ok, code)
                     print(f"  {'':9s} srun exit {code}, returned {srun_after:.3f} s after the "
                           f"failure; {alive} processes of the run alive then", flush=True)
                     srun_notes.append((label, rep, code, srun_after, alive))
@@ -446,11 +483,11 @@ def main():
         ratio = tr / rd if rd and rd == rd and tr == tr else float("nan")
         print(f"{case:34s} {rd:9.3f} {tr:11.3f} {ratio:13.1f}x")
     if srun_notes:
-        print(f"\n{srun_kob_case}: torchrun under srun --kill-on-bad-exit=1, against the rdzv "
-              f"runs under plain srun")
+        print(f"\n... kill-on-bad-exit rows: torchrun under srun --kill-on-bad-exit=1, against "
+              f"the rdzv runs under plain srun")
         for label in dict.fromkeys(n[0] for n in srun_notes):
             mine = [n for n in srun_notes if n[0] == label]
-            print(f"srun-failfast {label}: srun exit codes "
+            print(f"srun {label}: srun exit codes "
                   f"{','.join(str(n[2]) for n in mine)}; srun returned "
                   f"{median([n[3] for n in mine]):.3f} s after the failure (median); "
                   f"processes of the run alive then: {','.join(str(n[4]) for n in mine)}")

@@ -1,0 +1,46 @@
+// Request limits: what rdzvd accepts from a caller before any of it reaches a job. Every string
+// and list in a request has a bound; a request over one is refused with INVALID_ARGUMENT naming
+// the field and the bound. A failure report's text (stderr tail, error message, hang detail) is
+// not refused but cut to a fixed size here, once, so that the Abort every agent of the job
+// receives stays small whatever a worker wrote.
+//
+// Pure functions over the request messages; thread-safe.
+#ifndef RDZV_SERVER_REQUEST_LIMITS_H_
+#define RDZV_SERVER_REQUEST_LIMITS_H_
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "rdzv/v1/rdzv.pb.h"
+
+namespace rdzv {
+
+// Bounds on what one request may carry. The defaults leave room for every real use: Slurm's
+// node names are at most 64 bytes, DNS names 253.
+inline constexpr size_t kMaxIdBytes = 256;       // job id, agent id
+inline constexpr size_t kMaxHostBytes = 255;     // host names and addresses
+inline constexpr size_t kMaxAddresses = 32;      // a join's candidate addresses
+inline constexpr size_t kMaxReasonBytes = 1024;  // an operator's abort reason
+// A failure's stderr tail keeps its last kMaxTailBytes (the end shows the error), its error
+// message and hang detail their first bytes.
+inline constexpr size_t kMaxTailBytes = 16 * 1024;
+inline constexpr size_t kMaxErrorMessageBytes = 16 * 1024;
+inline constexpr size_t kMaxHangDetailBytes = 1024;
+// The largest request rdzvd reads at all (the message is refused before it is stored): the
+// largest failure report above with ample room.
+inline constexpr int kMaxRequestBytes = 256 * 1024;
+// Calls open at once on one connection: an agent has its Join stream and a call or two beside.
+inline constexpr int kMaxStreamsPerConnection = 16;
+
+absl::Status CheckJoinRequest(const v1::JoinRequest& request);
+absl::Status CheckReportExitRequest(const v1::ReportExitRequest& request);
+absl::Status CheckLeaveRequest(const v1::LeaveRequest& request);
+absl::Status CheckStatusRequest(const v1::StatusRequest& request);
+absl::Status CheckAbortJobRequest(const v1::AbortJobRequest& request);
+
+// Cuts `failure`'s text fields to the bounds above, marking each cut ("[… 1234 bytes cut]").
+void TruncateFailureText(v1::WorkerFailure& failure);
+
+}  // namespace rdzv
+
+#endif  // RDZV_SERVER_REQUEST_LIMITS_H_

@@ -1,0 +1,215 @@
+// rdzvd's limits, against its service in this process over loopback, with raw rdzv.v1 calls
+// (what a careless or hostile client can send, not what librdzv sends): oversized fields and
+// requests are refused with a status naming the field, one user's jobs and agents are capped,
+// and a failure's huge stderr reaches the other agents cut to a fixed size.
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "rdzv/v1/rdzv.grpc.pb.h"
+#include "server/request_limits.h"
+#include "server/server.h"
+
+namespace rdzv {
+namespace {
+
+constexpr auto kWait = std::chrono::seconds(30);
+
+class ServerLimitsTest : public ::testing::Test {
+ protected:
+  void Start(ServiceOptions service = {}) {
+    ServerOptions options;
+    options.listen = "127.0.0.1:0";
+    options.tick_interval = absl::Milliseconds(20);
+    options.service = service;
+    options.service.auth.mode = AuthMode::kNone;
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+  }
+
+  // A stub on a connection of its own, as each agent has.
+  std::unique_ptr<v1::Rendezvous::Stub> Stub() {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetMaxSendMessageSize(64 << 20);
+    auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                             grpc::InsecureChannelCredentials(), args);
+    return v1::Rendezvous::NewStub(channel);
+  }
+
+  static v1::JoinRequest JoinOf(const std::string& job, const std::string& agent, int nnodes) {
+    v1::JoinRequest r;
+    r.set_job_id(job);
+    r.set_agent_id(agent);
+    r.set_host(agent);
+    r.set_node_index(-1);
+    r.set_order(-1);
+    r.set_nproc(1);
+    r.set_min_agents(nnodes);
+    r.set_max_agents(nnodes);
+    r.add_addresses("127.0.0.1");
+    r.set_master_port(29500);
+    return r;
+  }
+
+  // An open Join stream and what it has received.
+  struct Joined {
+    std::unique_ptr<grpc::ClientContext> context = std::make_unique<grpc::ClientContext>();
+    std::unique_ptr<grpc::ClientReader<v1::JoinEvent>> reader;
+    std::unique_ptr<v1::Rendezvous::Stub> stub;
+  };
+
+  Joined Join(const v1::JoinRequest& request) {
+    Joined j;
+    j.stub = Stub();
+    j.context->set_deadline(std::chrono::system_clock::now() + kWait);
+    j.reader = j.stub->Join(j.context.get(), request);
+    return j;
+  }
+
+  // The status a refused join ends with (after any events).
+  static grpc::Status Refusal(Joined& j) {
+    v1::JoinEvent event;
+    while (j.reader->Read(&event)) {
+    }
+    return j.reader->Finish();
+  }
+
+  // Reads events until one of `kind` arrives; false when the stream ends first.
+  static bool ReadUntil(Joined& j, v1::JoinEvent::EventCase kind, v1::JoinEvent* event) {
+    while (j.reader->Read(event)) {
+      if (event->event_case() == kind) return true;
+    }
+    return false;
+  }
+
+  std::unique_ptr<Server> server_;
+};
+
+TEST_F(ServerLimitsTest, OversizedFieldsAreRefusedNamingTheField) {
+  Start();
+  v1::JoinRequest long_id = JoinOf(std::string(1000, 'j'), "a0", 1);
+  Joined a = Join(long_id);
+  grpc::Status s = Refusal(a);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "the job id is 1000 bytes"))
+      << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "limit of 256")) << s.error_message();
+
+  v1::JoinRequest many = JoinOf("j", "a0", 1);
+  for (int i = 0; i < 100; ++i) many.add_addresses(absl::StrCat("10.0.0.", i));
+  Joined b = Join(many);
+  s = Refusal(b);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "101 addresses")) << s.error_message();
+
+  v1::AbortJobRequest abort;
+  abort.set_job_id("j");
+  abort.set_reason(std::string(5000, 'r'));
+  v1::AbortJobResponse response;
+  grpc::ClientContext ctx;
+  s = Stub()->AbortJob(&ctx, abort, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "the reason")) << s.error_message();
+}
+
+TEST_F(ServerLimitsTest, RequestLargerThanAnyRealOneIsRefusedAndTheServerGoesOn) {
+  Start();
+  v1::JoinRequest huge = JoinOf("j", "a0", 1);
+  huge.set_host(std::string(8 << 20, 'h'));
+  Joined a = Join(huge);
+  const grpc::Status s = Refusal(a);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+
+  // A normal job on the same server is unaffected.
+  Joined ok = Join(JoinOf("j", "a1", 1));
+  v1::JoinEvent event;
+  EXPECT_TRUE(ReadUntil(ok, v1::JoinEvent::kAssignment, &event));
+  ok.context->TryCancel();
+}
+
+TEST_F(ServerLimitsTest, OneUsersJobsAndAgentsAreCapped) {
+  ServiceOptions service;
+  service.max_jobs_per_user = 2;
+  service.max_agents_per_user = 3;
+  Start(service);
+  // Two jobs of two agents each: the second job's second agent is the fourth stream.
+  std::vector<Joined> held;
+  held.push_back(Join(JoinOf("job-1", "a0", 2)));
+  held.push_back(Join(JoinOf("job-2", "b0", 2)));
+  Joined third_job = Join(JoinOf("job-3", "c0", 2));
+  grpc::Status s = Refusal(third_job);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "--max-jobs-per-user")) << s.error_message();
+
+  held.push_back(Join(JoinOf("job-1", "a1", 2)));
+  v1::JoinEvent event;
+  EXPECT_TRUE(ReadUntil(held[2], v1::JoinEvent::kAssignment, &event));
+  Joined fourth = Join(JoinOf("job-2", "b1", 2));
+  s = Refusal(fourth);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "--max-agents-per-user")) << s.error_message();
+
+  // Once streams close, the user may attach again.
+  held[1].context->TryCancel();
+  Refusal(held[1]);
+  held.erase(held.begin() + 1);
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    Joined again = Join(JoinOf("job-2", "b2", 2));
+    v1::JoinEvent e;
+    if (again.reader->Read(&e)) {  // a progress or the job's abort: it was let in
+      again.context->TryCancel();
+      Refusal(again);
+      break;
+    }
+    s = again.reader->Finish();
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  for (Joined& j : held) j.context->TryCancel();
+  for (Joined& j : held) Refusal(j);
+}
+
+TEST_F(ServerLimitsTest, HugeStderrReachesTheOtherAgentsCut) {
+  Start();
+  Joined a = Join(JoinOf("big", "a0", 2));
+  Joined b = Join(JoinOf("big", "a1", 2));
+  v1::JoinEvent event;
+  ASSERT_TRUE(ReadUntil(a, v1::JoinEvent::kAssignment, &event));
+  ASSERT_TRUE(ReadUntil(b, v1::JoinEvent::kAssignment, &event));
+
+  v1::ReportExitRequest report;
+  report.set_job_id("big");
+  report.set_agent_id("a0");
+  v1::WorkerFailure* f = report.mutable_failure();
+  f->set_host("a0");
+  f->set_exit_code(3);
+  f->set_cause(v1::ABORT_CAUSE_WORKER_FAILED);
+  f->set_stderr_tail(std::string(150 * 1024, 'x') + "the real error at the end");
+  f->set_error_message(std::string(60 * 1024, 'm'));
+  v1::ReportExitResponse response;
+  grpc::ClientContext ctx;
+  const grpc::Status s = a.stub->ReportExit(&ctx, report, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+
+  ASSERT_TRUE(ReadUntil(b, v1::JoinEvent::kAbort, &event));
+  const v1::WorkerFailure& got = event.abort().first_failure();
+  EXPECT_LE(got.stderr_tail().size(), kMaxTailBytes + 64);
+  EXPECT_TRUE(absl::EndsWith(got.stderr_tail(), "the real error at the end"));
+  EXPECT_TRUE(absl::StartsWith(got.stderr_tail(), "[... ")) << got.stderr_tail().substr(0, 40);
+  EXPECT_LE(got.error_message().size(), kMaxErrorMessageBytes + 64);
+  EXPECT_EQ(event.abort().exit_code(), 3);
+  a.context->TryCancel();
+  b.context->TryCancel();
+  Refusal(a);
+  Refusal(b);
+}
+
+}  // namespace
+}  // namespace rdzv
