@@ -70,7 +70,8 @@ typedef enum rdzv_code {
 } rdzv_code;
 
 /* The message of the last call on this thread that did not return RDZV_OK ("" after one that
- * did). Valid until this thread's next rdzv_ call; never NULL. */
+ * did; rdzv_last_error, rdzv_code_name, rdzv_join_spec_init and rdzv_client_destroy leave it as
+ * it is). Valid until this thread's next rdzv_ call; never NULL. */
 RDZV_EXPORT const char* rdzv_last_error(void);
 
 /* "OK", "INVALID_ARGUMENT", ...; "UNKNOWN" for a number that is no code. Static storage. */
@@ -133,7 +134,8 @@ typedef enum rdzv_abort_cause {
 } rdzv_abort_cause;
 
 /* Callbacks of one join; every member may be NULL. They run on the library's threads and must
- * not block; they may run until rdzv_client_destroy returns. */
+ * not block: no rdzv_ call in them but rdzv_cancel. They may run until rdzv_client_destroy
+ * returns. */
 typedef struct rdzv_callbacks {
   /* While the round fills: `joined` of `expected` launchers are in. */
   void (*on_progress)(void* user_data, int32_t joined, int32_t expected);
