@@ -38,10 +38,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Marks what librdzv.so exports; a build may define it beforehand (e.g. empty). */
+#ifndef RDZV_EXPORT
 #if defined(__GNUC__) || defined(__clang__)
 #define RDZV_EXPORT __attribute__((visibility("default")))
 #else
 #define RDZV_EXPORT
+#endif
 #endif
 
 #ifdef __cplusplus

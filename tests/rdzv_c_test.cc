@@ -230,6 +230,25 @@ TEST_F(RdzvCTest, AFailureReportReachesTheOtherClientsAbortCallbackWithItsCause)
   EXPECT_THAT(eb.abort_reason, HasSubstr("n0"));
 }
 
+TEST_F(RdzvCTest, TheMasterEndpointGivenByRankZerosLauncherIsEveryonesMaster) {
+  Events ea, eb;
+  ClientPtr a = NewClient();
+  ClientPtr b = NewClient();
+  rdzv_join_spec first = Spec("given", 0, "n0");
+  first.master_addr = "127.0.0.2";
+  first.master_port = 23456;
+  std::future<JoinResult> ja = JoinAsync(a.get(), first, ea.Callbacks());
+  std::future<JoinResult> jb = JoinAsync(b.get(), Spec("given", 1, "n1"), eb.Callbacks());
+  JoinResult ra = Get(ja);
+  JoinResult rb = Get(jb);
+  ASSERT_EQ(ra.code, RDZV_OK) << ra.error;
+  ASSERT_EQ(rb.code, RDZV_OK) << rb.error;
+  for (const JoinResult* r : {&ra, &rb}) {
+    EXPECT_STREQ(r->assignment.master_addr, "127.0.0.2");
+    EXPECT_EQ(r->assignment.master_port, 23456);
+  }
+}
+
 TEST_F(RdzvCTest, CancelEndsAJoinBlockedOnAnotherThread) {
   Events ea;
   ClientPtr a = NewClient();
