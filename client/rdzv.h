@@ -96,7 +96,7 @@ typedef struct rdzv_client rdzv_client;
  * for RDZV_AUTH_TOKEN/AUTO; `munge_socket` (may be NULL) names munged's socket when it is not the
  * default. Sends nothing yet. On success *out is a client to free with rdzv_client_destroy. */
 RDZV_EXPORT rdzv_code rdzv_client_create(const char* endpoint, double join_timeout_s,
-                                         rdzv_auth_mode auth, const char* token_file,
+                                         int auth /* an rdzv_auth_mode */, const char* token_file,
                                          const char* munge_socket, rdzv_client** out);
 
 /* Ends any join in progress, closes the event stream and frees the client. Blocks until no

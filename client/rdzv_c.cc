@@ -171,7 +171,8 @@ Handlers MakeHandlers(const rdzv_callbacks* callbacks) {
   return handlers;
 }
 
-rdzv_code CreateClient(const char* endpoint, double join_timeout_s, rdzv_auth_mode auth,
+// `auth` is an int across the interface: a caller's out-of-range value is an error, not UB.
+rdzv_code CreateClient(const char* endpoint, double join_timeout_s, int auth,
                        const char* token_file, const char* munge_socket, rdzv_client** out) {
   constexpr const char* kFn = "rdzv_client_create";
   if (out == nullptr) return NullArgument(kFn, "out");
@@ -397,7 +398,7 @@ void rdzv_join_spec_init(rdzv_join_spec* spec) {
   spec->nproc = 1;
 }
 
-rdzv_code rdzv_client_create(const char* endpoint, double join_timeout_s, rdzv_auth_mode auth,
+rdzv_code rdzv_client_create(const char* endpoint, double join_timeout_s, int auth,
                              const char* token_file, const char* munge_socket, rdzv_client** out) {
   return rdzv::Guarded("rdzv_client_create", [&] {
     return rdzv::CreateClient(endpoint, join_timeout_s, auth, token_file, munge_socket, out);

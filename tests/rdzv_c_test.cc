@@ -324,10 +324,7 @@ TEST(RdzvCNoServerTest, BadArgumentsAreRefusedWithTheArgumentNamed) {
        },
        RDZV_INVALID_ARGUMENT, "join_timeout_s"},
       {"create with an unknown auth mode",
-       [&](rdzv_client*) {
-         return rdzv_client_create("h:1", 1, static_cast<rdzv_auth_mode>(9), nullptr, nullptr,
-                                   &never);
-       },
+       [&](rdzv_client*) { return rdzv_client_create("h:1", 1, 9, nullptr, nullptr, &never); },
        RDZV_INVALID_ARGUMENT, "auth is 9"},
       {"token auth without a token file",
        [&](rdzv_client*) {
