@@ -83,8 +83,9 @@ class CtypesLauncherTest(unittest.TestCase):
 
     @staticmethod
     def output(p):
-        p.log.seek(0)
-        return p.log.read().decode("utf-8", "replace")
+        # pread: the child shares this file's offset, and a seek would move its next write.
+        fd = p.log.fileno()
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode("utf-8", "replace")
 
     def wait(self, p, timeout=90):
         try:

@@ -109,8 +109,9 @@ class DemoServer:
         return self._process.pid
 
     def _read_stderr(self):
-        self._stderr.seek(0)
-        return self._stderr.read().decode("utf-8", "replace")
+        # pread: rdzvd shares this file's offset, and a seek would move its next write.
+        fd = self._stderr.fileno()
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode("utf-8", "replace")
 
 
 class RdzvdDuringRealJobs(unittest.TestCase):

@@ -25,6 +25,13 @@ def _die_with_parent():
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
+
+def read_whole(f):
+    """All of a log file a child process writes to. pread, not seek and read: the child shares
+    the file's offset, and a seek would make its next line overwrite what is there."""
+    fd = f.fileno()
+    return os.pread(fd, os.fstat(fd).st_size, 0).decode("utf-8", "replace")
+
 class Rdzvd:
     """rdzvd on free loopback ports (gRPC and metrics), and the agents started against it.
     Leaving the `with` block stops the agents (SIGKILL to their groups) and rdzvd (SIGTERM, then
@@ -89,8 +96,7 @@ class Rdzvd:
     @staticmethod
     def output(process):
         """What an agent started by agent() wrote (stdout and stderr)."""
-        process.log.seek(0)
-        return process.log.read().decode("utf-8", "replace")
+        return read_whole(process.log)
 
     def stop(self):
         """SIGTERM to rdzvd; returns its exit code."""
@@ -131,5 +137,4 @@ class Rdzvd:
     def log(self):
         if self._stderr.closed:
             return self._log_text
-        self._stderr.seek(0)
-        return self._stderr.read().decode("utf-8", "replace")
+        return read_whole(self._stderr)
