@@ -143,6 +143,13 @@ absl::Status Agent::Impl::Prepare() {
     }
     absl::StatusOr<ClientAuth> resolved = ResolveClientAuth(std::move(auth));
     if (!resolved.ok()) return resolved.status();
+    if (config_.mode == "slurm step per node") {
+      spdlog::info(
+          "one step per node: this step joins job {} as node {} of {}, at the rendezvous on the "
+          "allocation's first node {}; it waits up to --join-timeout for the other steps",
+          config_.join.job_id, config_.join.agent.node_index, config_.join.max_agents,
+          config_.rdzv_host);
+    }
     absl::StatusOr<ServerLocation> location = LocateServer(config_, *resolved);
     if (!location.ok()) return location.status();
     location_ = *std::move(location);

@@ -50,6 +50,64 @@ std::vector<int> PortRange(int first) {
   return ports;
 }
 
+void HostOnFirstNode(const std::string& first_node, int port, bool here, AgentConfig& c) {
+  c.rdzv_host = first_node;
+  c.rdzv_ports = PortRange(port);
+  if (here) {
+    c.embedded_server = true;
+    c.embedded_listen_host = "0.0.0.0";
+    c.embedded_ports = c.rdzv_ports;
+  }
+}
+
+// Whether this step is one of several, one per node, that are to form one job: it runs one task
+// on fewer nodes than the allocation has, and --nnodes names the allocation's node count (the
+// shape of `srun -N1 -n1 -w NODE rdzv-agent --nnodes $SLURM_NNODES --node-rank I &` in a loop).
+bool OneStepOfManyPerNode(const AgentFlags& flags, const SlurmEnv& slurm, bool per_node) {
+  return per_node && flags.nnodes_max && *flags.nnodes_min == *flags.nnodes_max &&
+         slurm.job_num_nodes > slurm.num_nodes && *flags.nnodes_max == slurm.job_num_nodes;
+}
+
+// The steps meet on the allocation's first node, at a port derived from the job alone (each step
+// has its own step id), and rank their nodes by --node-rank, else by the node's place in the
+// allocation. Every step's agent starts with its own step: whichever comes first waits for the
+// others, within --join-timeout.
+absl::Status ResolveOneJobOfSteps(const AgentFlags& flags, const SlurmEnv& slurm, AgentConfig& c) {
+  c.mode = "slurm step per node";
+  c.join.min_agents = c.join.max_agents = slurm.job_num_nodes;
+  const auto own = std::find(slurm.job_nodes.begin(), slurm.job_nodes.end(), slurm.node_name);
+  const int place = own == slurm.job_nodes.end() || slurm.node_name.empty()
+                        ? -1
+                        : static_cast<int>(own - slurm.job_nodes.begin());
+  if (flags.node_rank) {
+    if (*flags.node_rank >= slurm.job_num_nodes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--node-rank %d is out of range for the allocation's %d nodes; expected 0..%d",
+          *flags.node_rank, slurm.job_num_nodes, slurm.job_num_nodes - 1));
+    }
+    c.join.agent.node_index = *flags.node_rank;
+  } else if (place >= 0) {
+    c.join.agent.node_index = place;
+  } else {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "this node (SLURMD_NODENAME=%s) is not in SLURM_JOB_NODELIST, so its place among the "
+        "allocation's %d nodes is unknown; pass --node-rank I",
+        absl::CHexEscape(slurm.node_name), slurm.job_num_nodes));
+  }
+  // Workers' SLURM_NODELIST names the allocation when node ranks follow it.
+  if (place == c.join.agent.node_index) c.worker_shape.job_nodes = slurm.job_nodes;
+  if (flags.rdzv_id.empty()) c.join.job_id = absl::StrCat("slurm-", slurm.job_id);
+
+  if (!flags.rdzv_endpoint.empty()) return absl::OkStatus();
+  if (slurm.job_nodes.empty()) {
+    return absl::InvalidArgumentError(
+        "SLURM_JOB_NODELIST is not set, so the allocation's first node (which hosts the "
+        "rendezvous of one step per node) is unknown; pass --rdzv-endpoint HOST:PORT");
+  }
+  HostOnFirstNode(slurm.job_nodes.front(), DerivedPort(slurm.job_id, "steps"), place == 0, c);
+  return absl::OkStatus();
+}
+
 absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentConfig& c) {
   if (!slurm.in_step()) {
     return absl::FailedPreconditionError(
@@ -63,6 +121,9 @@ absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentC
   }
   std::string mode = flags.mode;
   if (mode == "auto") mode = max_tasks_on_a_node > 1 ? "task" : "node";
+  if (OneStepOfManyPerNode(flags, slurm, mode == "node" && max_tasks_on_a_node == 1)) {
+    return ResolveOneJobOfSteps(flags, slurm, c);
+  }
 
   if (mode == "node") {
     if (max_tasks_on_a_node > 1) {
@@ -87,10 +148,19 @@ absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentC
   }
   if (flags.nnodes_max &&
       (*flags.nnodes_min != c.join.min_agents || *flags.nnodes_max != c.join.max_agents)) {
+    const std::string step =
+        absl::StrFormat("the Slurm step, which runs %d %s%s", c.join.max_agents,
+                        mode == "node" ? "node" : "task", c.join.max_agents == 1 ? "" : "s");
+    if (slurm.job_num_nodes <= slurm.num_nodes) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--nnodes %d:%d contradicts %s; drop --nnodes inside srun",
+                          *flags.nnodes_min, *flags.nnodes_max, step));
+    }
     return absl::InvalidArgumentError(absl::StrFormat(
-        "--nnodes %d:%d contradicts the Slurm step, which runs %d %s; drop --nnodes inside srun",
-        *flags.nnodes_min, *flags.nnodes_max, c.join.max_agents,
-        mode == "node" ? "nodes" : "tasks"));
+        "--nnodes %d:%d matches neither %s, nor the allocation's %d nodes; drop --nnodes inside "
+        "srun, or to join one step per node (srun -N1 -n1) into one job pass the allocation's "
+        "node count",
+        *flags.nnodes_min, *flags.nnodes_max, step, slurm.job_num_nodes));
   }
   if (!flags.node_rank) c.join.agent.node_index = slurm.node_id;
   if (flags.rdzv_id.empty()) {
@@ -103,14 +173,8 @@ absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentC
         "SLURM_STEP_NODELIST is not set, so the first node (which hosts the rendezvous) is "
         "unknown; pass --rdzv-endpoint HOST:PORT");
   }
-  const int port = DerivedPort(slurm.job_id, slurm.step_id);
-  c.rdzv_host = slurm.nodes.front();
-  c.rdzv_ports = PortRange(port);
-  if (slurm.node_id == 0 && slurm.local_id <= 0) {
-    c.embedded_server = true;
-    c.embedded_listen_host = "0.0.0.0";
-    c.embedded_ports = c.rdzv_ports;
-  }
+  HostOnFirstNode(slurm.nodes.front(), DerivedPort(slurm.job_id, slurm.step_id),
+                  slurm.node_id == 0 && slurm.local_id <= 0, c);
   return absl::OkStatus();
 }
 

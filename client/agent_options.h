@@ -77,7 +77,8 @@ struct OutputOptions {
 
 // What the agent does, all decided.
 struct AgentConfig {
-  std::string mode;  // "standalone", "explicit", "slurm per-node" or "slurm per-task"
+  // "standalone", "explicit", "slurm per-node", "slurm per-task" or "slurm step per node"
+  std::string mode;
   // What this agent asks of the rendezvous, except what only the running agent knows (its agent
   // id, its addresses and master port): the job id, this node, the job's size and policies.
   JoinSpec join;
@@ -114,6 +115,12 @@ struct LocalProcess {
   int64_t pid = 0;       // names a standalone job
 };
 
+// How many ports after the derived one an embedded server may move to.
+inline constexpr int kEmbeddedPortCandidates = 8;
+
+// The first port an embedded server tries for a Slurm job step: 20000..29999, spread by job.
+int DerivedPort(absl::string_view job_id, absl::string_view step_id);
+
 // Fills in what the flags leave open: from --standalone, from RDZV_ENDPOINT, or from Slurm's
 // variables.
 //
@@ -122,12 +129,11 @@ struct LocalProcess {
 // each agent runs one worker at RANK = SLURM_PROCID). Without an endpoint, the agent with
 // SLURM_NODEID 0 and SLURM_LOCALID 0 hosts the server and the others find it on the step's
 // first node, on a port derived from the job and step id (or one of the few after it).
-// How many ports after the derived one an embedded server may move to.
-inline constexpr int kEmbeddedPortCandidates = 8;
-
-// The first port an embedded server tries for a Slurm job step: 20000..29999, spread by job.
-int DerivedPort(absl::string_view job_id, absl::string_view step_id);
-
+//
+// A one-task step on fewer nodes than the allocation whose --nnodes is the allocation's node
+// count is one of several steps, one per node, that form one job: its id is the Slurm job's, the
+// node index --node-rank (else the node's place in SLURM_JOB_NODELIST), and the agent on the
+// allocation's first node hosts the server at a port derived from the job id alone.
 absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const EnvLookup& env,
                                                const LocalProcess& self);
 

@@ -105,12 +105,19 @@ struct Sources {
   std::optional<Var> num_tasks;
   std::optional<Var> tasks_per_node;
   std::optional<Var> nodes;
+  std::optional<Var> job_num_nodes;
+  std::optional<Var> job_nodes;
 };
 
 absl::Status CheckConsistency(const SlurmEnv& s, const Sources& src) {
   if (src.nodes && src.num_nodes && s.nodes.size() != static_cast<std::size_t>(s.num_nodes)) {
     return Contradiction(*src.nodes, *src.num_nodes,
                          absl::StrCat("the list names ", s.nodes.size(), " nodes"));
+  }
+  if (src.job_nodes && src.job_num_nodes &&
+      s.job_nodes.size() != static_cast<std::size_t>(s.job_num_nodes)) {
+    return Contradiction(*src.job_nodes, *src.job_num_nodes,
+                         absl::StrCat("the list names ", s.job_nodes.size(), " nodes"));
   }
   if (src.tasks_per_node) {
     // Compared with the node list when there is one, else with the node count.
@@ -174,6 +181,7 @@ absl::StatusOr<std::optional<SlurmEnv>> ParseSlurmEnv(const EnvLookup& env) {
   for (const absl::Status& status : {
            ReadInt(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"}, 1,
                    s.num_nodes, src.num_nodes),
+           ReadInt(env, {"SLURM_JOB_NUM_NODES"}, 1, s.job_num_nodes, src.job_num_nodes),
            ReadInt(env, {"SLURM_NODEID"}, 0, s.node_id, src.node_id),
            ReadInt(env, {"SLURM_PROCID"}, 0, s.proc_id, src.proc_id),
            ReadInt(env, {"SLURM_LOCALID"}, 0, s.local_id, src.local_id),
@@ -202,6 +210,16 @@ absl::StatusOr<std::optional<SlurmEnv>> ParseSlurmEnv(const EnvLookup& env) {
           absl::StrCat(src.nodes->name, "=", nodes.status().message()));
     }
     s.nodes = *std::move(nodes);
+  }
+
+  src.job_nodes = Lookup(env, {"SLURM_JOB_NODELIST"});
+  if (src.job_nodes) {
+    absl::StatusOr<std::vector<std::string>> nodes = ExpandHostlist(src.job_nodes->value);
+    if (!nodes.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(src.job_nodes->name, "=", nodes.status().message()));
+    }
+    s.job_nodes = *std::move(nodes);
   }
 
   if (absl::Status status = CheckConsistency(s, src); !status.ok()) return status;

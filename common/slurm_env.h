@@ -34,9 +34,12 @@ struct SlurmEnv {
   int num_tasks = 0;                // SLURM_STEP_NUM_TASKS, else SLURM_NTASKS, SLURM_NPROCS
   std::vector<int> tasks_per_node;  // SLURM_STEP_TASKS_PER_NODE, else SLURM_TASKS_PER_NODE
   std::vector<std::string> nodes;   // SLURM_STEP_NODELIST, else SLURM_NODELIST, SLURM_JOB_NODELIST
-  std::string node_name;            // SLURMD_NODENAME
-  int gpus_on_node = -1;            // SLURM_GPUS_ON_NODE
-  int cpus_per_task = -1;           // SLURM_CPUS_PER_TASK
+  // The whole allocation, which a step may cover only part of (one srun step per node).
+  int job_num_nodes = 0;               // SLURM_JOB_NUM_NODES
+  std::vector<std::string> job_nodes;  // SLURM_JOB_NODELIST
+  std::string node_name;               // SLURMD_NODENAME
+  int gpus_on_node = -1;               // SLURM_GPUS_ON_NODE
+  int cpus_per_task = -1;              // SLURM_CPUS_PER_TASK
 
   // True when this process was launched by srun as a task of a step: SLURM_STEP_ID and
   // SLURM_PROCID are both set. False in a batch script or an salloc shell.
@@ -49,7 +52,8 @@ struct SlurmEnv {
 // Returns InvalidArgumentError, one line naming the variable and its value, when a value is
 // malformed (e.g. SLURM_NODEID="1a") or contradicts another (SLURM_NODEID not below the node
 // count, a node list or tasks-per-node list of the wrong length, SLURM_LOCALID not below this
-// node's task count, SLURM_PROCID not below the task count). Callers prefix the program name.
+// node's task count, SLURM_PROCID not below the task count, SLURM_JOB_NODELIST not naming
+// SLURM_JOB_NUM_NODES nodes). Callers prefix the program name.
 absl::StatusOr<std::optional<SlurmEnv>> ParseSlurmEnv(const EnvLookup& env);
 
 }  // namespace rdzv

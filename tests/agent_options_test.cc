@@ -481,5 +481,107 @@ TEST(AgentOptionsTest, WorkerShapeFlags) {
             true);
 }
 
+// What `srun -N1 -n1 -w NODE` gives its task inside `sbatch -N3` on nodes n1..n3.
+EnvList OneNodeStep(const std::string& node, const std::string& step_id) {
+  return {{"SLURM_JOB_ID", "40"},
+          {"SLURM_STEP_ID", step_id},
+          {"SLURM_JOB_NUM_NODES", "3"},
+          {"SLURM_JOB_NODELIST", "n[1-3]"},
+          {"SLURM_NNODES", "1"},
+          {"SLURM_STEP_NUM_NODES", "1"},
+          {"SLURM_STEP_NODELIST", node},
+          {"SLURM_NTASKS", "1"},
+          {"SLURM_STEP_TASKS_PER_NODE", "1"},
+          {"SLURM_NODEID", "0"},
+          {"SLURM_PROCID", "0"},
+          {"SLURM_LOCALID", "0"},
+          {"SLURMD_NODENAME", node}};
+}
+
+TEST(AgentOptionsTest, OneStepPerNodeFormsOneJob) {
+  const std::vector<std::string> cmd = {"--", "python", "train.py"};
+  auto args = [&](std::vector<std::string> flags) {
+    flags.insert(flags.end(), cmd.begin(), cmd.end());
+    return flags;
+  };
+  // The seeds' loop: srun -N1 -n1 -w ${nodes[i]} ... --nnodes=$SLURM_NNODES --node_rank=$i &
+  absl::StatusOr<AgentConfig> second =
+      Resolve(args({"--nnodes", "3", "--node-rank", "1"}), OneNodeStep("n2", "1"));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->mode, "slurm step per node");
+  EXPECT_EQ(second->join.job_id, "slurm-40");
+  EXPECT_EQ(second->join.min_agents, 3);
+  EXPECT_EQ(second->join.max_agents, 3);
+  EXPECT_EQ(second->join.agent.node_index, 1);
+  EXPECT_EQ(second->join.agent.nproc, 1);
+  EXPECT_EQ(second->rdzv_host, "n1");  // the allocation's first node, not the step's
+  EXPECT_FALSE(second->embedded_server);
+  EXPECT_EQ(second->worker_shape.job_nodes, (std::vector<std::string>{"n1", "n2", "n3"}));
+
+  // The first node's step hosts, at the port every step derives: step ids differ.
+  absl::StatusOr<AgentConfig> first =
+      Resolve(args({"--nnodes=3", "--node-rank=0", "--nproc-per-node=2"}), OneNodeStep("n1", "0"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->embedded_server);
+  EXPECT_EQ(first->embedded_listen_host, "0.0.0.0");
+  EXPECT_EQ(first->embedded_ports, second->rdzv_ports);
+  EXPECT_EQ(first->rdzv_ports, second->rdzv_ports);
+  EXPECT_EQ(first->join.job_id, second->join.job_id);
+  EXPECT_EQ(first->join.agent.nproc, 2);
+
+  // Without --node-rank the node's place in the allocation ranks it.
+  absl::StatusOr<AgentConfig> third = Resolve(args({"--nnodes", "3"}), OneNodeStep("n3", "2"));
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->join.agent.node_index, 2);
+
+  // A node rank that is not the node's place: ranks follow it, and workers get no node list
+  // that would contradict them.
+  absl::StatusOr<AgentConfig> swapped =
+      Resolve(args({"--nnodes", "3", "--node-rank", "2"}), OneNodeStep("n2", "1"));
+  ASSERT_TRUE(swapped.ok()) << swapped.status();
+  EXPECT_EQ(swapped->join.agent.node_index, 2);
+  EXPECT_TRUE(swapped->worker_shape.job_nodes.empty());
+
+  // A step over every node of the allocation stays an ordinary per-node step.
+  EnvList whole = OneNodeStep("n1", "0");
+  for (auto& [name, value] : whole) {
+    if (name == "SLURM_NNODES" || name == "SLURM_STEP_NUM_NODES") value = "3";
+    if (name == "SLURM_STEP_NODELIST") value = "n[1-3]";
+    if (name == "SLURM_STEP_TASKS_PER_NODE") value = "1(x3)";
+    if (name == "SLURM_NTASKS") value = "3";
+  }
+  absl::StatusOr<AgentConfig> ordinary = Resolve(args({"--nnodes", "3"}), whole);
+  ASSERT_TRUE(ordinary.ok()) << ordinary.status();
+  EXPECT_EQ(ordinary->mode, "slurm per-node");
+  EXPECT_EQ(ordinary->join.job_id, "slurm-40.0");
+}
+
+TEST(AgentOptionsTest, OneStepPerNodeMistakesAreNamed) {
+  auto message = [](std::vector<std::string> flags, const EnvList& env) {
+    flags.insert(flags.end(), {"--", "python", "train.py"});
+    absl::StatusOr<AgentConfig> c = Resolve(flags, env);
+    return c.ok() ? std::string("ok") : std::string(c.status().message());
+  };
+  EXPECT_EQ(message({"--nnodes", "2"}, OneNodeStep("n2", "1")),
+            "--nnodes 2:2 matches neither the Slurm step, which runs 1 node, nor the allocation's "
+            "3 nodes; drop --nnodes inside srun, or to join one step per node (srun -N1 -n1) "
+            "into one job pass the allocation's node count");
+  EXPECT_EQ(message({"--nnodes", "3", "--node-rank", "3"}, OneNodeStep("n2", "1")),
+            "--node-rank 3 is out of range for the allocation's 3 nodes; expected 0..2");
+  EXPECT_EQ(message({"--nnodes", "3"}, OneNodeStep("gpu9", "1")),
+            "this node (SLURMD_NODENAME=gpu9) is not in SLURM_JOB_NODELIST, so its place among "
+            "the allocation's 3 nodes is unknown; pass --node-rank I");
+  // Within a step of several tasks each agent is one rank: no steps to join.
+  EnvList tasks = OneNodeStep("n2", "1");
+  for (auto& [name, value] : tasks) {
+    if (name == "SLURM_STEP_TASKS_PER_NODE") value = "2";
+    if (name == "SLURM_NTASKS") value = "2";
+  }
+  EXPECT_EQ(message({"--nnodes", "3"}, tasks),
+            "--nnodes 3:3 matches neither the Slurm step, which runs 2 tasks, nor the "
+            "allocation's 3 nodes; drop --nnodes inside srun, or to join one step per node "
+            "(srun -N1 -n1) into one job pass the allocation's node count");
+}
+
 }  // namespace
 }  // namespace rdzv

@@ -204,6 +204,32 @@ TEST(ParseSlurmEnvTest, Parses) {
   }
 }
 
+// `srun -N1 -n1 -w n2` inside a 3-node allocation: the step has one node, the job three.
+TEST(ParseSlurmEnvTest, KeepsTheAllocationBesideTheStep) {
+  const Vars one_node_step = {
+      {"SLURM_JOB_ID", "40"},       {"SLURM_STEP_ID", "1"},
+      {"SLURM_JOB_NUM_NODES", "3"}, {"SLURM_JOB_NODELIST", "n[1-3]"},
+      {"SLURM_NNODES", "1"},        {"SLURM_STEP_NUM_NODES", "1"},
+      {"SLURM_NODELIST", "n2"},     {"SLURM_STEP_NODELIST", "n2"},
+      {"SLURM_NTASKS", "1"},        {"SLURM_STEP_TASKS_PER_NODE", "1"},
+      {"SLURM_NODEID", "0"},        {"SLURM_PROCID", "0"},
+      {"SLURM_LOCALID", "0"},       {"SLURMD_NODENAME", "n2"},
+  };
+  absl::StatusOr<std::optional<SlurmEnv>> env = ParseSlurmEnv(FakeEnv(one_node_step));
+  ASSERT_TRUE(env.ok()) << env.status();
+  ASSERT_TRUE(env->has_value());
+  EXPECT_EQ((*env)->num_nodes, 1);
+  EXPECT_EQ((*env)->nodes, std::vector<std::string>{"n2"});
+  EXPECT_EQ((*env)->job_num_nodes, 3);
+  EXPECT_EQ((*env)->job_nodes, (std::vector<std::string>{"n1", "n2", "n3"}));
+  // Without the job's variables the allocation is unknown, not guessed from the step.
+  env =
+      ParseSlurmEnv(FakeEnv(Without(one_node_step, {"SLURM_JOB_NUM_NODES", "SLURM_JOB_NODELIST"})));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ((*env)->job_num_nodes, 0);
+  EXPECT_TRUE((*env)->job_nodes.empty());
+}
+
 TEST(ParseSlurmEnvTest, InStepOnlyUnderSrun) {
   EXPECT_TRUE((*ParseSlurmEnv(FakeEnv(kPerNodeStep)))->in_step());
   EXPECT_TRUE((*ParseSlurmEnv(FakeEnv(kUnevenStep)))->in_step());
@@ -297,6 +323,13 @@ const ErrorCase kErrorCases[] = {
     {"proc_id_beyond_tasks",
      With(kPerTaskStep, {{"SLURM_PROCID", "4"}}),
      {"SLURM_PROCID=\"4\" contradicts SLURM_STEP_NUM_TASKS=\"4\"", "task ids stop at 3"}},
+    {"job_nodelist_shorter_than_job_node_count",
+     With(kPerNodeStep, {{"SLURM_JOB_NODELIST", "gpu[001-002]"}}),
+     {"SLURM_JOB_NODELIST=\"gpu[001-002]\" contradicts SLURM_JOB_NUM_NODES=\"3\"",
+      "the list names 2 nodes"}},
+    {"job_node_count_zero",
+     With(kPerNodeStep, {{"SLURM_JOB_NUM_NODES", "0"}}),
+     {"SLURM_JOB_NUM_NODES=\"0\" is invalid (below 1)"}},
 };
 
 TEST(ParseSlurmEnvTest, RefusesMalformedOrContradictoryValues) {

@@ -115,5 +115,62 @@ class GresTest(LaunchShapeTest):
                          [(0, "0"), (1, "1"), (2, "2"), (3, "3")])
 
 
+# The seeds' loop of one srun step per node, with rdzv-agent in place of the torch launcher. The
+# steps start seconds apart and the first node's, which hosts the rendezvous, comes last.
+STEP_LOOP = textwrap.dedent("""\
+    #!/bin/bash
+    agent="$1"; nnodes="$2"; shift 2
+    nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
+    pids=()
+    for i in $(seq $((SLURM_NNODES - 1)) -1 0); do
+      srun -N1 -n1 -w "${nodes[$i]}" "$agent" --nnodes "$nnodes" --node-rank "$i" "$@" &
+      pids+=($!)
+      sleep 2
+    done
+    rc=0
+    for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+    exit $rc
+""")
+
+
+class StepPerNodeTest(LaunchShapeTest):
+    def run_loop(self, nnodes, agent_args):
+        script = os.path.join(self.tmp, "steps.sh")
+        with open(script, "w") as f:
+            f.write(STEP_LOOP)
+        out_dir = self.out_dir()
+        code, job_id, output = self.sbatch(
+            script, ["--nodes=3"],
+            [test_slurm.AGENT, str(nnodes), *agent_args, "--", sys.executable, self.reader,
+             out_dir], timeout=180)
+        return code, job_id, output, out_dir
+
+    def test_steps_started_apart_form_one_job(self):
+        code, job_id, output, out_dir = self.run_loop(3, ["--nproc-per-node", "2"])
+        self.assertEqual(code, 0, output)
+        records = self.records(out_dir, 6)
+        envs = [r["env"] for r in records]
+        # Three steps, one rendezvous, one master for all six ranks.
+        self.assertEqual(len({e["SLURM_STEP_ID"] for e in envs}), 3, output)
+        self.assertEqual({e["TORCHELASTIC_RUN_ID"] for e in envs}, {f"slurm-{job_id}"})
+        self.assertEqual(len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}), 1)
+        # Node i of the loop (started with --node-rank i on the allocation's node i) runs ranks
+        # 2i and 2i+1, and its workers' Slurm variables agree.
+        table = sorted((int(e["RANK"]), int(e["LOCAL_RANK"]), int(e["GROUP_RANK"]),
+                        int(e["WORLD_SIZE"]), e["SLURMD_NODENAME"], r["global_rank"],
+                        r["local_rank"], r["node_rank"], r["world_size"], e["SLURM_NODELIST"])
+                       for r, e in zip(records, envs))
+        self.assertEqual(table, [(rank, rank % 2, rank // 2, 6, f"n{rank // 2 + 1}", rank,
+                                  rank % 2, rank // 2, 6, "n[1-3]") for rank in range(6)])
+        self.assertEqual(output.count("one step per node"), 3, output)
+
+    def test_a_count_that_is_neither_step_nor_allocation_is_refused(self):
+        code, _, output, out_dir = self.run_loop(2, [])
+        self.assertNotEqual(code, 0, output)
+        self.assertIn("--nnodes 2:2 matches neither the Slurm step, which runs 1 node, nor the "
+                      "allocation's 3 nodes", output)
+        self.assertEqual(os.listdir(out_dir), [])
+
+
 if __name__ == "__main__":
     unittest.main()
