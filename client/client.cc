@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "client/client_calls.h"
 #include "common/auth.h"
 #include "common/grpc_status.h"
 #include "common/net.h"
@@ -22,160 +23,9 @@
 #include "rdzv/v1/rdzv.grpc.pb.h"
 
 namespace rdzv {
-namespace {
 
-// The Join streams of one Client that still exist. A stream's ClientContext holds the channel,
-// and a stream may end on a gRPC callback thread; if that dropped the last reference to the
-// channel, grpc++ would shut down its callback queue from that very thread, join the thread
-// itself and abort the process. So ~Client waits until none is left before the channel goes.
-struct LiveCalls {
-  absl::Mutex mu;
-  int count ABSL_GUARDED_BY(mu) = 0;
-};
-
-// Counts in LiveCalls for as long as it exists.
-class LiveCallToken {
- public:
-  explicit LiveCallToken(std::shared_ptr<LiveCalls> calls) : calls_(std::move(calls)) {
-    absl::MutexLock lock(&calls_->mu);
-    ++calls_->count;
-  }
-  ~LiveCallToken() {
-    absl::MutexLock lock(&calls_->mu);
-    --calls_->count;
-  }
-  LiveCallToken(const LiveCallToken&) = delete;
-  LiveCallToken& operator=(const LiveCallToken&) = delete;
-
- private:
-  const std::shared_ptr<LiveCalls> calls_;
-};
-
-// One unary call made with the callback API: it owns what the call needs until its callback
-// has run. The token is the first member, so that it goes last, after the context has let go
-// of the channel.
-template <typename Request, typename Response>
-struct UnaryCall {
-  explicit UnaryCall(std::shared_ptr<LiveCalls> calls) : token(std::move(calls)) {}
-  LiveCallToken token;
-  grpc::ClientContext context;
-  Request request;
-  Response response;
-};
-
-}  // namespace
-
-// One Join stream. Lives until gRPC calls OnDone (it holds a reference to itself until then),
-// so the client may drop it at any time.
-class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
-                               public std::enable_shared_from_this<JoinCall> {
- public:
-  JoinCall(Handlers handlers, std::shared_ptr<LiveCalls> live)
-      : token_(std::move(live)), handlers_(std::move(handlers)) {}
-
-  grpc::ClientContext& context() { return context_; }
-
-  void Start(v1::Rendezvous::Stub* stub, const v1::JoinRequest& request) {
-    request_ = request;
-    // The stream lasts as long as the job; its deadline only bounds a forgotten stream.
-    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(24 * 30));
-    self_ = shared_from_this();
-    stub->async()->Join(&context_, &request_, this);
-    StartRead(&event_);
-    StartCall();
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows with the status.
-    switch (event_.event_case()) {
-      case v1::JoinEvent::kProgress:
-        if (handlers_.on_progress) handlers_.on_progress(FromProto(event_.progress()));
-        break;
-      case v1::JoinEvent::kAssignment: {
-        absl::MutexLock lock(&mu_);
-        assignment_ = FromProto(event_.assignment());
-        break;
-      }
-      case v1::JoinEvent::kAbort: {
-        const AbortEvent abort = FromProto(event_.abort());
-        bool assigned;
-        {
-          absl::MutexLock lock(&mu_);
-          assigned = assignment_.has_value();
-          if (!assigned) early_abort_ = abort;
-        }
-        if (assigned && handlers_.on_abort) handlers_.on_abort(abort);
-        break;
-      }
-      case v1::JoinEvent::EVENT_NOT_SET:
-        break;
-    }
-    StartRead(&event_);
-  }
-
-  void OnDone(const grpc::Status& status) override {
-    std::shared_ptr<JoinCall> keep = std::move(self_);
-    bool report_lost;
-    {
-      absl::MutexLock lock(&mu_);
-      done_ = true;
-      status_ = FromGrpcStatus(status);
-      report_lost = assignment_.has_value() && !leaving_ && !status.ok();
-    }
-    if (report_lost && handlers_.on_lost) handlers_.on_lost(FromGrpcStatus(status));
-  }
-
-  // Waits until the assignment arrives, the stream ends, or `deadline`.
-  void Await(absl::Time deadline) {
-    absl::MutexLock lock(&mu_);
-    mu_.AwaitWithDeadline(absl::Condition(
-                              +[](JoinCall* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
-                                return c->done_ || c->assignment_.has_value();
-                              },
-                              this),
-                          deadline);
-  }
-
-  void AwaitDone() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&done_));
-  }
-
-  std::optional<AssignmentEvent> assignment() {
-    absl::MutexLock lock(&mu_);
-    return assignment_;
-  }
-  std::optional<absl::Status> final_status() {
-    absl::MutexLock lock(&mu_);
-    if (!done_) return std::nullopt;
-    return status_;
-  }
-  std::optional<AbortEvent> early_abort() {
-    absl::MutexLock lock(&mu_);
-    return early_abort_;
-  }
-  void MarkLeaving() {
-    absl::MutexLock lock(&mu_);
-    leaving_ = true;
-  }
-  void Cancel() { context_.TryCancel(); }
-
- private:
-  // First, so that it goes last: after context_ has let go of the channel.
-  LiveCallToken token_;
-  const Handlers handlers_;
-  grpc::ClientContext context_;
-  v1::JoinRequest request_;
-  v1::JoinEvent event_;
-  std::shared_ptr<JoinCall> self_;
-
-  absl::Mutex mu_;
-  std::optional<AssignmentEvent> assignment_ ABSL_GUARDED_BY(mu_);
-  std::optional<AbortEvent> early_abort_ ABSL_GUARDED_BY(mu_);
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  bool leaving_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-};
+using internal::LiveCalls;
+using internal::UnaryCall;
 
 struct Client::Impl {
   ClientOptions options;
