@@ -24,6 +24,9 @@
 
 namespace rdzv {
 
+// How long a join keeps trying while no credential can be made (munged does not answer).
+constexpr absl::Duration kCredentialRetryWindow = absl::Seconds(15);
+
 using internal::LiveCalls;
 using internal::UnaryCall;
 
@@ -156,6 +159,7 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
         absl::StrFormat("cannot reach the rendezvous server at %s for %s (%s)", EndpointNames(),
                         absl::FormatDuration(timeout), last.message()));
   };
+  absl::Time credential_failing_since = absl::InfiniteFuture();
   for (int attempt = 0;; ++attempt) {
     auto call = std::make_shared<JoinCall>(handlers, impl_->live_calls);
     std::shared_ptr<JoinCall> previous;
@@ -173,8 +177,21 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
       return unreachable();
     }
     if (absl::Status s = impl_->Authorize(call->context(), "Join", spec.job_id); !s.ok()) {
-      return s;
+      // munged restarting (a package upgrade, a node's reconfiguration) fails credentials for a
+      // moment: try again for a short while before reporting it.
+      const absl::Time now = absl::Now();
+      credential_failing_since = std::min(credential_failing_since, now);
+      if (s.code() != absl::StatusCode::kUnavailable || now >= deadline ||
+          now - credential_failing_since >= kCredentialRetryWindow) {
+        return s;
+      }
+      const absl::Duration delay =
+          std::min(deadline - now, BackoffDelay(impl_->options.backoff, attempt, unit(impl_->rng)));
+      absl::MutexLock lock(&impl_->mu);
+      impl_->mu.AwaitWithTimeout(absl::Condition(&stopped), delay);
+      continue;
     }
+    credential_failing_since = absl::InfiniteFuture();
     call->Start(impl_->stub(), request);
     call->Await(deadline);
     if (std::optional<AssignmentEvent> a = call->assignment()) return *a;

@@ -96,7 +96,8 @@ class Client {
   // Joins `spec.job_id` and blocks until this agent's assignment arrives. Refusals come back
   // as the server's status (InvalidArgument, FailedPrecondition: do not retry); an unreachable
   // server as Unavailable and a round that did not fill in time as DeadlineExceeded, both after
-  // join_timeout; Cancelled after Cancel().
+  // join_timeout; Cancelled after Cancel(). When munged does not answer, the join tries again
+  // for up to 15 seconds (a munged restart) and then returns munged's Unavailable.
   absl::StatusOr<AssignmentEvent> Join(const JoinSpec& spec, Handlers handlers);
   // The same with its own time limit instead of join_timeout (a resume after a lost server).
   absl::StatusOr<AssignmentEvent> Join(const JoinSpec& spec, Handlers handlers,

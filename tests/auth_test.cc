@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -44,10 +45,19 @@ class AuthTest : public ::testing::Test {
     }
     ASSERT_EQ(chmod(key.c_str(), 0600), 0);
     socket_ = dir_.File("munge.socket");
-    munged_.emplace(SubprocessOptions{
-        .argv = {"munged", "--foreground", "--force", "--socket=" + socket_, "--key-file=" + key,
-                 "--pid-file=" + dir_.File("munged.pid"), "--log-file=" + dir_.File("munged.log"),
-                 "--seed-file=" + dir_.File("munged.seed")}});
+    munged_argv_ = {"munged",
+                    "--foreground",
+                    "--force",
+                    "--socket=" + socket_,
+                    "--key-file=" + key,
+                    "--pid-file=" + dir_.File("munged.pid"),
+                    "--log-file=" + dir_.File("munged.log"),
+                    "--seed-file=" + dir_.File("munged.seed")};
+    StartMunged();
+  }
+
+  void StartMunged() {
+    munged_.emplace(SubprocessOptions{.argv = munged_argv_});
     for (int i = 0; i < 100 && !MungeWorks(socket_); ++i) usleep(50'000);
     ASSERT_TRUE(MungeWorks(socket_)) << munged_->Stderr();
   }
@@ -120,9 +130,38 @@ class AuthTest : public ::testing::Test {
   testing::ScopedTempDir dir_;
   std::string socket_;
   std::string endpoint_;
+  std::vector<std::string> munged_argv_;
   std::optional<Subprocess> munged_;
   std::optional<Subprocess> rdzvd_;
 };
+
+// munged restarting while agents (told to use MUNGE) start: their joins wait for it instead of
+// failing.
+TEST_F(AuthTest, AgentsWaitOutAMungedRestart) {
+  StartRdzvd("munge");
+  munged_->Signal(SIGTERM);
+  munged_->Wait(kWait);
+  ASSERT_FALSE(MungeWorks(socket_));
+  const std::vector<std::string> auth = {"--auth", "munge", "--munge-socket", socket_};
+  Subprocess node0(Agent("restart", 0, auth));
+  Subprocess node1(Agent("restart", 1, auth));
+  // Both have tried and failed to make a credential by the time munged is back.
+  usleep(1'500'000);
+  ASSERT_TRUE(node0.Running()) << node0.Stderr();
+  ASSERT_TRUE(node1.Running()) << node1.Stderr();
+  StartMunged();
+  ExpectRanks(node0, node1);
+}
+
+// munged that stays away: the join gives up with munged's own line, long before --join-timeout.
+TEST_F(AuthTest, AgentWithoutMungedSaysSoAndExits) {
+  StartRdzvd("munge");
+  Subprocess agent(
+      Agent("nomunge", 0, {"--auth", "munge", "--munge-socket", dir_.File("absent.socket")}));
+  EXPECT_EQ(agent.Wait(kWait), 1) << agent.Stderr();
+  EXPECT_THAT(agent.Stderr(), HasSubstr("is munged running"));
+  EXPECT_THAT(agent.Stderr(), HasSubstr("absent.socket"));
+}
 
 TEST_F(AuthTest, AnotherUserCannotSeeStopOrJoinAJob) {
   StartRdzvd("munge");
