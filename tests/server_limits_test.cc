@@ -176,6 +176,30 @@ TEST_F(ServerLimitsTest, OneUsersJobsAndAgentsAreCapped) {
   for (Joined& j : held) Refusal(j);
 }
 
+// A second join under an agent id the job has, with another --nproc-per-node, is refused over
+// the wire with the one line naming both values; the agent that holds the id keeps its place.
+TEST_F(ServerLimitsTest, RejoinUnderTheSameAgentIdWithAnotherNprocIsRefused) {
+  Start();
+  Joined first = Join(JoinOf("j", "a0", 2));
+  v1::JoinRequest reshaped = JoinOf("j", "a0", 2);
+  reshaped.set_nproc(4);
+  Joined second = Join(reshaped);
+  const grpc::Status s = Refusal(second);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_EQ(s.error_message(),
+            "agent a0 already joined job j with --nproc-per-node 1 and now asks for 4; rejoin "
+            "with --nproc-per-node 1, or give a launcher of another shape its own agent id");
+
+  Joined other = Join(JoinOf("j", "b0", 2));
+  for (Joined* j : {&first, &other}) {
+    v1::JoinEvent event;
+    ASSERT_TRUE(ReadUntil(*j, v1::JoinEvent::kAssignment, &event));
+    EXPECT_EQ(event.assignment().world_size(), 2);
+    j->context->TryCancel();
+    Refusal(*j);
+  }
+}
+
 TEST_F(ServerLimitsTest, HugeStderrReachesTheOtherAgentsCut) {
   Start();
   Joined a = Join(JoinOf("big", "a0", 2));
