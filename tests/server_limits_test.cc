@@ -146,7 +146,11 @@ TEST_F(ServerLimitsTest, OneUsersJobsAndAgentsAreCapped) {
   Joined third_job = Join(JoinOf("job-3", "c0", 2));
   grpc::Status s = Refusal(third_job);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
-  EXPECT_TRUE(absl::StrContains(s.error_message(), "--max-jobs-per-user")) << s.error_message();
+  // Without authentication there is no user to name: every caller shares the one limit.
+  EXPECT_EQ(s.error_message(),
+            "rdzvd runs with --auth none, so all callers share one limit of 2 jobs "
+            "(--max-jobs-per-user), and it is reached; wait for some to end, raise "
+            "--max-jobs-per-user or turn on authentication");
 
   held.push_back(Join(JoinOf("job-1", "a1", 2)));
   v1::JoinEvent event;
@@ -154,7 +158,10 @@ TEST_F(ServerLimitsTest, OneUsersJobsAndAgentsAreCapped) {
   Joined fourth = Join(JoinOf("job-2", "b1", 2));
   s = Refusal(fourth);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
-  EXPECT_TRUE(absl::StrContains(s.error_message(), "--max-agents-per-user")) << s.error_message();
+  EXPECT_EQ(s.error_message(),
+            "rdzvd runs with --auth none, so all callers share one limit of 3 attached agents "
+            "(--max-agents-per-user), and it is reached; wait for some jobs to end, raise "
+            "--max-agents-per-user or turn on authentication");
 
   // Once streams close, the user may attach again.
   held[1].context->TryCancel();
@@ -233,6 +240,38 @@ TEST_F(ServerLimitsTest, HugeStderrReachesTheOtherAgentsCut) {
   b.context->TryCancel();
   Refusal(a);
   Refusal(b);
+}
+
+// With authentication the refusal names the user whose cap it is; without it, every caller is
+// one user, and the refusal says so and how to change it.
+TEST(UserCapErrorTest, NamesTheUserOrSaysAllCallersShareOneLimit) {
+  struct Case {
+    UserCap cap;
+    bool auth_none;
+    std::string message;
+  };
+  const Case cases[] = {
+      {UserCap::kJobs, false,
+       "uid 1000 has 5 jobs on this rendezvous server already, its --max-jobs-per-user; wait for "
+       "some to end, or ask its administrator"},
+      {UserCap::kAgents, false,
+       "uid 1000 has 5 agents attached to this rendezvous server already, its "
+       "--max-agents-per-user; wait for some jobs to end, or ask its administrator"},
+      {UserCap::kJobs, true,
+       "rdzvd runs with --auth none, so all callers share one limit of 4 jobs "
+       "(--max-jobs-per-user), and it is reached; wait for some to end, raise "
+       "--max-jobs-per-user or turn on authentication"},
+      {UserCap::kAgents, true,
+       "rdzvd runs with --auth none, so all callers share one limit of 4 attached agents "
+       "(--max-agents-per-user), and it is reached; wait for some jobs to end, raise "
+       "--max-agents-per-user or turn on authentication"},
+  };
+  for (const Case& c : cases) {
+    const absl::Status s = UserCapError(c.cap, c.auth_none, "uid 1000", 5, 4);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_EQ(s.message(), c.message);
+    EXPECT_FALSE(absl::StrContains(s.message(), "\n")) << s;
+  }
 }
 
 }  // namespace
