@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Random faults against real jobs on loopback: each round starts a real rdzvd and a job of real
 rdzv-agents whose workers sleep, then does one fault picked at random: SIGKILL to a worker, to
-an agent or to rdzvd, or SIGSTOP to an agent or to rdzvd (SIGCONT once the others are done).
+an agent or to rdzvd, or SIGSTOP to an agent or to rdzvd (SIGCONT once the others are done), or
+SIGKILL to an agent that still waits for the rest of its job.
 
 Each round checks what a user would: every agent exits within the bound its flags state, with a
 non-zero code and a line on stderr that says why the job failed; afterwards none of the round's
@@ -30,6 +31,7 @@ NPROC = 2
 # The bounds the flags below set.
 SERVER_KEEPALIVE_S = 0.3  # rdzvd --keepalive-ms and --keepalive-timeout-ms: a lost agent
 RECONNECT_S = 1.0         # rdzv-agent --reconnect-timeout: a lost rdzvd
+JOIN_S = 3.0              # rdzv-agent --join-timeout of a job that never fills
 TERM_S = 1.0              # rdzv-agent --term-timeout: SIGTERM to SIGKILL of the workers
 # The agent's own pings to rdzvd (5 s apart, 5 s for the answer): how long a frozen rdzvd,
 # whose connections stay open, takes to be noticed. No flag sets them.
@@ -37,9 +39,11 @@ CLIENT_KEEPALIVE_S = 10.0
 # Room for a loaded machine (two cores shared with builds) on every bound.
 SLACK_S = 5.0
 
-FAULTS = ("kill-worker", "kill-agent", "kill-rdzvd", "stop-agent", "stop-rdzvd")
+# kill-joining-agent: SIGKILL to an agent that waits for a job that never fills.
+FAULTS = ("kill-worker", "kill-agent", "kill-rdzvd", "stop-agent", "kill-joining-agent",
+          "stop-rdzvd")
 # stop-rdzvd waits out the agents' keepalive: it is done once per run, the others at random.
-CHEAP_FAULTS = FAULTS[:4]
+CHEAP_FAULTS = FAULTS[:-1]
 
 WORKER = 'echo $$ > "$CHAOS_PIDS/$RANK.tmp" && mv "$CHAOS_PIDS/$RANK.tmp" "$CHAOS_PIDS/$RANK"; ' \
          'sleep 600 & wait'
@@ -124,13 +128,15 @@ class Round:
         self.agents = []
         self.sessions = set()
 
-    def start(self):
+    def start(self, nodes=NODES, join_timeout_s=30):
+        """rdzvd, and the agents of the first `nodes` of the job's NODES nodes."""
         log = os.path.join(self.dir, "rdzvd.err")
         with open(log, "wb") as err:
             self.rdzvd = subprocess.Popen(
                 [RDZVD, "--auth", "none", "--listen", "127.0.0.1:0",
                  "--keepalive-ms", str(int(SERVER_KEEPALIVE_S * 1000)),
-                 "--keepalive-timeout-ms", str(int(SERVER_KEEPALIVE_S * 1000))],
+                 "--keepalive-timeout-ms", str(int(SERVER_KEEPALIVE_S * 1000)),
+                 "--progress-interval-ms", "200"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=self.env,
                 start_new_session=True, preexec_fn=die_with_parent)
         self.sessions.add(self.rdzvd.pid)
@@ -139,7 +145,7 @@ class Round:
         if not isinstance(port, re.Match):
             raise AssertionError("rdzvd did not start: %s" % read_text(log))
         endpoint = "127.0.0.1:%s" % port.group(1)
-        for node in range(NODES):
+        for node in range(nodes):
             out = open(os.path.join(self.dir, "agent-%d.out" % node), "wb")
             err = open(os.path.join(self.dir, "agent-%d.err" % node), "wb")
             with out, err:
@@ -147,7 +153,8 @@ class Round:
                     [AGENT, "--auth", "none", "--rdzv-endpoint", endpoint, "--rdzv-id", self.job,
                      "--nnodes", str(NODES), "--node-rank", str(node),
                      "--host-name", "n%d" % node, "--nproc-per-node", str(NPROC),
-                     "--join-timeout", "30", "--reconnect-timeout", "%gs" % RECONNECT_S,
+                     "--join-timeout", "%gs" % join_timeout_s,
+                     "--reconnect-timeout", "%gs" % RECONNECT_S,
                      "--term-timeout", "%gs" % TERM_S, "--", "/bin/sh", "-c", WORKER],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=self.env,
                     start_new_session=True, preexec_fn=die_with_parent)
@@ -217,6 +224,9 @@ class ChaosTest(unittest.TestCase):
     def run_round(self, number, fault, rng):
         r = Round(number)
         try:
+            if fault == "kill-joining-agent":
+                self.kill_joining_agent(r, rng)
+                return
             r.start()
             running = wait_until(lambda: len(r.worker_pids()) == NODES * NPROC, 30)
             self.assertTrue(running, "the job did not start its workers\n" + r.describe())
@@ -252,26 +262,42 @@ class ChaosTest(unittest.TestCase):
                                    "lost the rendezvous server at .* could not rejoin within 1s")
                 r.rdzvd.send_signal(signal.SIGCONT)
 
-            # rdzvd, where it still runs, has come through and stops cleanly.
-            if r.rdzvd.poll() is None:
-                r.rdzvd.send_signal(signal.SIGTERM)
-                self.assertEqual(r.rdzvd.wait(timeout=20), 0, r.describe())
-
-            # Nothing of the job is left: no process (the killed agent's workers go with it, by
-            # their guards) and no run directory (the guards remove a killed agent's).
-            left = wait_until(lambda: not processes_of_round(r.marker, r.sessions), 10)
-            self.assertTrue(left, "processes left: %s" % processes_of_round(r.marker, r.sessions))
-            for rank, pid in workers.items():
-                self.assertFalse(process_alive(pid), "worker of rank %d is left" % rank)
-            wait_until(lambda: not r.run_dirs(), 5)
-            self.assertEqual(r.run_dirs(), [], "run directories left in %s" % r.tmp)
+            self.expect_nothing_left(r, workers)
         finally:
             r.stop_everything()
 
+    def kill_joining_agent(self, r, rng):
+        """All but one node's agents join a job that never fills; one of them is killed while it
+        waits, and the others give up at their --join-timeout."""
+        r.start(nodes=NODES - 1, join_timeout_s=JOIN_S)
+        waiting = wait_until(lambda: all("waiting for 1 of %d nodes" % NODES in r.stderr(n)
+                                         for n in range(NODES - 1)), 30)
+        self.assertTrue(waiting, "the agents did not join\n" + r.describe())
+        node = rng.randrange(NODES - 1)
+        r.agents[node].send_signal(signal.SIGKILL)
+        self.assertEqual(r.agents[node].wait(timeout=5), -signal.SIGKILL)
+        self.expect_failed(r, [n for n in range(NODES - 1) if n != node], JOIN_S + TERM_S,
+                           "the rendezvous did not complete within 3s")
+        self.expect_nothing_left(r, {})
+
+    def expect_nothing_left(self, r, workers):
+        """rdzvd, where it still runs, has come through and stops cleanly; nothing of the job is
+        left: no process (a killed agent's workers go with it, by their guards) and no run
+        directory (a killed agent's guards remove it; before it has workers it has none)."""
+        if r.rdzvd.poll() is None:
+            r.rdzvd.send_signal(signal.SIGTERM)
+            self.assertEqual(r.rdzvd.wait(timeout=20), 0, r.describe())
+        left = wait_until(lambda: not processes_of_round(r.marker, r.sessions), 10)
+        self.assertTrue(left, "processes left: %s" % processes_of_round(r.marker, r.sessions))
+        for rank, pid in workers.items():
+            self.assertFalse(process_alive(pid), "worker of rank %d is left" % rank)
+        wait_until(lambda: not r.run_dirs(), 5)
+        self.assertEqual(r.run_dirs(), [], "run directories left in %s" % r.tmp)
+
     def expect_failed(self, r, nodes, bound_s, cause):
         """The agents of `nodes` exit within bound_s (plus slack for a loaded machine) with a
-        non-zero code, each with a line on stderr that says the job failed and why (`cause`, a
-        regular expression)."""
+        non-zero code, each with one error line on stderr about the job that says why (`cause`,
+        a regular expression)."""
         limit = bound_s + SLACK_S
         deadline = time.monotonic() + limit
         for node in nodes:
@@ -285,7 +311,7 @@ class ChaosTest(unittest.TestCase):
                           % (node, limit, bound_s, SLACK_S, r.describe()))
             self.assertNotEqual(code, 0, "agent %d\n%s" % (node, r.describe()))
             lines = [line for line in r.stderr(node).splitlines()
-                     if "job %s failed: " % r.job in line]
+                     if re.match(r"rdzv-agent E \S+ job %s[: ]" % r.job, line)]
             self.assertEqual(len(lines), 1, "agent %d\n%s" % (node, r.describe()))
             self.assertRegex(lines[0], cause, "agent %d\n%s" % (node, r.describe()))
 
