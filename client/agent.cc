@@ -113,6 +113,7 @@ class Agent::Impl {
   JoinSpec spec_;  // this agent's join, as of its latest round
   std::optional<ReservedPort> master_port_;
   std::string run_dir_;  // the workers' error files
+  bool run_dir_made_ = false;
   std::unique_ptr<WorkerGroup> workers_;
   std::unique_ptr<WatchdogFifo> watchdog_;  // null when the user names a timer file of their own
   int32_t first_local_rank_ = 0;            // of the workers that run
@@ -170,7 +171,6 @@ absl::Status Agent::Impl::Prepare() {
   if (!port.ok()) return port.status();
   master_port_ = *std::move(port);
 
-  run_dir_ = MakeRunDir(spec_.job_id);
   if (!config_.output.log_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(config_.output.log_dir, ec);
@@ -188,8 +188,6 @@ absl::Status Agent::Impl::Prepare() {
   callbacks.on_all_done = [this] { Handle(lifecycle_->AllWorkersDone()); };
   workers_ = std::make_unique<WorkerGroup>(io_, *launcher_, config_.output, config_.term_timeout,
                                            std::move(callbacks));
-
-  if (absl::Status s = OpenWatchdog(); !s.ok()) return s;
 
   LifecycleOptions options;
   options.job_id = spec_.job_id;
@@ -305,6 +303,16 @@ void Agent::Impl::Do(const agent_action::Join& join) {
 void Agent::Impl::Do(const agent_action::StartWorkers& start) {
   // Rank 0's first worker binds this port for its TCPStore.
   master_port_.reset();
+  // The run directory is made now, not while the agent waits for the others: only the workers'
+  // guards remove it should the agent be killed, and before the first workers there are none.
+  if (!run_dir_made_) {
+    run_dir_made_ = true;
+    run_dir_ = MakeRunDir(spec_.job_id);
+    if (absl::Status s = OpenWatchdog(); !s.ok()) {
+      Handle(lifecycle_->WorkersStartFailed(s, WallMicros()));
+      return;
+    }
+  }
   WorkerContext ctx;
   ctx.assignment = start.assignment;
   ctx.nproc = spec_.agent.nproc;

@@ -323,6 +323,11 @@ AgentActions AgentLifecycle::MaybeFinish() {
     actions.push_back(Info(absl::StrFormat("job %s: all %d workers on %s succeeded",
                                            options_.job_id, options_.nproc, options_.host)));
   }
+  if (outcome_ && outcome_->cause == AbortCause::kServerLost) {
+    // Nothing to leave, and a frozen server would hold the exit for a whole call deadline.
+    Append(actions, Finish());
+    return actions;
+  }
   phase_ = Phase::kLeaving;
   actions.push_back(agent_action::Leave{});
   return actions;

@@ -114,6 +114,24 @@ absl::Status ValidateSpec(const JoinSpec& spec) {
   return absl::OkStatus();
 }
 
+// A member's shape is fixed once it has joined: its place among the claims and its ranks were
+// (or will be) worked out from it. A join under the same agent id that changes it would take
+// the member's place with a different shape, so it is refused, naming both values.
+absl::Status SameShape(const std::string& job_id, const AgentSpec& held, const AgentSpec& asked) {
+  const auto refuse = [&](absl::string_view flag, int64_t was, int64_t now) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "agent %s already joined job %s with %s %d and now asks for %d; rejoin with %s %d, or "
+        "give a launcher of another shape its own agent id",
+        held.agent_id, job_id, flag, was, now, flag, was));
+  };
+  if (asked.nproc != held.nproc) return refuse("--nproc-per-node", held.nproc, asked.nproc);
+  if (asked.node_index != held.node_index) {
+    return refuse("--node-rank", held.node_index, asked.node_index);
+  }
+  if (asked.order != held.order) return refuse("global position", held.order, asked.order);
+  return absl::OkStatus();
+}
+
 std::string SizeText(int32_t min, int32_t max) {
   return min == max ? absl::StrFormat("%d", max) : absl::StrFormat("%d:%d", min, max);
 }
@@ -230,6 +248,9 @@ void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec,
     if (static_cast<int32_t>(job->members.size()) >= job->assignment.agents) {
       job->resume_deadline = 0;  // everyone is back
     }
+  } else if (absl::Status s = SameShape(job->id, it->second.spec.agent, spec.agent); !s.ok()) {
+    out.closes.push_back({stream, std::move(s)});
+    return;
   } else if (it->second.stream != 0 && it->second.stream != stream) {
     out.closes.push_back({it->second.stream, absl::AbortedError("replaced by a newer join")});
   }
@@ -306,6 +327,10 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
   if (member_it != job->members.end()) {
     // The same agent again (a retried join): the new stream replaces the old one.
     Member& member = member_it->second;
+    if (absl::Status s = SameShape(job->id, member.spec.agent, spec.agent); !s.ok()) {
+      out.closes.push_back({stream, std::move(s)});
+      return;
+    }
     if (member.stream != 0 && member.stream != stream) {
       out.closes.push_back({member.stream, absl::AbortedError("replaced by a newer join")});
     }

@@ -321,19 +321,16 @@ void RendezvousService::EraseStream(absl::flat_hash_map<StreamId, Stream>::itera
 
 absl::Status RendezvousService::CheckUserLimits(const Caller& caller, const RendezvousState& state,
                                                 const std::string& job_id) const {
+  const bool auth_none = options_.auth.mode == AuthMode::kNone;
   if (!state.has_job(job_id) &&
       static_cast<int64_t>(state.job_count()) >= options_.max_jobs_per_user) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "%s has %d jobs on this rendezvous server already, its --max-jobs-per-user; wait for "
-        "some to end, or ask its administrator",
-        caller.name, state.job_count()));
+    return UserCapError(UserCap::kJobs, auth_none, caller.name,
+                        static_cast<int64_t>(state.job_count()), options_.max_jobs_per_user);
   }
   auto count = streams_per_user_.find(&state);
   if (count != streams_per_user_.end() && count->second >= options_.max_agents_per_user) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "%s has %d agents attached to this rendezvous server already, its "
-        "--max-agents-per-user; wait for some jobs to end, or ask its administrator",
-        caller.name, count->second));
+    return UserCapError(UserCap::kAgents, auth_none, caller.name, count->second,
+                        options_.max_agents_per_user);
   }
   return absl::OkStatus();
 }

@@ -78,6 +78,22 @@ absl::Status CheckAbortJobRequest(const v1::AbortJobRequest& r) {
                 CheckSize(r.reason(), "the reason", kMaxReasonBytes)});
 }
 
+absl::Status UserCapError(UserCap cap, bool auth_none, absl::string_view user, int64_t held,
+                          int64_t limit) {
+  const bool jobs = cap == UserCap::kJobs;
+  const char* flag = jobs ? "--max-jobs-per-user" : "--max-agents-per-user";
+  const char* wait = jobs ? "wait for some to end" : "wait for some jobs to end";
+  if (auth_none) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "rdzvd runs with --auth none, so all callers share one limit of %d %s (%s), and it is "
+        "reached; %s, raise %s or turn on authentication",
+        limit, jobs ? "jobs" : "attached agents", flag, wait, flag));
+  }
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%s has %d %s this rendezvous server already, its %s; %s, or ask its administrator", user,
+      held, jobs ? "jobs on" : "agents attached to", flag, wait));
+}
+
 void TruncateFailureText(v1::WorkerFailure& f) {
   KeepEnd(f.mutable_stderr_tail(), kMaxTailBytes);
   KeepStart(f.mutable_error_message(), kMaxErrorMessageBytes);

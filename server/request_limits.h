@@ -9,8 +9,10 @@
 #define RDZV_SERVER_REQUEST_LIMITS_H_
 
 #include <cstddef>
+#include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "rdzv/v1/rdzv.pb.h"
 
 namespace rdzv {
@@ -37,6 +39,14 @@ absl::Status CheckReportExitRequest(const v1::ReportExitRequest& request);
 absl::Status CheckLeaveRequest(const v1::LeaveRequest& request);
 absl::Status CheckStatusRequest(const v1::StatusRequest& request);
 absl::Status CheckAbortJobRequest(const v1::AbortJobRequest& request);
+
+// The per-user caps on what one owner holds at once (ServiceOptions::max_jobs_per_user and
+// max_agents_per_user), and the RESOURCE_EXHAUSTED refusal of a join past one: `held` against
+// `limit`, `user` naming the caller. Without authentication (--auth none) every caller is the
+// same user, so the text says that all callers share the one limit instead of naming a user.
+enum class UserCap { kJobs, kAgents };
+absl::Status UserCapError(UserCap cap, bool auth_none, absl::string_view user, int64_t held,
+                          int64_t limit);
 
 // Cuts `failure`'s text fields to the bounds above, marking each cut ("[… 1234 bytes cut]").
 void TruncateFailureText(v1::WorkerFailure& failure);

@@ -287,11 +287,13 @@ TEST(AgentLifecycleTest, LostServerWithoutReconnectEndsTheJobNonZeroAndLingers) 
   ASSERT_EQ(Kinds(lost), "StopWorkers");
   ASSERT_TRUE(r.life.outcome().has_value());
   EXPECT_EQ(r.life.outcome()->cause, AbortCause::kServerLost);
+  // No Leave to a server that is gone (a frozen one would hold the exit for a call deadline).
   const AgentActions done = r.life.AllWorkersDone();
-  EXPECT_EQ(Kinds(done), "Leave");
+  EXPECT_EQ(Kinds(done), "Exit");
   EXPECT_TRUE(absl::StrContains(Logs(done), "lost the rendezvous server at head:29400"))
       << Logs(done);
-  const act::Exit exit = *One<act::Exit>(r.life.Left(absl::UnavailableError("gone")));
+  EXPECT_EQ(r.life.phase(), AgentLifecycle::Phase::kDone);
+  const act::Exit exit = *One<act::Exit>(done);
   EXPECT_NE(exit.code, 0);
   EXPECT_TRUE(exit.linger);
 }
@@ -317,6 +319,9 @@ TEST(AgentLifecycleTest, LostServerWithReconnectRejoinsTheRunningRound) {
   const AgentActions gave_up = r.life.Joined(g, absl::DeadlineExceededError("no server"));
   EXPECT_EQ(Kinds(gave_up), "StopWorkers");
   EXPECT_EQ(r.life.outcome()->cause, AbortCause::kServerLost);
+  const AgentActions done = r.life.AllWorkersDone();
+  EXPECT_EQ(Kinds(done), "Exit");
+  EXPECT_TRUE(absl::StrContains(Logs(done), "could not rejoin within 30s")) << Logs(done);
 }
 
 TEST(AgentLifecycleTest, LostAgentRestartsAnElasticJobAndEndsAFixedOne) {

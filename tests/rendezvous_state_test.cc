@@ -516,6 +516,78 @@ TEST_F(RendezvousStateTest, ReattachAfterCompletionResendsTheSameAssignment) {
   EXPECT_EQ(state_.Status("j").at(0).state, "running");
 }
 
+// A join under an agent id the job already has, but with another shape: it would take the
+// member's place (and its ranks) with a different number of workers or another node rank.
+struct ReshapeCase {
+  std::string name;
+  bool running;  // the round has completed before the rejoin
+  void (*change)(AgentSpec&);
+  std::string message;
+};
+
+class ReshapedRejoinTest : public RendezvousStateTest,
+                           public testing::WithParamInterface<ReshapeCase> {};
+
+TEST_P(ReshapedRejoinTest, IsRefusedNamingBothValuesAndTheMemberKeepsItsPlace) {
+  const ReshapeCase& c = GetParam();
+  JoinSpec n0 = Spec("j", "n0", 0, 2, 2);
+  n0.agent.order = 0;
+  JoinSpec n1 = Spec("j", "n1", 1, 2, 2);
+  n1.agent.order = 1;
+  std::optional<AssignmentEvent> held;
+  if (c.running) {
+    const Decisions d = JoinAll(0, 1, {n0, n1});
+    ASSERT_EQ(EventsOf<AssignmentEvent>(d).size(), 2u) << Summary(d);
+    held = EventsOf<AssignmentEvent>(d).at(2);
+  } else {
+    ASSERT_TRUE(IsEmpty(Join(0, 2, n1)));
+  }
+
+  JoinSpec reshaped = n1;
+  c.change(reshaped.agent);
+  const absl::Status s = RefusalOf(Join(kSecond, 9, reshaped), 9);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(s.message(), c.message);
+
+  // The member's own stream is untouched, and the same join again still gets its place.
+  EXPECT_TRUE(IsEmpty(Closed(2 * kSecond, 9)));
+  EXPECT_EQ(state_.Status("j").at(0).state, c.running ? "running" : "filling");
+  const Decisions again = c.running ? Join(3 * kSecond, 10, n1) : Join(3 * kSecond, 1, n0);
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(again);
+  ASSERT_TRUE(got.contains(10) || got.contains(2)) << Summary(again);
+  const AssignmentEvent& n1_got = got.contains(10) ? got.at(10) : got.at(2);
+  EXPECT_EQ(n1_got.world_size, 4);
+  EXPECT_EQ(n1_got.slot.rank_offset, 2);
+  if (held) {
+    EXPECT_EQ(Describe(n1_got), Describe(*held));
+  }
+}
+
+std::vector<ReshapeCase> ReshapeCases() {
+  std::vector<ReshapeCase> cases;
+  for (const bool running : {false, true}) {
+    const std::string phase = running ? "Running" : "Filling";
+    cases.push_back(
+        {"Nproc" + phase, running, [](AgentSpec& a) { a.nproc = 4; },
+         "agent n1/agent already joined job j with --nproc-per-node 2 and now asks for 4; rejoin "
+         "with --nproc-per-node 2, or give a launcher of another shape its own agent id"});
+    cases.push_back(
+        {"NodeRank" + phase, running, [](AgentSpec& a) { a.node_index = 0; },
+         "agent n1/agent already joined job j with --node-rank 1 and now asks for 0; rejoin "
+         "with --node-rank 1, or give a launcher of another shape its own agent id"});
+    cases.push_back(
+        {"GlobalPosition" + phase, running, [](AgentSpec& a) { a.order = 0; },
+         "agent n1/agent already joined job j with global position 1 and now asks for 0; rejoin "
+         "with global position 1, or give a launcher of another shape its own agent id"});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, ReshapedRejoinTest, testing::ValuesIn(ReshapeCases()),
+                         [](const testing::TestParamInfo<ReshapeCase>& info) {
+                           return info.param.name;
+                         });
+
 // ---- Elastic rounds ----
 
 class ElasticTest : public RendezvousStateTest {
@@ -1037,6 +1109,16 @@ TEST_F(ResumeTest, RefusesTwoAgentsHoldingTheSameRanks) {
   JoinSpec other_world = Resuming(1);
   other_world.resume->world_size = 8;
   EXPECT_EQ(RefusalOf(Join(kSecond, 12, other_world), 12).code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(ResumeTest, RefusesAReturningAgentWithAnotherNproc) {
+  ASSERT_EQ(EventsOf<AssignmentEvent>(Join(kSecond, 10, Resuming(0))).size(), 1u);
+  JoinSpec reshaped = Resuming(0);
+  reshaped.agent.nproc = 3;
+  const absl::Status refused = RefusalOf(Join(2 * kSecond, 11, reshaped), 11);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "with --nproc-per-node 2 and now asks for 3"))
+      << refused;
 }
 
 }  // namespace

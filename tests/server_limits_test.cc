@@ -146,7 +146,11 @@ TEST_F(ServerLimitsTest, OneUsersJobsAndAgentsAreCapped) {
   Joined third_job = Join(JoinOf("job-3", "c0", 2));
   grpc::Status s = Refusal(third_job);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
-  EXPECT_TRUE(absl::StrContains(s.error_message(), "--max-jobs-per-user")) << s.error_message();
+  // Without authentication there is no user to name: every caller shares the one limit.
+  EXPECT_EQ(s.error_message(),
+            "rdzvd runs with --auth none, so all callers share one limit of 2 jobs "
+            "(--max-jobs-per-user), and it is reached; wait for some to end, raise "
+            "--max-jobs-per-user or turn on authentication");
 
   held.push_back(Join(JoinOf("job-1", "a1", 2)));
   v1::JoinEvent event;
@@ -154,7 +158,10 @@ TEST_F(ServerLimitsTest, OneUsersJobsAndAgentsAreCapped) {
   Joined fourth = Join(JoinOf("job-2", "b1", 2));
   s = Refusal(fourth);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
-  EXPECT_TRUE(absl::StrContains(s.error_message(), "--max-agents-per-user")) << s.error_message();
+  EXPECT_EQ(s.error_message(),
+            "rdzvd runs with --auth none, so all callers share one limit of 3 attached agents "
+            "(--max-agents-per-user), and it is reached; wait for some jobs to end, raise "
+            "--max-agents-per-user or turn on authentication");
 
   // Once streams close, the user may attach again.
   held[1].context->TryCancel();
@@ -174,6 +181,30 @@ TEST_F(ServerLimitsTest, OneUsersJobsAndAgentsAreCapped) {
   }
   for (Joined& j : held) j.context->TryCancel();
   for (Joined& j : held) Refusal(j);
+}
+
+// A second join under an agent id the job has, with another --nproc-per-node, is refused over
+// the wire with the one line naming both values; the agent that holds the id keeps its place.
+TEST_F(ServerLimitsTest, RejoinUnderTheSameAgentIdWithAnotherNprocIsRefused) {
+  Start();
+  Joined first = Join(JoinOf("j", "a0", 2));
+  v1::JoinRequest reshaped = JoinOf("j", "a0", 2);
+  reshaped.set_nproc(4);
+  Joined second = Join(reshaped);
+  const grpc::Status s = Refusal(second);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_EQ(s.error_message(),
+            "agent a0 already joined job j with --nproc-per-node 1 and now asks for 4; rejoin "
+            "with --nproc-per-node 1, or give a launcher of another shape its own agent id");
+
+  Joined other = Join(JoinOf("j", "b0", 2));
+  for (Joined* j : {&first, &other}) {
+    v1::JoinEvent event;
+    ASSERT_TRUE(ReadUntil(*j, v1::JoinEvent::kAssignment, &event));
+    EXPECT_EQ(event.assignment().world_size(), 2);
+    j->context->TryCancel();
+    Refusal(*j);
+  }
 }
 
 TEST_F(ServerLimitsTest, HugeStderrReachesTheOtherAgentsCut) {
@@ -209,6 +240,38 @@ TEST_F(ServerLimitsTest, HugeStderrReachesTheOtherAgentsCut) {
   b.context->TryCancel();
   Refusal(a);
   Refusal(b);
+}
+
+// With authentication the refusal names the user whose cap it is; without it, every caller is
+// one user, and the refusal says so and how to change it.
+TEST(UserCapErrorTest, NamesTheUserOrSaysAllCallersShareOneLimit) {
+  struct Case {
+    UserCap cap;
+    bool auth_none;
+    std::string message;
+  };
+  const Case cases[] = {
+      {UserCap::kJobs, false,
+       "uid 1000 has 5 jobs on this rendezvous server already, its --max-jobs-per-user; wait for "
+       "some to end, or ask its administrator"},
+      {UserCap::kAgents, false,
+       "uid 1000 has 5 agents attached to this rendezvous server already, its "
+       "--max-agents-per-user; wait for some jobs to end, or ask its administrator"},
+      {UserCap::kJobs, true,
+       "rdzvd runs with --auth none, so all callers share one limit of 4 jobs "
+       "(--max-jobs-per-user), and it is reached; wait for some to end, raise "
+       "--max-jobs-per-user or turn on authentication"},
+      {UserCap::kAgents, true,
+       "rdzvd runs with --auth none, so all callers share one limit of 4 attached agents "
+       "(--max-agents-per-user), and it is reached; wait for some jobs to end, raise "
+       "--max-agents-per-user or turn on authentication"},
+  };
+  for (const Case& c : cases) {
+    const absl::Status s = UserCapError(c.cap, c.auth_none, "uid 1000", 5, 4);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_EQ(s.message(), c.message);
+    EXPECT_FALSE(absl::StrContains(s.message(), "\n")) << s;
+  }
 }
 
 }  // namespace
