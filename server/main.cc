@@ -12,6 +12,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/process_env.h"
+#include "common/tls.h"
 #include "server/authenticator.h"
 #include "server/server.h"
 #include "server/systemd_notify.h"
@@ -22,7 +23,7 @@ constexpr char kUsage[] =
     R"(rdzvd: rendezvous server for rdzv-agent; serves many jobs at once, keyed by job id.
 
 Usage: rdzvd [--listen HOST:PORT] [--auth munge|token|none] [--metrics-listen HOST:PORT]
-             [--log-level LEVEL]
+             [--tls-cert FILE --tls-key FILE] [--log-level LEVEL]
 Example: rdzvd --listen 0.0.0.0:29400    (agents then use --rdzv-endpoint head:29400)
 Every call is authenticated (MUNGE by default) and each job belongs to the user who created
 it: other users can neither see nor touch it. Serves grpc.health.v1 beside the rendezvous
@@ -80,6 +81,20 @@ int main(int argc, char** argv) {
   parser.Add({"listen", "RDZV_LISTEN", "HOST:PORT", "address to serve on (default 0.0.0.0:29400)",
               [&](absl::string_view v) {
                 options.listen = std::string(v);
+                return absl::OkStatus();
+              }});
+  std::string tls_cert, tls_key;
+  parser.Add({"tls-cert", "RDZV_TLS_CERT", "FILE",
+              "serve TLS with this PEM certificate (chain); needs --tls-key, and agents then\n"
+              "pass --tls-ca with the CA that signed it (default: plaintext)",
+              [&](absl::string_view v) {
+                tls_cert = std::string(v);
+                return absl::OkStatus();
+              }});
+  parser.Add({"tls-key", "RDZV_TLS_KEY", "FILE",
+              "the private key of --tls-cert, PEM, readable by rdzvd's user only (chmod 600)",
+              [&](absl::string_view v) {
+                tls_key = std::string(v);
                 return absl::OkStatus();
               }});
   parser.Add({"metrics-listen", "RDZV_METRICS_LISTEN", "HOST:PORT",
@@ -160,6 +175,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rdzvd: %s\n", std::string(s.message()).c_str());
     return 2;
   }
+  if (tls_cert.empty() != tls_key.empty()) {
+    std::fprintf(
+        stderr, "rdzvd: %s; give both --tls-cert and --tls-key, or neither\n",
+        tls_cert.empty() ? "--tls-key without --tls-cert" : "--tls-cert without --tls-key");
+    return 2;
+  }
+  if (!tls_cert.empty()) {
+    absl::StatusOr<rdzv::TlsServerIdentity> tls =
+        rdzv::LoadTlsServerIdentity(tls_cert, tls_key, "--tls-cert", "--tls-key");
+    if (!tls.ok()) {
+      std::fprintf(stderr, "rdzvd: %s\n", std::string(tls.status().message()).c_str());
+      return 2;
+    }
+    options.tls = *std::move(tls);
+  }
 
   // Block the stop signals in every thread so that only sigwait below sees them.
   sigset_t stop;
@@ -173,8 +203,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rdzvd: %s\n", std::string(server.status().message()).c_str());
     return 1;
   }
-  spdlog::info("serving on {} (port {}), authentication: {}", options.listen, (*server)->port(),
-               rdzv::AuthModeName(options.service.auth.mode));
+  spdlog::info("serving on {} (port {}), authentication: {}{}", options.listen, (*server)->port(),
+               rdzv::AuthModeName(options.service.auth.mode),
+               options.tls.cert_chain_pem.empty() ? "" : ", TLS");
   if ((*server)->metrics_port() != 0) {
     spdlog::info("metrics on http://{}/metrics (port {})", options.metrics_listen,
                  (*server)->metrics_port());

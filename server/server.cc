@@ -37,7 +37,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // grpc.health.v1.Health, answered by gRPC itself; the server reports SERVING once started.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(options.listen, ServerCredentials(options.tls), &server->port_);
   builder.RegisterService(server->service_.get());
   // gRPC shares ports by default (SO_REUSEPORT): a second server on a taken port would split
   // a job's agents between two servers that each wait for the rest.

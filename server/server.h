@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "server/metrics.h"
 #include "server/metrics_http.h"
 #include "server/rendezvous_service.h"
@@ -42,6 +43,8 @@ struct ServerOptions {
   std::string metrics_listen;
   // gRPC's memory for all connections and calls together (its resource quota).
   size_t memory_limit_bytes = size_t{4} << 30;
+  // Serve TLS with this certificate and key (LoadTlsServerIdentity); empty: plaintext.
+  TlsServerIdentity tls;
 };
 
 class Server {
