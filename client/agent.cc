@@ -156,6 +156,7 @@ absl::Status Agent::Impl::Prepare() {
     location_ = *std::move(location);
     ClientOptions options;
     options.auth = *std::move(resolved);
+    options.tls = config_.tls;
     options.endpoint = location_.endpoints.front();
     options.alternate_endpoints.assign(location_.endpoints.begin() + 1, location_.endpoints.end());
     options.join_timeout = config_.join_timeout;

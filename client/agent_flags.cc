@@ -257,6 +257,13 @@ FlagParser MakeParser(AgentFlags& f) {
          StringSetter(&f.token_file)});
   p.Add({"munge-socket", "RDZV_MUNGE_SOCKET", "PATH", "munged's socket (default: libmunge's)",
          StringSetter(&f.munge_socket)});
+  p.Add({"tls-ca", "RDZV_TLS_CA", "FILE",
+         "talk TLS to the rdzvd of --rdzv-endpoint and verify its certificate with this CA\n"
+         "(PEM); for an rdzvd started with --tls-cert (default: plaintext)",
+         StringSetter(&f.tls_ca)});
+  p.Add({"tls-server-name", "RDZV_TLS_SERVER_NAME", "NAME",
+         "with --tls-ca, the name rdzvd's certificate must hold (default: the endpoint's host)",
+         StringSetter(&f.tls_server_name)});
   p.Add({"version", "", "", "print the version", BoolSetter(&f.version)});
   p.Add({"help", "", "", "print this help", BoolSetter(&f.help)});
   return p;

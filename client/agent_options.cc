@@ -241,6 +241,18 @@ absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& en
         "every agent of the job)");
   }
 
+  c.tls = {flags.tls_ca, flags.tls_server_name};
+  if (c.tls.ca_file.empty() && !c.tls.server_name.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-server-name needs --tls-ca, the CA that signed rdzvd's certificate");
+  }
+  if (!c.tls.ca_file.empty() && flags.rdzv_endpoint.empty() && !flags.standalone) {
+    return absl::InvalidArgumentError(
+        "--tls-ca (RDZV_TLS_CA) is for an rdzvd that serves TLS, but without --rdzv-endpoint "
+        "the job's first agent hosts the rendezvous in plaintext; pass --rdzv-endpoint "
+        "HOST:PORT of that rdzvd, or unset --tls-ca/RDZV_TLS_CA");
+  }
+
   absl::StatusOr<std::optional<SlurmEnv>> slurm = ParseSlurmEnv(env);
   if (!slurm.ok()) return slurm.status();
   c.worker_shape =

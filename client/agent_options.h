@@ -49,6 +49,8 @@ struct AgentFlags {
   std::string auth = "auto";  // auto, munge, token or none
   std::string token_file;     // --rdzv-token-file
   std::string munge_socket;
+  std::string tls_ca;           // --tls-ca: verify rdzvd's TLS certificate with this CA
+  std::string tls_server_name;  // --tls-server-name
   bool rank_prefix = true;
   std::string log_dir;
   bool tee = false;
@@ -94,6 +96,8 @@ struct AgentConfig {
   // when the agent starts).
   ClientAuth auth;
   std::string token_file;
+  // TLS toward an rdzvd (never toward a server hosted by an agent, which serves plaintext).
+  ClientTls tls;
   std::string embedded_listen_host;
   std::vector<int> embedded_ports;
   absl::Duration join_timeout;

@@ -2,8 +2,6 @@
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
-#include <grpcpp/security/credentials.h>
-#include <grpcpp/support/channel_arguments.h>
 
 #include <atomic>
 #include <optional>
@@ -16,10 +14,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "client/client_calls.h"
+#include "client/client_channel.h"
 #include "common/auth.h"
 #include "common/grpc_status.h"
 #include "common/net.h"
 #include "common/proto_convert.h"
+#include "common/tls.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
 
 namespace rdzv {
@@ -69,24 +69,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   absl::StatusOr<ClientAuth> auth = ResolveClientAuth(impl->options.auth);
   if (!auth.ok()) return auth.status();
   impl->options.auth = *std::move(auth);
-  grpc::ChannelArguments args;
-  // Reconnect quickly once a server comes up: the default backoff can wait for minutes.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC takes it as the time a connection attempt gets
-  // to finish its handshake (default 20s). Short, a server busy accepting a thousand agents
-  // completes no handshake in time and every agent keeps starting over.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
-              static_cast<int>(absl::ToInt64Milliseconds(impl->options.keepalive_time)));
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-              static_cast<int>(absl::ToInt64Milliseconds(impl->options.keepalive_timeout)));
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  // Each agent is its own client: never share a TCP connection with another Client object.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  // Bandwidth probing sizes flow-control windows for bulk transfers; our messages are tiny, and
-  // its ping after each received message costs rdzvd a read and a write per agent.
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  absl::StatusOr<ClientChannelSetup> setup = MakeClientChannelSetup(impl->options);
+  if (!setup.ok()) return setup.status();
   std::vector<std::string> names = {impl->options.endpoint};
   names.insert(names.end(), impl->options.alternate_endpoints.begin(),
                impl->options.alternate_endpoints.end());
@@ -95,7 +79,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
     if (!hp.ok()) return hp.status();
     Impl::Endpoint e;
     e.name = FormatHostPort(hp->host, hp->port);
-    e.channel = grpc::CreateCustomChannel(e.name, grpc::InsecureChannelCredentials(), args);
+    e.channel = grpc::CreateCustomChannel(e.name, setup->credentials, setup->args);
     e.stub = v1::Rendezvous::NewStub(e.channel);
     impl->endpoints.push_back(std::move(e));
   }
@@ -220,6 +204,11 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
     if (status->code() != absl::StatusCode::kUnavailable &&
         !(elsewhere && impl_->endpoints.size() > 1)) {
       return *status;
+    }
+    const std::string& endpoint = impl_->endpoints[impl_->current].name;
+    if (std::optional<absl::Status> tls =
+            TlsConnectFailure(*status, endpoint, !impl_->options.tls.ca_file.empty())) {
+      return *tls;
     }
     last = *status;
     // Try the next candidate at once; back off only after a round over all of them.

@@ -58,6 +58,12 @@ absl::StatusOr<ClientAuth> ResolveClientAuth(ClientAuth auth);
 absl::Status AttachCredential(grpc::ClientContext& ctx, const ClientAuth& auth,
                               absl::string_view method, absl::string_view job);
 
+// TLS toward the server: verify it with this CA and encrypt the calls. Both empty: plaintext.
+struct ClientTls {
+  std::string ca_file;      // PEM bundle of the CA that signed the server's certificate
+  std::string server_name;  // the name its certificate must hold; "" for the endpoint's host
+};
+
 struct ClientOptions {
   std::string endpoint;  // "host:port" of rdzvd
   // Where else the server may be (an embedded server that found its first port taken moved
@@ -72,6 +78,7 @@ struct ClientOptions {
   absl::Duration keepalive_time = absl::Seconds(5);
   absl::Duration keepalive_timeout = absl::Seconds(5);
   ClientAuth auth;
+  ClientTls tls;
 };
 
 struct Handlers {
@@ -87,7 +94,8 @@ struct Handlers {
 
 class Client {
  public:
-  // InvalidArgument for a malformed endpoint. Connects lazily.
+  // InvalidArgument for a malformed endpoint; a one-line error naming the file for a TLS CA file
+  // that cannot be read or holds no certificate. Connects lazily.
   static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
   ~Client();
   Client(const Client&) = delete;
@@ -96,8 +104,9 @@ class Client {
   // Joins `spec.job_id` and blocks until this agent's assignment arrives. Refusals come back
   // as the server's status (InvalidArgument, FailedPrecondition: do not retry); an unreachable
   // server as Unavailable and a round that did not fill in time as DeadlineExceeded, both after
-  // join_timeout; Cancelled after Cancel(). When munged does not answer, the join tries again
-  // for up to 15 seconds (a munged restart) and then returns munged's Unavailable.
+  // join_timeout; a failed TLS handshake at once as FailedPrecondition; Cancelled after Cancel().
+  // When munged does not answer, the join tries again for up to 15 seconds (a munged restart)
+  // and then returns munged's Unavailable.
   absl::StatusOr<AssignmentEvent> Join(const JoinSpec& spec, Handlers handlers);
   // The same with its own time limit instead of join_timeout (a resume after a lost server).
   absl::StatusOr<AssignmentEvent> Join(const JoinSpec& spec, Handlers handlers,

@@ -99,6 +99,17 @@ RDZV_EXPORT rdzv_code rdzv_client_create(const char* endpoint, double join_timeo
                                          int auth /* an rdzv_auth_mode */, const char* token_file,
                                          const char* munge_socket, rdzv_client** out);
 
+/* rdzv_client_create for an rdzvd that serves TLS (rdzvd --tls-cert): the calls are encrypted and
+ * the server's certificate is verified with the CA in the PEM file `tls_ca_file`. The certificate
+ * must hold `tls_server_name`, or the endpoint's host when it is NULL or "". With `tls_ca_file`
+ * NULL or "" this is rdzv_client_create. A server that fails verification makes rdzv_join return
+ * RDZV_FAILED_PRECONDITION at once. */
+RDZV_EXPORT rdzv_code rdzv_client_create_tls(const char* endpoint, double join_timeout_s,
+                                             int auth /* an rdzv_auth_mode */,
+                                             const char* token_file, const char* munge_socket,
+                                             const char* tls_ca_file, const char* tls_server_name,
+                                             rdzv_client** out);
+
 /* Ends any join in progress, closes the event stream and frees the client. Blocks until no
  * callback of this client runs or will run: user data given to rdzv_join may be freed after.
  * NULL is allowed and does nothing. */

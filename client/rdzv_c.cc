@@ -172,9 +172,9 @@ Handlers MakeHandlers(const rdzv_callbacks* callbacks) {
 }
 
 // `auth` is an int across the interface: a caller's out-of-range value is an error, not UB.
-rdzv_code CreateClient(const char* endpoint, double join_timeout_s, int auth,
-                       const char* token_file, const char* munge_socket, rdzv_client** out) {
-  constexpr const char* kFn = "rdzv_client_create";
+rdzv_code CreateClient(const char* kFn, const char* endpoint, double join_timeout_s, int auth,
+                       const char* token_file, const char* munge_socket, const char* tls_ca_file,
+                       const char* tls_server_name, rdzv_client** out) {
   if (out == nullptr) return NullArgument(kFn, "out");
   *out = nullptr;
   if (Empty(endpoint)) {
@@ -220,6 +220,8 @@ rdzv_code CreateClient(const char* endpoint, double join_timeout_s, int auth,
     options.auth.token = *std::move(token);
   }
   if (!Empty(munge_socket)) options.auth.munge_socket = munge_socket;
+  if (!Empty(tls_ca_file)) options.tls.ca_file = tls_ca_file;
+  if (!Empty(tls_server_name)) options.tls.server_name = tls_server_name;
   absl::StatusOr<HostPort> server = ParseHostPort(options.endpoint, 29400);
   if (!server.ok()) return FromStatus(kFn, server.status());
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(std::move(options));
@@ -401,7 +403,18 @@ void rdzv_join_spec_init(rdzv_join_spec* spec) {
 rdzv_code rdzv_client_create(const char* endpoint, double join_timeout_s, int auth,
                              const char* token_file, const char* munge_socket, rdzv_client** out) {
   return rdzv::Guarded("rdzv_client_create", [&] {
-    return rdzv::CreateClient(endpoint, join_timeout_s, auth, token_file, munge_socket, out);
+    return rdzv::CreateClient("rdzv_client_create", endpoint, join_timeout_s, auth, token_file,
+                              munge_socket, nullptr, nullptr, out);
+  });
+}
+
+rdzv_code rdzv_client_create_tls(const char* endpoint, double join_timeout_s, int auth,
+                                 const char* token_file, const char* munge_socket,
+                                 const char* tls_ca_file, const char* tls_server_name,
+                                 rdzv_client** out) {
+  return rdzv::Guarded("rdzv_client_create_tls", [&] {
+    return rdzv::CreateClient("rdzv_client_create_tls", endpoint, join_timeout_s, auth, token_file,
+                              munge_socket, tls_ca_file, tls_server_name, out);
   });
 }
 

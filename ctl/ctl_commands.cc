@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -12,6 +13,8 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "common/auth.h"
+#include "common/grpc_status.h"
+#include "common/tls.h"
 #include "ctl/status_format.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
@@ -46,8 +49,11 @@ int Refused(std::ostream& err, const absl::Status& status) {
 }
 
 int Failed(std::ostream& err, const CtlOptions& options, const grpc::Status& status) {
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+  if (std::optional<absl::Status> tls =
+          TlsConnectFailure(FromGrpcStatus(status), options.endpoint, !options.tls_ca.empty())) {
+    err << "rdzvctl: " << tls->message() << "\n";
+  } else if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+             status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     err << absl::StrFormat(
         "rdzvctl: rdzvd at %s did not answer (%s); check that it runs and that "
         "--rdzv-endpoint/RDZV_ENDPOINT names it\n",
@@ -142,8 +148,16 @@ int Health(const std::shared_ptr<grpc::Channel>& channel, const CtlOptions& opti
 }  // namespace
 
 int RunCtlCommand(const CtlOptions& options, std::ostream& out, std::ostream& err) {
+  std::string ca_pem;
+  if (!options.tls_ca.empty()) {
+    absl::StatusOr<std::string> ca = LoadTlsCa(options.tls_ca, "--tls-ca");
+    if (!ca.ok()) return Refused(err, ca.status());
+    ca_pem = *std::move(ca);
+  }
+  grpc::ChannelArguments args;
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(options.endpoint, grpc::InsecureChannelCredentials());
+      grpc::CreateCustomChannel(options.endpoint, ChannelCredentials(ca_pem), args);
   auto stub = v1::Rendezvous::NewStub(channel);
   switch (options.command) {
     case CtlCommand::kStatus:

@@ -47,6 +47,18 @@ FlagParser MakeParser(CtlOptions& o) {
            o.munge_socket = std::string(v);
            return absl::OkStatus();
          }});
+  p.Add({"tls-ca", "RDZV_TLS_CA", "FILE",
+         "talk TLS to rdzvd and verify its certificate with this CA (PEM)",
+         [&o](absl::string_view v) {
+           o.tls_ca = std::string(v);
+           return absl::OkStatus();
+         }});
+  p.Add({"tls-server-name", "RDZV_TLS_SERVER_NAME", "NAME",
+         "with --tls-ca, the name rdzvd's certificate must hold (default: the endpoint's host)",
+         [&o](absl::string_view v) {
+           o.tls_server_name = std::string(v);
+           return absl::OkStatus();
+         }});
   p.Add({"json", "", "", "print JSON instead of a table", [&o](absl::string_view v) {
            absl::StatusOr<bool> b = ParseBool(v);
            if (!b.ok()) return b.status();
@@ -140,6 +152,10 @@ absl::StatusOr<CtlOptions> ParseCtlOptions(const std::vector<std::string>& args,
                                                    "\" after ", command, "; see rdzvctl --help"));
   }
   if (words.size() == 2) o.job = words[1];
+  if (o.tls_ca.empty() && !o.tls_server_name.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-server-name needs --tls-ca, the CA that signed rdzvd's certificate");
+  }
   if (o.endpoint.empty()) {
     return absl::InvalidArgumentError(
         "no rdzvd to talk to: pass --rdzv-endpoint HOST:PORT, set RDZV_ENDPOINT, or set "

@@ -29,6 +29,9 @@ struct CtlOptions {
   // How rdzvctl proves who it is: the job's token when given, else MUNGE when munged runs here.
   std::string token_file;
   std::string munge_socket;
+  // TLS: verify rdzvd's certificate with this CA (PEM); empty for plaintext.
+  std::string tls_ca;
+  std::string tls_server_name;  // the name the certificate must hold; "" for the endpoint's host
   bool help = false;
 };
 
