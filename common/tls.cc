@@ -2,6 +2,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/tls_certificate_verifier.h>
+#include <grpcpp/security/tls_credentials_options.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -13,6 +16,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 
 namespace rdzv {
 namespace {
@@ -154,18 +158,47 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const std::string& 
   return grpc::SslCredentials(options);
 }
 
+bool ServerSpeaksTls(const std::string& endpoint, absl::Duration timeout) {
+  grpc::experimental::TlsChannelCredentialsOptions options;
+  options.set_verify_server_certs(false);
+  options.set_check_call_host(false);
+  options.set_certificate_verifier(std::make_shared<grpc::experimental::NoOpCertificateVerifier>());
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(endpoint, grpc::experimental::TlsCredentials(options), args);
+  const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
+  for (grpc_connectivity_state state = channel->GetState(true);; state = channel->GetState(false)) {
+    if (state == GRPC_CHANNEL_READY) return true;
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) return false;
+    if (!channel->WaitForStateChange(state, deadline)) return false;
+  }
+}
+
 std::optional<absl::Status> TlsConnectFailure(const absl::Status& status,
-                                              absl::string_view endpoint, bool tls) {
+                                              const std::string& endpoint, bool tls) {
   if (status.code() != absl::StatusCode::kUnavailable) return std::nullopt;
   const absl::string_view m = status.message();
   const std::string lower = absl::AsciiStrToLower(m);
-  if (tls && (absl::StrContains(lower, "handshake") || absl::StrContains(lower, "ssl") ||
-              absl::StrContains(lower, "peer name") || absl::StrContains(lower, "certificate"))) {
+  // gRPC says "Ssl handshake failed: ... certificate verify failed" (or "wrong version number"
+  // from a plaintext server), and "Peer name X is not in peer certificate". Not "Handshake timed
+  // out": a busy server is retried.
+  if (tls && (absl::StrContains(lower, "handshake failed") ||
+              absl::StrContains(lower, "peer certificate") ||
+              absl::StrContains(lower, "certificate verify failed"))) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "TLS verification failed for the rendezvous server at %s (%s); check --tls-ca "
         "(RDZV_TLS_CA): it must name the CA that signed the server's certificate, the "
         "certificate must name the host you connect to, and the server must serve TLS",
         endpoint, m));
+  }
+  // A TLS server closes a plaintext connection in its handshake, before any HTTP/2 frame.
+  if (!tls && absl::StrContains(lower, "socket closed") &&
+      ServerSpeaksTls(endpoint, absl::Seconds(3))) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the rendezvous server at %s serves TLS, and this client does not: pass --tls-ca FILE "
+        "(RDZV_TLS_CA) with the CA that signed its certificate",
+        endpoint));
   }
   return std::nullopt;
 }

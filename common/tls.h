@@ -6,7 +6,7 @@
 // --tls-ca (RDZV_TLS_CA). Without those everything stays plaintext, as before.
 //
 // The functions keep no state and are thread-safe. The loaders read files (bounded to
-// kMaxTlsFileBytes); TlsConnectFailure is pure.
+// kMaxTlsFileBytes); ServerSpeaksTls connects to a server.
 #ifndef RDZV_COMMON_TLS_H_
 #define RDZV_COMMON_TLS_H_
 
@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace rdzv {
 
@@ -51,11 +52,16 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsServerIdenti
 // Credentials that verify the server against `ca_pem`, or plaintext ones when it is empty.
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const std::string& ca_pem);
 
-// Whether a call to `endpoint` that failed with `status` failed in the TLS handshake (or, without
-// TLS, because the server speaks TLS): then the one-line error to give up with at once, as
-// retrying cannot help. `tls` says whether the client used TLS. nullopt for any other failure.
+// Whether a call to `endpoint` that failed with `status` failed in the TLS handshake: then the
+// one-line error to give up with at once, as retrying cannot help. `tls` says whether the client
+// used TLS. Without TLS, a connection the server closed before answering may mean that it serves
+// TLS: then this asks it with ServerSpeaksTls (blocks up to 3 s). nullopt for any other failure.
 std::optional<absl::Status> TlsConnectFailure(const absl::Status& status,
-                                              absl::string_view endpoint, bool tls);
+                                              const std::string& endpoint, bool tls);
+
+// Whether the server at `endpoint` completes a TLS handshake (its certificate unchecked) within
+// `timeout`. Blocks.
+bool ServerSpeaksTls(const std::string& endpoint, absl::Duration timeout);
 
 }  // namespace rdzv
 
