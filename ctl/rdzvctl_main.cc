@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "common/logging.h"
 #include "common/process_env.h"
 #include "common/site_config.h"
 #include "ctl/ctl_commands.h"
@@ -25,5 +26,8 @@ int main(int argc, char** argv) {
     std::printf("%s", rdzv::CtlHelp().c_str());
     return 0;
   }
+  // gRPC's own log lines (a failed TLS handshake, say) go below the level shown: rdzvctl prints
+  // one line of its own for every failure.
+  (void)rdzv::SetUpLogging("rdzvctl", "warn");
   return rdzv::RunCtlCommand(*options, std::cout, std::cerr);
 }
