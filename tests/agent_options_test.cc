@@ -583,5 +583,44 @@ TEST(AgentOptionsTest, OneStepPerNodeMistakesAreNamed) {
             "(srun -N1 -n1) into one job pass the allocation's node count");
 }
 
+TEST(AgentOptionsTest, TlsCaIsForAnRdzvdOnly) {
+  const std::vector<std::string> endpoint = {"--rdzv-endpoint", "head:29400", "--rdzv-id", "j",
+                                             "--nnodes",        "2"};
+  std::vector<std::string> args = endpoint;
+  for (const char* a : {"--tls-ca", "/etc/rdzv/ca.pem", "--tls-server-name", "head", "--", "x"}) {
+    args.push_back(a);
+  }
+  absl::StatusOr<AgentConfig> c = Resolve(args);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->tls.ca_file, "/etc/rdzv/ca.pem");
+  EXPECT_EQ(c->tls.server_name, "head");
+  // From the environment (or /etc/rdzv.conf) as well.
+  args = endpoint;
+  args.insert(args.end(), {"--", "x"});
+  c = Resolve(args, {{"RDZV_TLS_CA", "/site/ca.pem"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->tls.ca_file, "/site/ca.pem");
+  // A job that hosts its own rendezvous serves it in plaintext: refused, not left to hang.
+  const EnvList step = {{"SLURM_JOB_ID", "5"},
+                        {"SLURM_STEP_ID", "0"},
+                        {"SLURM_PROCID", "1"},
+                        {"SLURM_NODEID", "1"},
+                        {"SLURM_LOCALID", "0"},
+                        {"SLURM_NNODES", "2"},
+                        {"SLURM_STEP_NODELIST", "n[1-2]"},
+                        {"SLURM_STEP_NUM_TASKS", "2"},
+                        {"RDZV_TLS_CA", "/site/ca.pem"}};
+  c = Resolve({"--", "x"}, step);
+  EXPECT_NE(c.status().message().find("pass --rdzv-endpoint"), std::string::npos) << c.status();
+  // A standalone job has no server to talk to.
+  EXPECT_TRUE(Resolve({"--standalone", "--tls-ca", "ca.pem", "--", "x"}).ok());
+  EXPECT_NE(Resolve({"--rdzv-endpoint", "h:1", "--rdzv-id", "j", "--nnodes", "1",
+                     "--tls-server-name", "h", "--", "x"})
+                .status()
+                .message()
+                .find("--tls-server-name needs --tls-ca"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace rdzv
