@@ -220,6 +220,12 @@ rdzv_code CreateClient(const char* kFn, const char* endpoint, double join_timeou
     options.auth.token = *std::move(token);
   }
   if (!Empty(munge_socket)) options.auth.munge_socket = munge_socket;
+  if (Empty(tls_ca_file) && !Empty(tls_server_name)) {
+    return Fail(RDZV_INVALID_ARGUMENT,
+                absl::StrCat(kFn,
+                             ": tls_server_name is set without tls_ca_file; give the CA "
+                             "that signed the server's certificate"));
+  }
   if (!Empty(tls_ca_file)) options.tls.ca_file = tls_ca_file;
   if (!Empty(tls_server_name)) options.tls.server_name = tls_server_name;
   absl::StatusOr<HostPort> server = ParseHostPort(options.endpoint, 29400);

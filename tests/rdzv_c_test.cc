@@ -337,6 +337,18 @@ TEST(RdzvCNoServerTest, BadArgumentsAreRefusedWithTheArgumentNamed) {
                                    &never);
        },
        RDZV_FAILED_PRECONDITION, "/nonexistent/token"},
+      {"a TLS CA file that does not exist",
+       [&](rdzv_client*) {
+         return rdzv_client_create_tls("h:1", 1, RDZV_AUTH_NONE, nullptr, nullptr,
+                                       "/nonexistent/ca.pem", nullptr, &never);
+       },
+       RDZV_FAILED_PRECONDITION, "/nonexistent/ca.pem"},
+      {"a TLS server name without a CA",
+       [&](rdzv_client*) {
+         return rdzv_client_create_tls("h:1", 1, RDZV_AUTH_NONE, nullptr, nullptr, nullptr, "h",
+                                       &never);
+       },
+       RDZV_INVALID_ARGUMENT, "tls_ca_file"},
       {"join without a client",
        [&](rdzv_client*) {
          rdzv_join_spec spec = Spec("j", 0, "n0");
