@@ -11,6 +11,7 @@
 #include <openssl/x509.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "absl/strings/ascii.h"
@@ -33,6 +34,46 @@ struct PkeyFree {
 using BioPtr = std::unique_ptr<BIO, BioFree>;
 using X509Ptr = std::unique_ptr<X509, X509Free>;
 using PkeyPtr = std::unique_ptr<EVP_PKEY, PkeyFree>;
+
+// Whether the POSIX access ACL `acl` (system.posix_acl_access as the kernel stores it: a version,
+// then {tag, permissions, id} entries) lets any group, or a user other than the owner and
+// `self`, read the file. systemd hands a service its credentials (LoadCredential=) as files of
+// mode 0400 with an ACL entry for the service's user: stat then shows the ACL's mask in the
+// group bits (0440), although no group may read the file.
+bool AclLetsOthersRead(absl::string_view acl, uid_t self) {
+  constexpr uint16_t kUser = 0x02, kGroupObj = 0x04, kGroup = 0x08, kMask = 0x10, kOther = 0x20;
+  constexpr uint16_t kRead = 4;
+  const auto u16 = [&](size_t at) {
+    return static_cast<uint16_t>(static_cast<uint8_t>(acl[at]) | static_cast<uint8_t>(acl[at + 1])
+                                                                     << 8);
+  };
+  if (acl.size() < 4 || (acl.size() - 4) % 8 != 0 || u16(0) != 2) return true;  // unknown
+  uint16_t mask = 7;
+  for (size_t at = 4; at < acl.size(); at += 8) {
+    if (u16(at) == kMask) mask = u16(at + 2);
+  }
+  for (size_t at = 4; at < acl.size(); at += 8) {
+    const uint16_t tag = u16(at), perm = u16(at + 2);
+    uint32_t id = 0;
+    for (int i = 3; i >= 0; --i) id = id << 8 | static_cast<uint8_t>(acl[at + 4 + i]);
+    const bool reads = (perm & mask & kRead) != 0;
+    if ((tag == kUser && id != self && reads) || ((tag == kGroupObj || tag == kGroup) && reads) ||
+        (tag == kOther && (perm & kRead) != 0)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Whether someone besides the owner (and this process's user) may read the open file `fd`.
+bool ReadableByOthers(int fd, const struct stat& st) {
+  if ((st.st_mode & 077) == 0) return false;
+  if ((st.st_mode & 007) != 0) return true;
+  char acl[1024];
+  const ssize_t n = fgetxattr(fd, "system.posix_acl_access", acl, sizeof(acl));
+  if (n < 0) return true;  // no ACL (or none readable): the group bits are the group's
+  return AclLetsOthersRead(absl::string_view(acl, static_cast<size_t>(n)), geteuid());
+}
 
 // Reads a whole PEM file of at most kMaxTlsFileBytes. A private key is not read through a
 // symbolic link and must be readable by its owner only.
@@ -59,7 +100,7 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& path, absl::string_vi
   } else if (!S_ISREG(st.st_mode)) {
     status = absl::FailedPreconditionError(
         absl::StrFormat("%s %s is not a regular file; give a PEM file", flag, path));
-  } else if (private_key && (st.st_mode & 077) != 0) {
+  } else if (private_key && ReadableByOthers(fd, st)) {
     status = absl::PermissionDeniedError(
         absl::StrFormat("%s %s is readable by group or others (mode %04o); chmod 600 %s", flag,
                         path, st.st_mode & 07777, path));

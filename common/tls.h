@@ -37,7 +37,8 @@ struct TlsServerIdentity {
 
 // Reads and checks rdzvd's files. `cert_flag` and `key_flag` name them in errors ("--tls-cert").
 // The key file must be a regular file, not a symbolic link, and readable by its owner only
-// (mode 0600 or 0400). Every error is one line that names the file and the fix.
+// (mode 0600 or 0400; an ACL entry that lets this process's user read it, as systemd's
+// LoadCredential= adds, is fine). Every error is one line that names the file and the fix.
 absl::StatusOr<TlsServerIdentity> LoadTlsServerIdentity(const std::string& cert_file,
                                                         const std::string& key_file,
                                                         absl::string_view cert_flag,

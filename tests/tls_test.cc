@@ -7,13 +7,17 @@
 #include "common/tls.h"
 
 #include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -98,8 +102,15 @@ class TlsTest : public ::testing::Test {
       argv.insert(argv.end(), tls_args.begin(), tls_args.end());
       argv.push_back("--log-level=info");
       Subprocess& rdzvd = Start(argv);
-      if (testing::WaitForLoopbackPort(port, kLongWait) && rdzvd.Running()) return port;
-      rdzvd.Kill();  // someone took the port between picking and binding it
+      const absl::Time deadline = absl::Now() + kLongWait;
+      while (rdzvd.Running() && absl::Now() < deadline) {
+        if (testing::WaitForLoopbackPort(port, absl::Milliseconds(100))) return port;
+      }
+      if (rdzvd.Running() || !absl::StrContains(rdzvd.Stderr(), "cannot listen")) {
+        ADD_FAILURE() << "rdzvd did not start: " << rdzvd.Stderr();
+        return 0;
+      }
+      // Someone took the port between picking and binding it: try another.
     }
     ADD_FAILURE() << "rdzvd did not start";
     return 0;
@@ -227,6 +238,50 @@ TEST_F(TlsTest, RdzvctlHealthOverTls) {
   EXPECT_EQ(plain.Wait(kLongWait), 1);
   ASSERT_EQ(Lines(plain.Stderr()).size(), 1u) << plain.Stderr();
   EXPECT_TRUE(Contains(plain.Stderr(), "pass --tls-ca"));
+}
+
+// Sets `file`'s access ACL to its owner and `user` reading, nobody else; false where the file
+// system has no ACLs.
+bool ShareByAcl(const std::string& file, uint32_t user) {
+  std::string acl;
+  const auto put = [&acl](uint32_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) acl.push_back(static_cast<char>(v >> (8 * i) & 0xff));
+  };
+  put(2, 4);  // version
+  const uint32_t kNoId = 0xffffffff;
+  for (const auto& [tag, perm, id] :
+       std::vector<std::tuple<uint16_t, uint16_t, uint32_t>>{{0x01, 4, kNoId},
+                                                             {0x02, 4, user},
+                                                             {0x04, 0, kNoId},
+                                                             {0x10, 4, kNoId},
+                                                             {0x20, 0, kNoId}}) {
+    put(tag, 2);
+    put(perm, 2);
+    put(id, 4);
+  }
+  return setxattr(file.c_str(), "system.posix_acl_access", acl.data(), acl.size(), 0) == 0;
+}
+
+// systemd's LoadCredential= hands rdzvd its key as a 0400 file with an ACL entry for rdzvd's user
+// (stat shows 0440): accepted. The same ACL for another user is refused.
+TEST_F(TlsTest, RdzvdTakesAKeySharedOnlyWithItsOwnUser) {
+  const std::string own = dir_.File("own.key");
+  const std::string other = dir_.File("other.key");
+  for (const std::string& f : {own, other}) {
+    Subprocess cp({.argv = {"install", "-m", "0400", Cert("server.key"), f}});
+    ASSERT_EQ(cp.Wait(kLongWait), 0) << cp.Stderr();
+  }
+  if (!ShareByAcl(own, geteuid())) GTEST_SKIP() << "no ACLs on " << dir_.path();
+  ASSERT_TRUE(ShareByAcl(other, geteuid() + 1));
+  struct stat st;
+  ASSERT_EQ(stat(own.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0440u);
+
+  EXPECT_NE(StartRdzvd({"--tls-cert", Cert("server.pem"), "--tls-key", own}), 0);
+  Subprocess& refused = Start({RDZVD_BIN, "--auth", "none", "--listen", "127.0.0.1:0", "--tls-cert",
+                               Cert("server.pem"), "--tls-key", other});
+  EXPECT_EQ(refused.Wait(kLongWait), 2);
+  EXPECT_TRUE(Contains(refused.Stderr(), "chmod 600 " + other));
 }
 
 // rdzvd refuses to start, with exit 2 and one line naming the file and the fix.
