@@ -14,6 +14,10 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
@@ -41,21 +45,21 @@ using PkeyPtr = std::unique_ptr<EVP_PKEY, PkeyFree>;
 // mode 0400 with an ACL entry for the service's user: stat then shows the ACL's mask in the
 // group bits (0440), although no group may read the file.
 bool AclLetsOthersRead(absl::string_view acl, uid_t self) {
-  constexpr uint16_t kUser = 0x02, kGroupObj = 0x04, kGroup = 0x08, kMask = 0x10, kOther = 0x20;
-  constexpr uint16_t kRead = 4;
-  const auto u16 = [&](size_t at) {
-    return static_cast<uint16_t>(static_cast<uint8_t>(acl[at]) | static_cast<uint8_t>(acl[at + 1])
-                                                                     << 8);
+  constexpr uint32_t kUser = 0x02, kGroupObj = 0x04, kGroup = 0x08, kMask = 0x10, kOther = 0x20;
+  constexpr uint32_t kRead = 4;
+  // Little-endian, as the kernel stores it.
+  const auto number = [acl](size_t at, int bytes) {
+    uint32_t v = 0;
+    for (int i = bytes - 1; i >= 0; --i) v = v << 8 | static_cast<uint8_t>(acl[at + i]);
+    return v;
   };
-  if (acl.size() < 4 || (acl.size() - 4) % 8 != 0 || u16(0) != 2) return true;  // unknown
-  uint16_t mask = 7;
+  if (acl.size() < 4 || (acl.size() - 4) % 8 != 0 || number(0, 4) != 2) return true;  // unknown
+  uint32_t mask = 7;
   for (size_t at = 4; at < acl.size(); at += 8) {
-    if (u16(at) == kMask) mask = u16(at + 2);
+    if (number(at, 2) == kMask) mask = number(at + 2, 2);
   }
   for (size_t at = 4; at < acl.size(); at += 8) {
-    const uint16_t tag = u16(at), perm = u16(at + 2);
-    uint32_t id = 0;
-    for (int i = 3; i >= 0; --i) id = id << 8 | static_cast<uint8_t>(acl[at + 4 + i]);
+    const uint32_t tag = number(at, 2), perm = number(at + 2, 2), id = number(at + 4, 4);
     const bool reads = (perm & mask & kRead) != 0;
     if ((tag == kUser && id != self && reads) || ((tag == kGroupObj || tag == kGroup) && reads) ||
         (tag == kOther && (perm & kRead) != 0)) {

@@ -64,7 +64,7 @@ class TlsTest : public ::testing::Test {
         "-out server.pem -days 2 -extfile san.ext; ",
         "chmod 600 server.key; cp server.key open.key; chmod 644 open.key; ",
         "echo 'not a certificate' > garbage.pem; cp garbage.pem garbage.key; chmod 600 "
-        "garbage.key");
+        "garbage.key; head -c 2000000 /dev/zero > big.pem");
     Subprocess openssl({.argv = {"bash", "-c", script}});
     ASSERT_EQ(openssl.Wait(kLongWait), 0) << openssl.Stderr();
   }
@@ -296,6 +296,7 @@ TEST_F(TlsTest, RdzvdRefusesBadFiles) {
       {Cert("server.pem"), Cert("missing.key"), Cert("missing.key") + " cannot be read"},
       {Cert("ca.pem"), Cert("server.key"), "is not the key of the certificate"},
       {Cert("server.pem"), "", "--tls-cert without --tls-key"},
+      {Cert("big.pem"), Cert("server.key"), "is larger than 1048576 bytes"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv = {RDZVD_BIN,     "--auth",     "none", "--listen",
