@@ -14,6 +14,7 @@ packages=(
   python3-torch              # real PyTorch (gloo) for the examples and end-to-end tests
   openmpi-bin                # mpirun launch shape tests
   iproute2 procps
+  openssl                    # the TLS test makes its own CA and certificates
   dpkg-dev file              # cpack's .deb packages (dpkg-shlibdeps) and their test
   clang libclang-rt-dev      # libFuzzer for tests/fuzz
 )
