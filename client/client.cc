@@ -93,6 +93,8 @@ struct Client::Impl {
 
   // Endpoints whose server did not prove itself, logged once each.
   absl::flat_hash_set<std::string> unproven_logged ABSL_GUARDED_BY(mu);
+  // ReportFailureAsync's and LeaveAsync's credentials are made here.
+  internal::CallThread call_thread;
 };
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
@@ -146,6 +148,8 @@ Client::~Client() {
     absl::MutexLock lock(&impl_->mu);
     impl_->call.reset();
   }
+  // A report or a departure still to be sent starts its call now.
+  impl_->call_thread.Drain();
   // Every stream ends soon after Cancel(); see LiveCalls for why the channel must wait for it.
   LiveCalls& live = *impl_->live_calls;
   absl::MutexLock lock(&live.mu);
@@ -329,29 +333,31 @@ absl::StatusOr<AbortEvent> Client::ReportFailure(const FailureInfo& failure) {
 void Client::ReportFailureAsync(const FailureInfo& failure,
                                 std::function<void(absl::StatusOr<AbortEvent>)> done) {
   using Call = UnaryCall<v1::ReportExitRequest, v1::ReportExitResponse>;
-  auto* call = new Call(impl_->live_calls);
+  auto call = std::make_unique<Call>(impl_->live_calls);
   {
     absl::MutexLock lock(&impl_->mu);
     call->request.set_job_id(impl_->job_id);
     call->request.set_agent_id(impl_->agent_id);
   }
   *call->request.mutable_failure() = ToProto(failure);
-  impl_->SetDeadline(call->context);
-  if (absl::Status s = impl_->Authorize(call->context, "ReportExit", call->request.job_id());
-      !s.ok()) {
-    delete call;
-    done(s);
-    return;
-  }
-  impl_->stub()->async()->ReportExit(&call->context, &call->request, &call->response,
-                                     [call, done = std::move(done)](grpc::Status s) {
-                                       std::unique_ptr<Call> owned(call);
-                                       if (!s.ok()) {
-                                         done(FromGrpcStatus(s));
-                                       } else {
-                                         done(FromProto(owned->response.abort()));
-                                       }
-                                     });
+  impl_->call_thread.Post([impl = impl_.get(), call = call.release(), done = std::move(done)] {
+    impl->SetDeadline(call->context);
+    if (absl::Status s = impl->Authorize(call->context, "ReportExit", call->request.job_id());
+        !s.ok()) {
+      delete call;
+      done(s);
+      return;
+    }
+    impl->stub()->async()->ReportExit(&call->context, &call->request, &call->response,
+                                      [call, done](grpc::Status s) {
+                                        std::unique_ptr<Call> owned(call);
+                                        if (!s.ok()) {
+                                          done(FromGrpcStatus(s));
+                                        } else {
+                                          done(FromProto(owned->response.abort()));
+                                        }
+                                      });
+  });
 }
 
 absl::Status Client::Leave() {
@@ -367,7 +373,7 @@ absl::Status Client::Leave() {
 
 void Client::LeaveAsync(std::function<void(absl::Status)> done) {
   using Call = UnaryCall<v1::LeaveRequest, v1::LeaveResponse>;
-  auto* call = new Call(impl_->live_calls);
+  auto call = std::make_unique<Call>(impl_->live_calls);
   std::shared_ptr<JoinCall> join;
   {
     absl::MutexLock lock(&impl_->mu);
@@ -377,19 +383,22 @@ void Client::LeaveAsync(std::function<void(absl::Status)> done) {
   }
   // The server closes the event stream in answer; that end is no loss.
   if (join) join->MarkLeaving();
-  impl_->SetDeadline(call->context);
-  if (absl::Status s = impl_->Authorize(call->context, "Leave", call->request.job_id()); !s.ok()) {
-    delete call;
-    if (join) join->Cancel();
-    done(s);
-    return;
-  }
-  impl_->stub()->async()->Leave(&call->context, &call->request, &call->response,
-                                [call, join, done = std::move(done)](grpc::Status s) {
-                                  std::unique_ptr<Call> owned(call);
-                                  if (join) join->Cancel();
-                                  done(FromGrpcStatus(s));
-                                });
+  impl_->call_thread.Post([impl = impl_.get(), call = call.release(), join,
+                           done = std::move(done)] {
+    impl->SetDeadline(call->context);
+    if (absl::Status s = impl->Authorize(call->context, "Leave", call->request.job_id()); !s.ok()) {
+      delete call;
+      if (join) join->Cancel();
+      done(s);
+      return;
+    }
+    impl->stub()->async()->Leave(&call->context, &call->request, &call->response,
+                                 [call, join, done](grpc::Status s) {
+                                   std::unique_ptr<Call> owned(call);
+                                   if (join) join->Cancel();
+                                   done(FromGrpcStatus(s));
+                                 });
+  });
 }
 
 absl::StatusOr<std::vector<JobStatusView>> Client::Status(const std::string& job_id) {

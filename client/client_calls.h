@@ -10,8 +10,11 @@
 #include <grpcpp/client_context.h>
 
 #include <chrono>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -61,6 +64,62 @@ struct UnaryCall {
   grpc::ClientContext context;
   Request request;
   Response response;
+};
+
+// Runs functions one after another on a thread of its own, started when one arrives and ended
+// when none is left, so that a client that never needs it holds no thread. ReportFailureAsync and
+// LeaveAsync make their MUNGE credential here: munged answers over a socket, and their caller is
+// often an event loop that must not wait for it.
+class CallThread {
+ public:
+  CallThread() = default;
+  ~CallThread() { Drain(); }
+  CallThread(const CallThread&) = delete;
+  CallThread& operator=(const CallThread&) = delete;
+
+  void Post(std::function<void()> fn) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(fn));
+    if (running_) return;
+    running_ = true;
+    // A thread that found nothing left has cleared running_ and returns without the lock.
+    if (thread_.joinable()) thread_.join();
+    thread_ = std::thread([this] { Run(); });
+  }
+
+  // Waits until every function posted has run.
+  void Drain() {
+    std::thread done;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](bool* running) { return !*running; }, &running_));
+      done = std::move(thread_);
+    }
+    if (done.joinable()) done.join();
+  }
+
+ private:
+  void Run() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        absl::MutexLock lock(&mu_);
+        if (queue_.empty()) {
+          running_ = false;
+          return;
+        }
+        fn = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      fn();
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace internal
