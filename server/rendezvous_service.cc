@@ -399,14 +399,20 @@ grpc::ServerUnaryReactor* RendezvousService::Leave(grpc::CallbackServerContext* 
     return reactor;
   }
   std::vector<JoinStream*> writers;
+  absl::Status status;  // NOT_FOUND for a job the caller has not (another user's is not its)
   {
     absl::MutexLock lock(&mu_);
     Decisions decisions;
-    StateOf(caller->owner).Leave(clock_(), request->job_id(), request->agent_id(), decisions);
+    RendezvousState& state = StateOf(caller->owner);
+    if (!state.has_job(request->job_id())) {
+      status = absl::NotFoundError(
+          absl::StrFormat("you have no job %s here", absl::CHexEscape(request->job_id())));
+    }
+    state.Leave(clock_(), request->job_id(), request->agent_id(), decisions);
     Apply(decisions, writers);
   }
   StartWrites(std::move(writers));
-  reactor->Finish(grpc::Status::OK);
+  reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 
