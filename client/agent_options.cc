@@ -234,6 +234,10 @@ absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& en
                 : flags.auth == "none"  ? ClientAuth::Mode::kNone
                                         : ClientAuth::Mode::kAuto;
   c.auth.munge_socket = flags.munge_socket;
+  // Without an endpoint the server is hosted by this job's agent on node 0, which runs as this
+  // user (--standalone needs no proof: its rendezvous is in-process).
+  c.auth.server_uid =
+      flags.rdzv_endpoint.empty() ? std::optional<uid_t>(self.uid) : flags.server_uid;
   c.token_file = flags.token_file;
   if (c.auth.mode == ClientAuth::Mode::kToken && c.token_file.empty()) {
     return absl::InvalidArgumentError(

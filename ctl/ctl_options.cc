@@ -2,6 +2,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/flags.h"
 #include "common/hostlist.h"
 
@@ -45,6 +46,14 @@ FlagParser MakeParser(CtlOptions& o) {
   p.Add({"munge-socket", "RDZV_MUNGE_SOCKET", "PATH", "munged's socket (default: libmunge's)",
          [&o](absl::string_view v) {
            o.munge_socket = std::string(v);
+           return absl::OkStatus();
+         }});
+  p.Add({"server-uid", "RDZV_SERVER_UID", "UID",
+         "under MUNGE, the uid rdzvd runs as: one that cannot prove it is refused (default: any)",
+         [&o](absl::string_view v) {
+           absl::StatusOr<uid_t> uid = ParseUid(v);
+           if (!uid.ok()) return uid.status();
+           o.server_uid = *uid;
            return absl::OkStatus();
          }});
   p.Add({"tls-ca", "RDZV_TLS_CA", "FILE",

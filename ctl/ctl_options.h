@@ -4,6 +4,9 @@
 #ifndef RDZV_CTL_CTL_OPTIONS_H_
 #define RDZV_CTL_CTL_OPTIONS_H_
 
+#include <sys/types.h>
+
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +32,8 @@ struct CtlOptions {
   // How rdzvctl proves who it is: the job's token when given, else MUNGE when munged runs here.
   std::string token_file;
   std::string munge_socket;
+  // Under MUNGE, the uid rdzvd must prove it runs as (unset: any uid munged vouches for).
+  std::optional<uid_t> server_uid;
   // TLS: verify rdzvd's certificate with this CA (PEM); empty for plaintext.
   std::string tls_ca;
   std::string tls_server_name;  // the name the certificate must hold; "" for the endpoint's host

@@ -17,6 +17,7 @@ namespace rdzv {
 namespace {
 
 constexpr char kHostname[] = "box7";
+constexpr uid_t kUid = 1234;
 
 // Parses and resolves as rdzv-agent's main() does, with `env` as the whole environment (no
 // SLURM_* variables: these tests cover what the flags alone decide).
@@ -24,7 +25,7 @@ absl::StatusOr<AgentConfig> Resolve(const std::vector<std::string>& args, const 
   const EnvLookup lookup = EnvFromList(env);
   absl::StatusOr<AgentFlags> flags = ParseAgentFlags(args, lookup);
   if (!flags.ok()) return flags.status();
-  return ResolveAgentConfig(*flags, lookup, {kHostname, 4242});
+  return ResolveAgentConfig(*flags, lookup, {kHostname, 4242, kUid});
 }
 
 TEST(AgentOptionsTest, StandaloneDefaults) {
@@ -134,6 +135,46 @@ TEST(AgentOptionsTest, ReconnectTimeoutDependsOnWhereTheServerRuns) {
   EXPECT_EQ(chosen->reconnect_timeout, absl::Minutes(5));
 
   EXPECT_FALSE(Resolve({"--standalone", "--reconnect-timeout", "soon", "--", "./run"}).ok());
+}
+
+// The uid a server must prove it runs as: this user's own for the server node 0's agent hosts,
+// whatever --server-uid says; the one --server-uid (RDZV_SERVER_UID) names for an rdzvd, else any.
+TEST(AgentOptionsTest, ServerUidIsOwnForAHostedServerAndChosenForAnRdzvd) {
+  const EnvList slurm = {{"SLURM_JOB_ID", "7"},
+                         {"SLURM_STEP_ID", "0"},
+                         {"SLURM_PROCID", "1"},
+                         {"SLURM_NODEID", "1"},
+                         {"SLURM_LOCALID", "0"},
+                         {"SLURM_STEP_NUM_NODES", "2"},
+                         {"SLURM_STEP_NUM_TASKS", "2"},
+                         {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
+                         {"SLURM_STEP_NODELIST", "n[1-2]"}};
+  absl::StatusOr<AgentConfig> hosted = Resolve({"--server-uid", "0", "--", "./run"}, slurm);
+  ASSERT_TRUE(hosted.ok()) << hosted.status();
+  EXPECT_EQ(hosted->auth.server_uid, kUid);
+
+  const std::vector<std::string> rdzvd = {"--rdzv-endpoint", "head:29400", "--rdzv-id", "exp1",
+                                          "--nnodes",        "2"};
+  const auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = rdzvd;
+    args.insert(args.end(), more.begin(), more.end());
+    args.insert(args.end(), {"--", "./run"});
+    return args;
+  };
+  absl::StatusOr<AgentConfig> any = Resolve(with({}));
+  ASSERT_TRUE(any.ok()) << any.status();
+  EXPECT_EQ(any->auth.server_uid, std::nullopt);
+  absl::StatusOr<AgentConfig> chosen = Resolve(with({"--server-uid", "990"}));
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ(chosen->auth.server_uid, 990u);
+  absl::StatusOr<AgentConfig> site = Resolve(with({}), {{"RDZV_SERVER_UID", "991"}});
+  ASSERT_TRUE(site.ok()) << site.status();
+  EXPECT_EQ(site->auth.server_uid, 991u);
+
+  absl::StatusOr<AgentConfig> bad = Resolve(with({"--server-uid", "rdzvd"}));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "--server-uid")) << bad.status();
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "id -u")) << bad.status();
 }
 
 struct InterpreterCase {

@@ -90,8 +90,10 @@ def setUpModule():
     if env_out.returncode != 0 or not match:
         raise RuntimeError(f"{LOCAL_CLUSTER} env failed: {env_out.stderr.strip()}")
     SLURM_CONF = shlex.split(match.group(1))[0]
+    # The cluster's own variables name which cluster (its directory) to look at.
+    cluster = {k: v for k, v in os.environ.items() if k.startswith("RDZV_SLURM_")}
     status = subprocess.run([LOCAL_CLUSTER, "status"], capture_output=True, text=True,
-                            timeout=60, env=base_env())
+                            timeout=60, env=base_env(**cluster))
     if status.returncode != 0:
         raise RuntimeError(
             "the local Slurm cluster is not up (local-cluster.sh status: "
