@@ -39,15 +39,39 @@ void Replace(std::vector<std::string>& entries, const EnvList& vars,
   for (const auto& [name, value] : vars) entries.push_back(absl::StrCat(name, "=", value));
 }
 
+// Whether `own` may be numbered among the step's GPUs rather than among the node's. Slurm
+// names the step's GPUs by the node's numbering (SLURM_STEP_GPUS=1,2,3), but where it confines
+// the step with cgroups, CUDA_VISIBLE_DEVICES counts only what the step can open (0,1,2). A
+// view built from both would mix the two: for the third GPU, "2" would be taken for the node's
+// GPU 2 and the view would name "3", which does not exist for the task. The two numberings agree
+// when the step holds the node's first GPUs; otherwise `own` is taken for the node's numbering
+// only when it cannot be a position among the step's GPUs, or when it is the GPU Slurm gives a
+// task of this local rank (the step's GPUs are handed out in order) and the position reading
+// would not be.
+bool MaybeRenumbered(const std::string& own, const std::vector<std::string>& devices,
+                     int local_rank) {
+  const int count = static_cast<int>(devices.size());
+  bool first_gpus = true;
+  for (int i = 0; i < count && first_gpus; ++i) {
+    first_gpus = std::find(devices.begin(), devices.end(), absl::StrCat(i)) != devices.end();
+  }
+  if (first_gpus) return false;
+  int position = 0;
+  if (!absl::SimpleAtoi(own, &position) || position < 0 || position >= count) return false;
+  const bool in_order = local_rank < count && devices[local_rank] == own;
+  return !in_order || position == local_rank;
+}
+
 // The device list in which index `local_rank` is `own`: the other devices keep their order
-// around it. Empty when `devices` does not hold `own` or has too few entries, and when `own` is
-// the node's first device: where Slurm constrains devices with cgroups it renumbers each task's
-// GPU to 0, and the others' are out of reach, so no wider view exists.
+// around it. Empty when `devices` does not hold `own` or has too few entries, when `own` is the
+// node's first device (where Slurm confines each task with cgroups it renumbers the task's GPU
+// to 0, and the others are out of reach, so no wider view exists), and when `own` may be
+// numbered among the step's GPUs only (MaybeRenumbered).
 std::vector<std::string> DeviceView(const std::string& own, const std::vector<std::string>& devices,
                                     int local_rank) {
   if (devices.empty() || own == devices.front() ||
       std::find(devices.begin(), devices.end(), own) == devices.end() ||
-      static_cast<int>(devices.size()) <= local_rank) {
+      static_cast<int>(devices.size()) <= local_rank || MaybeRenumbered(own, devices, local_rank)) {
     return {};
   }
   std::vector<std::string> view;

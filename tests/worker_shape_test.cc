@@ -123,6 +123,13 @@ TEST(ShapeWorkerTest, OneGpuPerTaskDeviceView) {
       {"renumbered by cgroups: no view", "0", {"0", "1", "2", "3"}, 2, "0", true},
       {"node GPUs unknown", "2", {}, 2, "2", true},
       {"too few node GPUs", "1", {"0", "1"}, 3, "1", true},
+      // The step holds GPUs 1-3 of the node. Without cgroups its tasks see the node's numbers;
+      // confined with step cgroups they see 0-2, and "2" is then the node's GPU 3.
+      {"node numbering, step without GPU 0", "2", {"1", "2", "3"}, 1, "1,2,3", false},
+      {"node numbering past the step's count", "3", {"1", "2", "3"}, 2, "1,2,3", false},
+      {"renumbered by step cgroups: no view", "2", {"1", "2", "3"}, 2, "2", true},
+      {"renumbered, own not a step GPU", "1", {"2", "3"}, 1, "1", true},
+      {"both numberings name the GPU, not the others", "1", {"0", "1", "3"}, 1, "1", true},
   };
   for (const auto& c : cases) {
     WorkerShape shape;
