@@ -309,6 +309,20 @@ absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& en
       if (f.rdzv_id.empty() && !(*mpi)->job_id.empty()) {
         f.rdzv_id = c.join.job_id = absl::StrCat("mpi-", (*mpi)->job_id);
       }
+      // MPICH's Hydra names no job, and a PMIx launcher other than Open MPI's may give no size:
+      // say what the launcher left out rather than only what is missing.
+      if (!f.nnodes_max) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "--nnodes is required: %s gives this agent its rank but not how many were started; "
+            "pass the number of agents, e.g. --nnodes 2",
+            (*mpi)->launcher));
+      }
+      if (f.rdzv_id.empty()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "--rdzv-id is required: %s gives no job id, and jobs that share rdzvd must not meet; "
+            "pass every agent of the job the same id, e.g. --rdzv-id exp1",
+            (*mpi)->launcher));
+      }
     }
     return ResolveExplicit(f, c);
   }

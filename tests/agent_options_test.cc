@@ -456,6 +456,36 @@ TEST(AgentOptionsTest, UnderMpirunTheLauncherNumbersTheNodes) {
             "PMI_RANK=\"a\" is not a whole number; unset it or fix the launcher");
 }
 
+TEST(AgentOptionsTest, UnderMpichOrPmixTheUserNamesWhatTheLauncherDoesNot) {
+  // MPICH's Hydra gives the rank and the size, but no job id.
+  const EnvList mpich = {{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}};
+  absl::StatusOr<AgentConfig> c =
+      Resolve({"--rdzv-endpoint", "head:29400", "--", "python", "train.py"}, mpich);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.status().message(),
+            "--rdzv-id is required: MPICH gives no job id, and jobs that share rdzvd must not "
+            "meet; pass every agent of the job the same id, e.g. --rdzv-id exp1");
+  c = Resolve({"--rdzv-endpoint", "head:29400", "--rdzv-id", "exp1", "--", "python", "train.py"},
+              mpich);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->join.job_id, "exp1");
+  EXPECT_EQ(c->join.agent.node_index, 1);
+  EXPECT_EQ(c->join.max_agents, 2);
+
+  // PMIx alone: a rank and a namespace, but no size.
+  const EnvList pmix = {{"PMIX_RANK", "0"}, {"PMIX_NAMESPACE", "prterun-h-1234@1"}};
+  c = Resolve({"--rdzv-endpoint", "head:29400", "--", "python", "train.py"}, pmix);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(),
+            "--nnodes is required: PMIx gives this agent its rank but not how many were started; "
+            "pass the number of agents, e.g. --nnodes 2");
+  c = Resolve({"--rdzv-endpoint", "head:29400", "--nnodes", "2", "--", "python", "train.py"}, pmix);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->join.job_id, "mpi-prterun-h-1234@1");
+  EXPECT_EQ(c->join.agent.node_index, 0);
+}
+
 TEST(AgentOptionsTest, WorkerShapeFlags) {
   const EnvList step = {{"SLURM_JOB_ID", "5"},         {"SLURM_STEP_ID", "0"},
                         {"SLURM_PROCID", "0"},         {"SLURM_NODEID", "0"},
