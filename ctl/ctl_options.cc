@@ -77,7 +77,8 @@ FlagParser MakeParser(CtlOptions& o) {
            return absl::OkStatus();
          }});
   p.Add({"nodelist", "", "HOSTLIST",
-         "status/watch: the job's nodes, e.g. $(squeue -h -o %N -j ID), to name the missing",
+         "status/watch: the job's nodes, e.g. $(squeue -h -o %N -j ID), to name the missing "
+         "(default: the nodes its agents named, under Slurm)",
          [&o](absl::string_view v) {
            absl::StatusOr<std::vector<std::string>> hosts =
                ExpandHostlist(std::string_view(v.data(), v.size()));

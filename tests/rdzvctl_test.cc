@@ -90,6 +90,33 @@ TEST(StatusFormatTest, MissingNodesAsAHostlist) {
   EXPECT_EQ(MissingNodes(Job("j", "running", 2, {{"a", 0}, {"b", 1}}), {}), "");
 }
 
+TEST(StatusFormatTest, MissingNodesNamedFromTheJobsNodeList) {
+  v1::JobStatus filling = Job("j", "filling", 4, {{"n1", 0}, {"n4", 3}});
+  filling.set_node_list("n[1-4]");
+  EXPECT_EQ(MissingNodes(filling, {}), "n[2-3]");
+  // --nodelist wins over the job's list.
+  EXPECT_EQ(MissingNodes(filling, {"n1", "n4", "n9"}), "n9");
+  // One agent per task: every node has one, more are due.
+  v1::JobStatus tasks = Job("t", "filling", 4, {{"n1", 0}, {"n1", 0}, {"n2", 1}});
+  tasks.set_node_list("n[1-2]");
+  EXPECT_EQ(MissingNodes(tasks, {}), "1 more");
+  v1::JobStatus partly = Job("t", "filling", 4, {{"n1", 0}, {"n1", 0}});
+  partly.set_node_list("n[1-2]");
+  EXPECT_EQ(MissingNodes(partly, {}), "n2");
+  // Back to indices when the list cannot be trusted to name the agents: an agent under another
+  // name (--host-name), or a list that does not parse.
+  v1::JobStatus renamed = Job("j", "filling", 3, {{"login7", 0}});
+  renamed.set_node_list("n[1-3]");
+  EXPECT_EQ(MissingNodes(renamed, {}), "[1-2]");
+  v1::JobStatus garbled = Job("j", "filling", 2, {{"n1", 0}});
+  garbled.set_node_list("n[1-");
+  EXPECT_EQ(MissingNodes(garbled, {}), "[1]");
+  // Past filling nobody is missing.
+  v1::JobStatus running = Job("j", "running", 2, {{"n1", 0}, {"n2", 1}});
+  running.set_node_list("n[1-2]");
+  EXPECT_EQ(MissingNodes(running, {}), "");
+}
+
 TEST(StatusFormatTest, TableHasOneLinePerJobWithItsFailure) {
   v1::StatusResponse status;
   *status.add_jobs() = Job("train", "filling", 4, {{"n0", 0}, {"n1", 1}});
@@ -100,6 +127,9 @@ TEST(StatusFormatTest, TableHasOneLinePerJobWithItsFailure) {
   const std::string table = FormatStatusTable(status, {});
   EXPECT_THAT(table, HasSubstr("JOB    STATE    ROUND  AGENTS  WORLD  HOSTS   MISSING  FAILURE\n"));
   EXPECT_THAT(table, HasSubstr("train  filling  1      2/4     -      n[0-1]  [2-3]    -\n"));
+  status.mutable_jobs(0)->set_node_list("n[0-3]");
+  EXPECT_THAT(FormatStatusTable(status, {}),
+              HasSubstr("train  filling  1      2/4     -      n[0-1]  n[2-3]   -\n"));
   EXPECT_THAT(table, HasSubstr("bad    ended    1      2/2     4      n[5-6]  -        rank 3"));
   EXPECT_EQ(FormatStatusTable(v1::StatusResponse(), {}), "no jobs\n");
 }
