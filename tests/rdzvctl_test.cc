@@ -42,6 +42,28 @@ TEST(CtlOptionsTest, CommandsWordsAndOptionsInAnyOrder) {
   EXPECT_EQ(o->command, CtlCommand::kHealth);
 }
 
+TEST(CtlOptionsTest, InAWorkerTheJobIsItsOwn) {
+  const EnvList worker = {{"RDZV_ENDPOINT", "n1:20417"}, {"RDZV_RUN_ID", "slurm-7.0"}};
+  absl::StatusOr<CtlOptions> o = Parse({"status"}, worker);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->job, "slurm-7.0");
+  EXPECT_EQ(o->endpoint, "n1:20417");
+  o = Parse({"watch", "--count", "2"}, worker);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->job, "slurm-7.0");
+  // A job named, or --all, wins; abort always names its job.
+  o = Parse({"status", "other"}, worker);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->job, "other");
+  o = Parse({"status", "--all"}, worker);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->job, "");
+  EXPECT_FALSE(Parse({"abort", "--reason", "x"}, worker).ok());
+  o = Parse({"status", "--all", "other"}, worker);
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().message(), "--all shows every job; drop it or the job \"other\"");
+}
+
 TEST(CtlOptionsTest, MistakesAreOneLineErrorsSayingWhatToDo) {
   const struct {
     std::vector<std::string> args;
