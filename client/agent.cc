@@ -47,6 +47,14 @@ std::string NewAgentId(const std::string& host) {
 
 int64_t WallMicros() { return absl::ToUnixMicros(absl::Now()); }
 
+// `path` from the agent's working directory, which a worker may leave; "" stays "".
+std::string AbsolutePath(const std::string& path) {
+  if (path.empty()) return path;
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
+  return error ? path : absolute.string();
+}
+
 // A private directory for the job's error files, removed when the agent ends.
 std::string MakeRunDir(const std::string& job_id) {
   const char* tmp = std::getenv("TMPDIR");
@@ -320,6 +328,10 @@ void Agent::Impl::Do(const agent_action::StartWorkers& start) {
   ctx.max_restarts = spec_.max_restarts.value_or(0);
   ctx.run_id = spec_.job_id;
   ctx.rdzv_endpoint = rendezvous_->endpoint();
+  ctx.token_file = AbsolutePath(config_.token_file);
+  ctx.munge_socket = config_.auth.munge_socket;
+  ctx.tls_ca = AbsolutePath(config_.tls.ca_file);
+  ctx.tls_server_name = config_.tls.server_name;
   ctx.error_file_dir = run_dir_;
   if (watchdog_) ctx.timer_file = watchdog_->path();
   const EnvList base = ProcessEnvList();

@@ -21,8 +21,11 @@ enum class CtlCommand { kStatus, kWatch, kAbort, kHealth };
 struct CtlOptions {
   CtlCommand command = CtlCommand::kStatus;
   std::string endpoint;  // host:port of rdzvd
-  std::string job;       // status/watch: one job (empty: all); abort: the job
-  std::string reason;    // abort
+  // status/watch: one job (empty: all; inside a worker RDZV_RUN_ID, its own, unless --all);
+  // abort: the job.
+  std::string job;
+  bool all = false;    // status/watch: every job, even where RDZV_RUN_ID names one
+  std::string reason;  // abort
   bool json = false;
   absl::Duration timeout = absl::Seconds(5);   // per call
   absl::Duration interval = absl::Seconds(2);  // watch
