@@ -187,13 +187,13 @@ absl::StatusOr<Caller> RendezvousService::Authenticate(grpc::CallbackServerConte
       {Metadata(context, kMungeMetadata), Metadata(context, kTokenMetadata)}, method, job_id);
   if (!caller.ok()) {
     spdlog::warn("refused {} from {}: {}", method, absl::CHexEscape(context->peer()),
-                 caller.status().message());
+                 absl::CHexEscape(caller.status().message()));
     CountRefused(caller.status().code() == absl::StatusCode::kPermissionDenied
                      ? Metrics::kRefusedPermissionDenied
                      : Metrics::kRefusedUnauthenticated);
   } else if (!limits.ok()) {
     spdlog::warn("refused {} from {}: {}", method, absl::CHexEscape(context->peer()),
-                 limits.message());
+                 absl::CHexEscape(limits.message()));
     CountRefused(Metrics::kRefusedLimit);
     return limits;
   }
@@ -254,11 +254,18 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
     if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedLimit);
     return refuse(ToGrpcStatus(limit));
   }
+  const JoinSpec spec = FromProto(*request);
+  // Numbers out of range are refused before anything, the metrics included, counts them.
+  if (absl::Status invalid = ValidateJoinSpec(spec); !invalid.ok()) {
+    if (options_.log_jobs) spdlog::info("refused a join: {}", absl::CHexEscape(invalid.message()));
+    if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedInvalid);
+    return refuse(ToGrpcStatus(invalid));
+  }
   streams_.emplace(id, Stream{stream, &state});
   ++streams_per_user_[&state];
-  const JoinSpec spec = FromProto(*request);
-  SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", spec.job_id, spec.agent.agent_id,
-               spec.agent.host, spec.agent.node_index, spec.agent.nproc);
+  SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", absl::CHexEscape(spec.job_id),
+               absl::CHexEscape(spec.agent.agent_id), absl::CHexEscape(spec.agent.host),
+               spec.agent.node_index, spec.agent.nproc);
   const Micros now = clock_();
   if (options_.metrics != nullptr) options_.metrics->OnJoin(now, id, spec);
   Decisions decisions;
@@ -302,8 +309,8 @@ void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& wr
   for (const Decisions::Close& close : decisions.closes) {
     auto it = streams_.find(close.stream);
     if (it == streams_.end()) continue;
-    if (!close.status.ok() && close.status.code() != absl::StatusCode::kAborted) {
-      if (options_.log_jobs) spdlog::info("refused a join: {}", close.status.message());
+    if (options_.log_jobs && !close.status.ok() && !absl::IsAborted(close.status)) {
+      spdlog::info("refused a join: {}", absl::CHexEscape(close.status.message()));
     }
     if (it->second.stream->PushClose(ToGrpcStatus(close.status))) {
       writers.push_back(it->second.stream);
@@ -378,7 +385,10 @@ grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerCont
               .ReportFailure(clock_(), request->job_id(), request->agent_id(), FromProto(failure),
                              decisions);
       if (abort.ok()) {
-        if (options_.log_jobs) spdlog::info("job {}: {}", request->job_id(), abort->reason);
+        if (options_.log_jobs) {
+          spdlog::info("job {}: {}", absl::CHexEscape(request->job_id()),
+                       absl::CHexEscape(abort->reason));
+        }
         RecordAbort(caller->owner, request->job_id(), *abort);
         *response->mutable_abort() = ToProto(*abort);
       }
@@ -402,14 +412,16 @@ grpc::ServerUnaryReactor* RendezvousService::Leave(grpc::CallbackServerContext* 
     return reactor;
   }
   std::vector<JoinStream*> writers;
+  absl::Status left;
   {
     absl::MutexLock lock(&mu_);
     Decisions decisions;
-    StateOf(caller->owner).Leave(clock_(), request->job_id(), request->agent_id(), decisions);
+    left =
+        StateOf(caller->owner).Leave(clock_(), request->job_id(), request->agent_id(), decisions);
     Apply(decisions, writers);
   }
   StartWrites(std::move(writers));
-  reactor->Finish(grpc::Status::OK);
+  reactor->Finish(ToGrpcStatus(left));
   return reactor;
 }
 
