@@ -4,12 +4,12 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
 #include "common/proto_convert.h"
 #include "server/metrics.h"
 #include "server/rendezvous_service.h"
@@ -110,7 +110,7 @@ grpc::ServerUnaryReactor* RendezvousService::AbortJob(grpc::CallbackServerContex
       if (abort.ok()) {
         RecordAbort(owner, job_id, *abort);
         if (options_.log_jobs && *abort == stop) {  // this abort ended the job
-          spdlog::info("job {}: {}", absl::CHexEscape(job_id), absl::CHexEscape(abort->reason));
+          spdlog::info("job {}: {}", EscapeControl(job_id), EscapeControl(abort->reason));
         }
       }
       Apply(decisions, writers);

@@ -187,13 +187,13 @@ absl::StatusOr<Caller> RendezvousService::Authenticate(grpc::CallbackServerConte
       {Metadata(context, kMungeMetadata), Metadata(context, kTokenMetadata)}, method, job_id);
   if (!caller.ok()) {
     spdlog::warn("refused {} from {}: {}", method, absl::CHexEscape(context->peer()),
-                 absl::CHexEscape(caller.status().message()));
+                 EscapeControl(caller.status().message()));
     CountRefused(caller.status().code() == absl::StatusCode::kPermissionDenied
                      ? Metrics::kRefusedPermissionDenied
                      : Metrics::kRefusedUnauthenticated);
   } else if (!limits.ok()) {
     spdlog::warn("refused {} from {}: {}", method, absl::CHexEscape(context->peer()),
-                 absl::CHexEscape(limits.message()));
+                 EscapeControl(limits.message()));
     CountRefused(Metrics::kRefusedLimit);
     return limits;
   }
@@ -257,14 +257,14 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
   const JoinSpec spec = FromProto(*request);
   // Numbers out of range are refused before anything, the metrics included, counts them.
   if (absl::Status invalid = ValidateJoinSpec(spec); !invalid.ok()) {
-    if (options_.log_jobs) spdlog::info("refused a join: {}", absl::CHexEscape(invalid.message()));
+    if (options_.log_jobs) spdlog::info("refused a join: {}", EscapeControl(invalid.message()));
     if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedInvalid);
     return refuse(ToGrpcStatus(invalid));
   }
   streams_.emplace(id, Stream{stream, &state});
   ++streams_per_user_[&state];
-  SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", absl::CHexEscape(spec.job_id),
-               absl::CHexEscape(spec.agent.agent_id), absl::CHexEscape(spec.agent.host),
+  SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", EscapeControl(spec.job_id),
+               EscapeControl(spec.agent.agent_id), EscapeControl(spec.agent.host),
                spec.agent.node_index, spec.agent.nproc);
   const Micros now = clock_();
   if (options_.metrics != nullptr) options_.metrics->OnJoin(now, id, spec);
@@ -310,7 +310,7 @@ void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& wr
     auto it = streams_.find(close.stream);
     if (it == streams_.end()) continue;
     if (options_.log_jobs && !close.status.ok() && !absl::IsAborted(close.status)) {
-      spdlog::info("refused a join: {}", absl::CHexEscape(close.status.message()));
+      spdlog::info("refused a join: {}", EscapeControl(close.status.message()));
     }
     if (it->second.stream->PushClose(ToGrpcStatus(close.status))) {
       writers.push_back(it->second.stream);
@@ -386,8 +386,8 @@ grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerCont
                              decisions);
       if (abort.ok()) {
         if (options_.log_jobs) {
-          spdlog::info("job {}: {}", absl::CHexEscape(request->job_id()),
-                       absl::CHexEscape(abort->reason));
+          spdlog::info("job {}: {}", EscapeControl(request->job_id()),
+                       EscapeControl(abort->reason));
         }
         RecordAbort(caller->owner, request->job_id(), *abort);
         *response->mutable_abort() = ToProto(*abort);
