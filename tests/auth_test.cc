@@ -179,7 +179,8 @@ TEST_F(AuthTest, AnotherUserCannotSeeStopOrJoinAJob) {
   EXPECT_EQ(report.Wait(kWait), 1) << report.Stdout();
   EXPECT_THAT(report.Stdout(), HasSubstr("has no agent"));
   Subprocess leave = Probe("munge:" + socket_, "leave", "victim");
-  leave.Wait(kWait);
+  EXPECT_EQ(leave.Wait(kWait), 1) << leave.Stdout();
+  EXPECT_THAT(leave.Stdout(), HasSubstr("job victim has no agent"));
 
   // Joining the same id makes the intruder's own job: it does not fill the victim's round.
   Subprocess join = Probe("munge:" + socket_, "join", "victim");
