@@ -28,7 +28,6 @@
 
 // The handle behind rdzv_client*. Defined outside namespace rdzv: it is the C type.
 struct rdzv_client {
-  std::unique_ptr<rdzv::Client> client;
   std::string server_host;  // for the route that picks this host's address
   absl::Mutex mu;
   // What a failure report says about this launcher, known once it has joined.
@@ -36,6 +35,9 @@ struct rdzv_client {
   std::string host ABSL_GUARDED_BY(mu);
   int32_t group_rank ABSL_GUARDED_BY(mu) = 0;
   int calls ABSL_GUARDED_BY(mu) = 0;  // in progress, for rdzv_client_destroy to wait for
+  // Last, so that it goes first: its callbacks run until it is gone, and may call rdzv_cancel,
+  // which needs the members above.
+  std::unique_ptr<rdzv::Client> client;
 };
 
 namespace rdzv {
