@@ -32,6 +32,14 @@ constexpr absl::Duration kCredentialRetryWindow = absl::Seconds(15);
 using internal::LiveCalls;
 using internal::UnaryCall;
 
+namespace {
+
+absl::Status NotJoined() {
+  return absl::FailedPreconditionError("this client has not joined a job; call Join first");
+}
+
+}  // namespace
+
 struct Client::Impl {
   ClientOptions options;
   struct Endpoint {
@@ -51,8 +59,9 @@ struct Client::Impl {
   bool joining ABSL_GUARDED_BY(mu) = false;
   std::shared_ptr<JoinCall> call ABSL_GUARDED_BY(mu);
   const std::shared_ptr<LiveCalls> live_calls = std::make_shared<LiveCalls>();
-  std::string job_id ABSL_GUARDED_BY(mu);
+  std::string job_id ABSL_GUARDED_BY(mu);  // of the latest Join; empty before any
   std::string agent_id ABSL_GUARDED_BY(mu);
+  bool left ABSL_GUARDED_BY(mu) = false;  // the server answered a Leave of the latest Join
   std::mt19937_64 rng{std::random_device{}()};
 
   void SetDeadline(grpc::ClientContext& ctx) const {
@@ -168,8 +177,10 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
   uint64_t generation;
   {
     absl::MutexLock lock(&impl_->mu);
+    if (impl_->cancelled) return absl::CancelledError("join cancelled");
     impl_->job_id = spec.job_id;
     impl_->agent_id = spec.agent.agent_id;
+    impl_->left = false;
     generation = ++impl_->join_generation;
     impl_->joining = true;
   }
@@ -264,6 +275,10 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
       absl::MutexLock lock(&impl_->mu);
       if (stopped()) return absl::CancelledError("join cancelled");
     }
+    if (call->leaving()) {
+      // Leave() on another thread: the server dropped this agent from the round.
+      return absl::CancelledError("Leave ended the join before its round completed");
+    }
     if (!proof.ok() && status->code() != absl::StatusCode::kUnavailable) {
       const bool refused = !status->ok() && status->code() != absl::StatusCode::kCancelled;
       // A single server's refusal is shown as it is (the fix is usually in it: a credential
@@ -339,6 +354,10 @@ void Client::ReportFailureAsync(const FailureInfo& failure,
     call->request.set_job_id(impl_->job_id);
     call->request.set_agent_id(impl_->agent_id);
   }
+  if (call->request.job_id().empty()) {
+    done(NotJoined());
+    return;
+  }
   *call->request.mutable_failure() = ToProto(failure);
   impl_->call_thread.Post([impl = impl_.get(), call = call.release(), done = std::move(done)] {
     impl->SetDeadline(call->context);
@@ -375,15 +394,24 @@ void Client::LeaveAsync(std::function<void(absl::Status)> done) {
   using Call = UnaryCall<v1::LeaveRequest, v1::LeaveResponse>;
   auto call = std::make_unique<Call>(impl_->live_calls);
   std::shared_ptr<JoinCall> join;
+  bool left;
+  uint64_t generation;
   {
     absl::MutexLock lock(&impl_->mu);
     call->request.set_job_id(impl_->job_id);
     call->request.set_agent_id(impl_->agent_id);
     join = impl_->call;
+    left = impl_->left;
+    generation = impl_->join_generation;
+  }
+  if (call->request.job_id().empty() || left) {
+    // Nothing to leave, or the server has answered this departure already.
+    done(left ? absl::OkStatus() : NotJoined());
+    return;
   }
   // The server closes the event stream in answer; that end is no loss.
   if (join) join->MarkLeaving();
-  impl_->call_thread.Post([impl = impl_.get(), call = call.release(), join,
+  impl_->call_thread.Post([impl = impl_.get(), call = call.release(), join, generation,
                            done = std::move(done)] {
     impl->SetDeadline(call->context);
     if (absl::Status s = impl->Authorize(call->context, "Leave", call->request.job_id()); !s.ok()) {
@@ -392,10 +420,15 @@ void Client::LeaveAsync(std::function<void(absl::Status)> done) {
       done(s);
       return;
     }
+    // The client outlives the callback: it waits for its calls (LiveCalls) before it goes.
     impl->stub()->async()->Leave(&call->context, &call->request, &call->response,
-                                 [call, join, done](grpc::Status s) {
+                                 [impl, generation, call, join, done](grpc::Status s) {
                                    std::unique_ptr<Call> owned(call);
                                    if (join) join->Cancel();
+                                   if (s.ok()) {
+                                     absl::MutexLock lock(&impl->mu);
+                                     if (impl->join_generation == generation) impl->left = true;
+                                   }
                                    done(FromGrpcStatus(s));
                                  });
   });

@@ -136,7 +136,7 @@ class Client {
                                        absl::Duration timeout);
 
   // Reports a worker failure of this agent; returns the job's first failure. Blocks for up to
-  // rpc_timeout.
+  // rpc_timeout. FailedPrecondition before any Join.
   absl::StatusOr<AbortEvent> ReportFailure(const FailureInfo& failure);
   // The same without blocking: `done` runs on a gRPC thread (it must not block) once the server
   // has answered or the call has failed.
@@ -144,7 +144,9 @@ class Client {
                           std::function<void(absl::StatusOr<AbortEvent>)> done);
 
   // Tells the server this agent is done and closes the event stream. Blocks for up to
-  // rpc_timeout; LeaveAsync does not, and runs `done` on a gRPC thread.
+  // rpc_timeout; LeaveAsync does not, and runs `done` on a gRPC thread. A Join blocked on another
+  // thread ends with Cancelled. FailedPrecondition before any Join; OK at once once the server
+  // has answered a Leave of the latest Join.
   absl::Status Leave();
   void LeaveAsync(std::function<void(absl::Status)> done);
 

@@ -261,6 +261,10 @@ class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
     absl::MutexLock lock(&mu_);
     leaving_ = true;
   }
+  bool leaving() {
+    absl::MutexLock lock(&mu_);
+    return leaving_;
+  }
   void Cancel() { context_.TryCancel(); }
 
  private:

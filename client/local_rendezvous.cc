@@ -40,9 +40,9 @@ class LocalRendezvous final : public AgentRendezvous {
 
   void Leave(std::function<void(absl::Status)> done) override {
     Decisions d;
-    state_.Leave(clock_(), job_id_, agent_id_, d);
+    absl::Status left = state_.Leave(clock_(), job_id_, agent_id_, d);
     Dispatch(d);
-    post_([done] { done(absl::OkStatus()); });
+    post_([done, left = std::move(left)] { done(left); });
   }
 
   void Cancel() override {

@@ -26,8 +26,9 @@
  * The library owns rdzv_client objects; rdzv_client_destroy frees one.
  *
  * Thread safety: the functions may be called from any thread, and several threads may use one
- * client at once (rdzv_cancel ends a rdzv_join blocked on another thread), except that
- * rdzv_client_destroy must come after every other call on that client has returned. Callbacks
+ * client at once (rdzv_cancel ends a rdzv_join blocked on another thread). rdzv_client_destroy
+ * ends a call blocked on another thread and waits for it to return, but no call on the client
+ * may begin once rdzv_client_destroy has. Callbacks
  * run on the library's own threads and must not block.
  *
  * Stability: types and functions are only added, never changed, while the library's SONAME is
@@ -115,8 +116,9 @@ RDZV_EXPORT rdzv_code rdzv_client_create_tls(const char* endpoint, double join_t
                                              const char* tls_ca_file, const char* tls_server_name,
                                              rdzv_client** out);
 
-/* Ends any join in progress, closes the event stream and frees the client. Blocks until no
- * callback of this client runs or will run: user data given to rdzv_join may be freed after.
+/* Ends any join in progress (it returns RDZV_CANCELLED), closes the event stream, waits for the
+ * calls on the client in progress on other threads to return, and frees the client. Blocks until
+ * no callback of this client runs or will run: user data given to rdzv_join may be freed after.
  * NULL is allowed and does nothing. */
 RDZV_EXPORT void rdzv_client_destroy(rdzv_client* client);
 
@@ -213,7 +215,9 @@ typedef struct rdzv_abort_info {
 RDZV_EXPORT rdzv_code rdzv_report_failure(rdzv_client* client, const rdzv_failure* failure,
                                           rdzv_abort_info* first);
 
-/* Tells the server this launcher is done and closes the event stream. Blocks briefly. */
+/* Tells the server this launcher is done and closes the event stream; a rdzv_join blocked on
+ * another thread returns RDZV_CANCELLED. Blocks briefly. RDZV_FAILED_PRECONDITION before any
+ * rdzv_join; RDZV_OK at once when the server has answered a rdzv_leave already. */
 RDZV_EXPORT rdzv_code rdzv_leave(rdzv_client* client);
 
 /* Ends a rdzv_join in progress on another thread (it returns RDZV_CANCELLED) and closes the

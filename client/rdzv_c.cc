@@ -29,13 +29,16 @@
 
 // The handle behind rdzv_client*. Defined outside namespace rdzv: it is the C type.
 struct rdzv_client {
-  std::unique_ptr<rdzv::Client> client;
   std::string server_host;  // for the route that picks this host's address
   absl::Mutex mu;
   // What a failure report says about this launcher, known once it has joined.
   bool joined ABSL_GUARDED_BY(mu) = false;
   std::string host ABSL_GUARDED_BY(mu);
   int32_t group_rank ABSL_GUARDED_BY(mu) = 0;
+  int calls ABSL_GUARDED_BY(mu) = 0;  // in progress, for rdzv_client_destroy to wait for
+  // Last, so that it goes first: its callbacks run until it is gone, and may call rdzv_cancel,
+  // which needs the members above.
+  std::unique_ptr<rdzv::Client> client;
 };
 
 namespace rdzv {
@@ -98,6 +101,24 @@ bool CopyOut(const std::string& text, char (&buffer)[N]) {
 }
 
 bool Empty(const char* s) { return s == nullptr || *s == '\0'; }
+
+// A call in progress on a client: rdzv_client_destroy waits until there is none.
+class InCall {
+ public:
+  explicit InCall(rdzv_client* client) : client_(client) {
+    absl::MutexLock lock(&client_->mu);
+    ++client_->calls;
+  }
+  ~InCall() {
+    absl::MutexLock lock(&client_->mu);
+    --client_->calls;
+  }
+  InCall(const InCall&) = delete;
+  InCall& operator=(const InCall&) = delete;
+
+ private:
+  rdzv_client* const client_;
+};
 
 std::string HostName() {
   char name[HOST_NAME_MAX + 1] = {};
@@ -252,6 +273,7 @@ rdzv_code Join(rdzv_client* client, const rdzv_join_spec* spec, const rdzv_callb
                rdzv_assignment* out) {
   constexpr const char* kFn = "rdzv_join";
   if (client == nullptr) return NullArgument(kFn, "client");
+  const InCall in_call(client);
   if (spec == nullptr) return NullArgument(kFn, "spec");
   if (out == nullptr) return NullArgument(kFn, "out");
   JoinSpec join;
@@ -297,6 +319,7 @@ rdzv_code Join(rdzv_client* client, const rdzv_join_spec* spec, const rdzv_callb
 rdzv_code ReportFailure(rdzv_client* client, const rdzv_failure* failure, rdzv_abort_info* first) {
   constexpr const char* kFn = "rdzv_report_failure";
   if (client == nullptr) return NullArgument(kFn, "client");
+  const InCall in_call(client);
   if (failure == nullptr) return NullArgument(kFn, "failure");
   if (failure->cause != RDZV_ABORT_WORKER_FAILED && failure->cause != RDZV_ABORT_AGENT_SIGNALLED &&
       failure->cause != RDZV_ABORT_WORKER_HUNG) {
@@ -337,12 +360,14 @@ rdzv_code ReportFailure(rdzv_client* client, const rdzv_failure* failure, rdzv_a
 rdzv_code Leave(rdzv_client* client) {
   constexpr const char* kFn = "rdzv_leave";
   if (client == nullptr) return NullArgument(kFn, "client");
+  const InCall in_call(client);
   return FromStatus(kFn, client->client->Leave());
 }
 
 rdzv_code Cancel(rdzv_client* client) {
   constexpr const char* kFn = "rdzv_cancel";
   if (client == nullptr) return NullArgument(kFn, "client");
+  const InCall in_call(client);
   client->client->Cancel();
   return Ok();
 }
@@ -350,6 +375,7 @@ rdzv_code Cancel(rdzv_client* client) {
 rdzv_code JobStatus(rdzv_client* client, const char* job_id, rdzv_job_status* out) {
   constexpr const char* kFn = "rdzv_status";
   if (client == nullptr) return NullArgument(kFn, "client");
+  const InCall in_call(client);
   if (job_id == nullptr) return NullArgument(kFn, "job_id");
   if (out == nullptr) return NullArgument(kFn, "out");
   if (*job_id == '\0') return Fail(RDZV_INVALID_ARGUMENT, absl::StrCat(kFn, ": job_id is empty"));
@@ -401,6 +427,15 @@ const char* rdzv_code_name(int code) {
 
 void rdzv_client_destroy(rdzv_client* client) {
   rdzv::Guarded("rdzv_client_destroy", [&] {
+    if (client == nullptr) return RDZV_OK;
+    // A call blocked on another thread (a join) returns now; the client goes once it has.
+    client->client->Cancel();
+    {
+      absl::MutexLock lock(&client->mu);
+      client->mu.Await(absl::Condition(
+          +[](rdzv_client* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) { return c->calls == 0; },
+          client));
+    }
     delete client;
     return RDZV_OK;
   });

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
@@ -43,6 +44,31 @@ void AwaitOutputRead(absl::Duration limit) {
     if (absl::Now() >= deadline) return;
     absl::SleepFor(absl::Milliseconds(1));
   }
+}
+
+std::string EscapeControl(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    switch (c) {
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (absl::ascii_iscntrl(static_cast<unsigned char>(c))) {
+          absl::StrAppend(&out, "\\x", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
 }
 
 absl::Status SetUpLogging(absl::string_view program, absl::string_view level) {

@@ -5,6 +5,7 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -16,6 +17,11 @@ namespace rdzv {
 // Installs the default logger for `program` at `level` (trace, debug, info, warn, error, off).
 // InvalidArgument for an unknown level.
 absl::Status SetUpLogging(absl::string_view program, absl::string_view level);
+
+// `text` with its control characters written out (\n, \r, \t, else \xNN) and nothing else
+// changed: text from the wire (names, reasons, a worker's last lines) stays one line in a log and
+// cannot move a terminal's cursor or clear its screen.
+std::string EscapeControl(absl::string_view text);
 
 // Flushes stdout and stderr and, where they are pipes, waits up to `limit` until the reader has
 // taken everything written to them. For a process about to exit with its last words: once a task

@@ -1,5 +1,6 @@
 #include "common/proto_convert.h"
 
+#include <limits>
 #include <type_traits>
 
 namespace rdzv {
@@ -14,6 +15,15 @@ AbortCause CauseFromProto(int value) {
 static_assert(v1::AbortCause_MAX == kMaxAbortCause, "AbortCause and v1.AbortCause differ");
 
 v1::AbortCause CauseToProto(AbortCause cause) { return static_cast<v1::AbortCause>(cause); }
+
+// Milliseconds from the wire in microseconds. A value beyond what microseconds hold saturates
+// instead of overflowing; the range checks that follow (ValidateJoinSpec) refuse it.
+Micros MicrosFromMillis(int64_t ms) {
+  constexpr int64_t kLimit = std::numeric_limits<int64_t>::max() / 1000;
+  if (ms > kLimit) return std::numeric_limits<int64_t>::max();
+  if (ms < -kLimit) return std::numeric_limits<int64_t>::min();
+  return ms * 1000;
+}
 
 }  // namespace
 
@@ -51,7 +61,7 @@ JoinSpec FromProto(const v1::JoinRequest& r) {
   spec.agent.nproc = r.nproc();
   spec.min_agents = r.min_agents();
   spec.max_agents = r.max_agents();
-  spec.last_call = r.last_call_ms() * 1000;
+  spec.last_call = MicrosFromMillis(r.last_call_ms());
   spec.addresses.assign(r.addresses().begin(), r.addresses().end());
   spec.master_port = r.master_port();
   spec.master_addr_override = r.master_addr_override();
@@ -59,7 +69,7 @@ JoinSpec FromProto(const v1::JoinRequest& r) {
   spec.restart_count = r.restart_count();
   if (r.has_resume()) spec.resume = FromProto(r.resume());
   if (r.has_max_restarts()) spec.max_restarts = r.max_restarts();
-  spec.longest_heartbeat_interval = r.longest_heartbeat_interval_ms() * 1000;
+  spec.longest_heartbeat_interval = MicrosFromMillis(r.longest_heartbeat_interval_ms());
   spec.node_list = r.node_list();
   return spec;
 }
@@ -177,7 +187,7 @@ AssignmentEvent FromProto(const v1::Assignment& p) {
   a.master_port = p.master_port();
   a.restart_count = p.restart_count();
   a.agents = p.agents();
-  a.longest_heartbeat_interval = p.longest_heartbeat_interval_ms() * 1000;
+  a.longest_heartbeat_interval = MicrosFromMillis(p.longest_heartbeat_interval_ms());
   return a;
 }
 

@@ -1,6 +1,7 @@
 #include "common/rank_assignment.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <tuple>
 
@@ -73,10 +74,20 @@ absl::StatusOr<RankTable> AssignRanks(const std::vector<AgentSpec>& agents) {
     node_indices.erase(std::unique(node_indices.begin(), node_indices.end()), node_indices.end());
   }
   table.group_world_size = static_cast<int32_t>(indexed ? node_indices.size() : agents.size());
-  std::vector<int32_t> node_workers(table.group_world_size, 0);
+  // Summed in 64 bits: the sum is checked against the 32 bits ranks have before any is handed
+  // out, and every per-node sum is at most the whole.
+  int64_t world = 0;
+  for (const AgentSpec& a : agents) world += a.nproc;
+  if (world > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the %d agents run %d workers in all, over the limit of %d ranks; lower --nnodes or "
+        "--nproc-per-node",
+        agents.size(), world, std::numeric_limits<int32_t>::max()));
+  }
+  std::vector<int64_t> node_workers(table.group_world_size, 0);
 
   table.slots.resize(agents.size());
-  int32_t next_rank = 0;
+  int64_t next_rank = 0;
   for (size_t pos = 0; pos < by_position.size(); ++pos) {
     const size_t idx = by_position[pos];
     Slot& slot = table.slots[idx];
@@ -85,13 +96,15 @@ absl::StatusOr<RankTable> AssignRanks(const std::vector<AgentSpec>& agents) {
                                                         agents[idx].node_index) -
                                        node_indices.begin())
                 : static_cast<int32_t>(pos);
-    slot.rank_offset = next_rank;
-    slot.local_rank_offset = node_workers[slot.group_rank];
+    slot.rank_offset = static_cast<int32_t>(next_rank);
+    slot.local_rank_offset = static_cast<int32_t>(node_workers[slot.group_rank]);
     node_workers[slot.group_rank] += agents[idx].nproc;
     next_rank += agents[idx].nproc;
   }
-  for (Slot& slot : table.slots) slot.local_world_size = node_workers[slot.group_rank];
-  table.world_size = next_rank;
+  for (Slot& slot : table.slots) {
+    slot.local_world_size = static_cast<int32_t>(node_workers[slot.group_rank]);
+  }
+  table.world_size = static_cast<int32_t>(next_rank);
   table.master_agent = static_cast<int32_t>(by_position.front());
   return table;
 }

@@ -27,8 +27,8 @@ struct RankTable {
 };
 
 // Assigns ranks to `agents`. Fails with InvalidArgument when two agents claim the same
-// (node index, order) position, when some agents give a node index and others do not, or when
-// a worker count is not positive.
+// (node index, order) position, when some agents give a node index and others do not, when
+// a worker count is not positive, or when the workers are more than 32-bit ranks can number.
 absl::StatusOr<RankTable> AssignRanks(const std::vector<AgentSpec>& agents);
 
 }  // namespace rdzv

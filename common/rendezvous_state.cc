@@ -1,12 +1,14 @@
 #include "common/rendezvous_state.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "common/hang_verdict.h"
 
 namespace rdzv {
@@ -94,27 +96,115 @@ std::string ChooseMasterAddress(const JoinSpec& master, const std::string& maste
 
 int64_t ClaimKey(const AgentSpec& a) { return a.order >= 0 ? a.order : a.node_index; }
 
-absl::Status ValidateSpec(const JoinSpec& spec) {
+// Why the assignment `spec` resumes cannot be one this server handed out, or "".
+std::string ImpossibleResume(const JoinSpec& spec) {
+  const AssignmentEvent& r = *spec.resume;
+  const Slot& slot = r.slot;
+  const int64_t last_rank = int64_t{slot.rank_offset} + spec.agent.nproc - 1;
+  const int64_t last_local = int64_t{slot.local_rank_offset} + spec.agent.nproc - 1;
+  if (r.round < 1) return absl::StrFormat("round %d", r.round);
+  if (r.agents < 1 || r.agents > spec.max_agents) {
+    return absl::StrFormat("%d agents where --nnodes allows %d", r.agents, spec.max_agents);
+  }
+  if (r.group_world_size < 1 || r.group_world_size > r.agents) {
+    return absl::StrFormat("%d nodes for %d agents", r.group_world_size, r.agents);
+  }
+  if (slot.group_rank < 0 || slot.group_rank >= r.group_world_size) {
+    return absl::StrFormat("node %d of %d", slot.group_rank, r.group_world_size);
+  }
+  if (slot.rank_offset < 0 || last_rank >= r.world_size) {
+    return absl::StrFormat("ranks %d-%d of world size %d", slot.rank_offset, last_rank,
+                           r.world_size);
+  }
+  if (slot.local_rank_offset < 0 || last_local >= slot.local_world_size ||
+      slot.local_world_size > r.world_size) {
+    return absl::StrFormat("local ranks %d-%d of %d on its node", slot.local_rank_offset,
+                           last_local, slot.local_world_size);
+  }
+  if (r.master_port < 0 || r.master_port > 65535) {
+    return absl::StrFormat("master port %d", r.master_port);
+  }
+  if (r.restart_count < 0) return absl::StrFormat("restart count %d", r.restart_count);
+  if (r.longest_heartbeat_interval < 0 || r.longest_heartbeat_interval > kMaxJoinSpan) {
+    return absl::StrFormat("a heartbeat interval of %d us", r.longest_heartbeat_interval);
+  }
+  return "";
+}
+
+// One line for a duration from the wire, whatever its value.
+std::string Span(Micros span) { return absl::FormatDuration(absl::Microseconds(span)); }
+
+absl::Status OutOfRange(absl::string_view what, int64_t value, absl::string_view expected) {
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s is %d; expected %s", what, value, expected));
+}
+
+}  // namespace
+
+absl::Status ValidateJoinSpec(const JoinSpec& spec) {
   if (spec.job_id.empty()) return absl::InvalidArgumentError("the job id is empty; pass --rdzv-id");
   if (spec.agent.agent_id.empty()) return absl::InvalidArgumentError("the agent id is empty");
-  if (spec.agent.nproc < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--nproc-per-node is %d; expected at least 1", spec.agent.nproc));
+  const AgentSpec& agent = spec.agent;
+  if (agent.nproc < 1 || agent.nproc > kMaxWorkersPerAgent) {
+    return OutOfRange("--nproc-per-node", agent.nproc,
+                      absl::StrFormat("1 to %d", kMaxWorkersPerAgent));
   }
   if (spec.min_agents < 1 || spec.max_agents < spec.min_agents) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--nnodes %d:%d is not a valid range; expected 1 <= MIN <= MAX",
                         spec.min_agents, spec.max_agents));
   }
-  const int64_t claim = ClaimKey(spec.agent);
-  if (claim >= spec.max_agents) {
+  // Ranks are 32-bit in torch and on the wire. No agent of the job runs more workers than
+  // --nnodes times its own count allows, so the job's world fits once every agent's does.
+  const int64_t world = int64_t{agent.nproc} * spec.max_agents;
+  if (world > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s %d is out of range for %d %s; expected 0..%d",
-        spec.agent.order >= 0 ? "global position" : "--node-rank", claim, spec.max_agents,
-        spec.agent.order >= 0 ? "agents" : "nodes", spec.max_agents - 1));
+        "%d agents of %d workers each make %d ranks, over the limit of %d; lower --nnodes or "
+        "--nproc-per-node",
+        spec.max_agents, agent.nproc, world, std::numeric_limits<int32_t>::max()));
+  }
+  if (agent.order < -1 || agent.order >= spec.max_agents) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("global position %d is out of range for %d agents; expected 0..%d",
+                        agent.order, spec.max_agents, spec.max_agents - 1));
+  }
+  // A node holds at least one agent, so there are never more nodes than agents.
+  if (agent.node_index < -1 || agent.node_index >= spec.max_agents) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--node-rank %d is out of range for %d nodes; expected 0..%d",
+                        agent.node_index, spec.max_agents, spec.max_agents - 1));
+  }
+  if (spec.last_call < 0 || spec.last_call > kMaxJoinSpan) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--last-call (last_call_ms) is %s; expected 0 to 365 days", Span(spec.last_call)));
+  }
+  if (spec.master_port < 0 || spec.master_port > 65535) {
+    return OutOfRange("the master port", spec.master_port, "0 to 65535");
+  }
+  if (spec.master_port_override < 0 || spec.master_port_override > 65535) {
+    return OutOfRange("--master-port", spec.master_port_override, "1 to 65535, or 0 for none");
+  }
+  if (spec.restart_count < 0) return OutOfRange("the restart count", spec.restart_count, ">= 0");
+  if (spec.max_restarts && *spec.max_restarts < 0) {
+    return OutOfRange("--max-restarts", *spec.max_restarts, ">= 0");
+  }
+  if (spec.longest_heartbeat_interval < 0 || spec.longest_heartbeat_interval > kMaxJoinSpan) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the longest heartbeat interval is %s; expected 0 to 365 days",
+                        Span(spec.longest_heartbeat_interval)));
+  }
+  if (spec.resume) {
+    if (const std::string why = ImpossibleResume(spec); !why.empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "agent %s asks back into an assignment that no rendezvous hands out (%s); stop the "
+          "agent and restart the job",
+          agent.agent_id, why));
+    }
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 // A member's shape is fixed once it has joined: its place among the claims and its ranks were
 // (or will be) worked out from it. A join under the same agent id that changes it would take
@@ -131,6 +221,62 @@ absl::Status SameShape(const std::string& job_id, const AgentSpec& held, const A
     return refuse("--node-rank", held.node_index, asked.node_index);
   }
   if (asked.order != held.order) return refuse("global position", held.order, asked.order);
+  return absl::OkStatus();
+}
+
+// Ranks are assigned by node rank when the agents give one, else by host name; by global
+// position when they have one (one agent per task). A job's agents must agree on both, so a
+// newcomer that does not is refused, naming the agent it disagrees with; `other` is any member.
+absl::Status SameRanking(const std::string& job_id, const AgentSpec& other,
+                         const AgentSpec& asked) {
+  if ((asked.node_index >= 0) != (other.node_index >= 0)) {
+    const auto gives = [](const AgentSpec& a) {
+      return a.node_index >= 0 ? absl::StrFormat("gives --node-rank %d", a.node_index)
+                               : std::string("gives no --node-rank");
+    };
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the agent on %s %s, but the agent on %s, already in job %s, %s; pass --node-rank to "
+        "every agent of the job or to none",
+        asked.host, gives(asked), other.host, job_id, gives(other)));
+  }
+  if ((asked.order >= 0) != (other.order >= 0)) {
+    const auto has = [](const AgentSpec& a) {
+      return a.order >= 0 ? "has a global position (one agent per task)"
+                          : "has no global position (one agent per node)";
+    };
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the agent on %s %s, but the agent on %s, already in job %s, %s; run every agent of the "
+        "job in the same --mode",
+        asked.host, has(asked), other.host, job_id, has(other)));
+  }
+  return absl::OkStatus();
+}
+
+// A resuming agent's claim against the round the job runs (`runs`, as the first agent back
+// brought it, with the job's restart count): workers of another master or size are not this
+// job's, and must not change it for the others.
+absl::Status SameRun(const std::string& job_id, const AssignmentEvent& runs,
+                     const AssignmentEvent& held, const std::string& host) {
+  const auto refuse = [&](const std::string& claimed, const std::string& held_by_job) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the agent on %s rejoins round %d of job %s with %s, but the job runs with %s; its "
+        "workers are not this job's: stop it, or restart the job",
+        host, held.round, job_id, claimed, held_by_job));
+  };
+  const auto master = [](const AssignmentEvent& a) {
+    return absl::StrFormat("master %s:%d", a.master_addr, a.master_port);
+  };
+  if (held.master_addr != runs.master_addr || held.master_port != runs.master_port) {
+    return refuse(master(held), master(runs));
+  }
+  if (held.restart_count != runs.restart_count) {
+    return refuse(absl::StrFormat("restart count %d", held.restart_count),
+                  absl::StrFormat("restart count %d", runs.restart_count));
+  }
+  if (held.group_world_size != runs.group_world_size || held.agents != runs.agents) {
+    return refuse(absl::StrFormat("%d nodes of %d agents", held.group_world_size, held.agents),
+                  absl::StrFormat("%d nodes of %d agents", runs.group_world_size, runs.agents));
+  }
   return absl::OkStatus();
 }
 
@@ -227,6 +373,12 @@ void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec,
                      job->id, job->round, job->world_size, held.round, held.world_size))});
     return;
   }
+  AssignmentEvent runs = job->assignment;
+  runs.restart_count = job->restart_count;
+  if (absl::Status s = SameRun(job->id, runs, held, spec.agent.host); !s.ok()) {
+    out.closes.push_back({stream, std::move(s)});
+    return;
+  }
   auto it = job->members.find(spec.agent.agent_id);
   if (it == job->members.end()) {
     if (job->resume_deadline == 0) {
@@ -265,7 +417,7 @@ void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec,
 
 void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
                            const CallerInfo& caller, Decisions& out) {
-  if (absl::Status s = ValidateSpec(spec); !s.ok()) {
+  if (absl::Status s = ValidateJoinSpec(spec); !s.ok()) {
     out.closes.push_back({stream, s});
     return;
   }
@@ -289,9 +441,11 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
   if (job->phase == Phase::kEnded) {
     const bool next_round = spec.restart_count > job->restart_count;
     if (is_member && !next_round) {
-      // A reconnect after the end: tell it how the job ended.
-      Attach(*job, member_it->second, stream);
+      // A reconnect after the end (its first stream broke before the assignment reached it):
+      // tell it how the job ended, and end the join, as for a resume, so that the agent exits
+      // with the root cause now instead of waiting on a stream that will carry nothing more.
       out.sends.push_back({stream, *job->abort});
+      out.closes.push_back({stream, absl::OkStatus()});
       return;
     }
     if (!next_round && job->attached > 0) {
@@ -354,6 +508,14 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
              "late: check --nnodes, and that the job id is not reused",
              job->id, job->round, static_cast<int>(job->members.size()), spec.agent.host))});
     return;
+  }
+
+  if (!job->members.empty()) {
+    const AgentSpec& other = job->members.begin()->second.spec.agent;
+    if (absl::Status s = SameRanking(job->id, other, spec.agent); !s.ok()) {
+      out.closes.push_back({stream, std::move(s)});
+      return;
+    }
   }
 
   // A fixed master endpoint must be the same wherever it is given: otherwise one agent could
@@ -471,12 +633,20 @@ void RendezvousState::CompleteRound(Job& job, Decisions& out) {
 }
 
 void RendezvousState::EndJob(Job& job, Micros now, AbortEvent abort, Decisions& out) {
+  const bool filling = job.phase == Phase::kFilling;
   job.phase = Phase::kEnded;
   job.ended_at = now;
   job.abort = std::move(abort);
   for (auto& [id, member] : job.members) {
-    if (member.stream != 0 && !member.left) out.sends.push_back({member.stream, *job.abort});
+    if (member.stream == 0 || member.left) continue;
+    out.sends.push_back({member.stream, *job.abort});
+    // A waiter's join ends with the abort: no assignment will follow it.
+    if (filling) {
+      out.closes.push_back({member.stream, absl::OkStatus()});
+      Detach(job, member);
+    }
   }
+  if (filling) job.last_detach = now;
 }
 
 void RendezvousState::StreamClosed(Micros now, StreamId stream, Decisions& out) {
@@ -539,12 +709,14 @@ absl::StatusOr<AbortEvent> RendezvousState::ReportFailure(Micros now, const std:
   return *job->abort;
 }
 
-void RendezvousState::Leave(Micros now, const std::string& job_id, const std::string& agent_id,
-                            Decisions& out) {
+absl::Status RendezvousState::Leave(Micros now, const std::string& job_id,
+                                    const std::string& agent_id, Decisions& out) {
   Job* job = FindJob(job_id);
-  if (job == nullptr) return;
+  if (job == nullptr || !job->members.contains(agent_id)) {
+    return absl::NotFoundError(absl::StrFormat(
+        "job %s has no agent %s to leave (did the server restart?)", job_id, agent_id));
+  }
   auto it = job->members.find(agent_id);
-  if (it == job->members.end()) return;
   Member& member = it->second;
   if (member.stream != 0) out.closes.push_back({member.stream, absl::OkStatus()});
   Detach(*job, member);
@@ -557,6 +729,17 @@ void RendezvousState::Leave(Micros now, const std::string& job_id, const std::st
     ++job->left;
   }
   EraseIfDone(job_id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AbortEvent> RendezvousState::Abort(Micros now, const std::string& job_id,
+                                                  AbortEvent abort, Decisions& out) {
+  Job* job = FindJob(job_id);
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrFormat("rdzvd has no job %s; see rdzvctl status", job_id));
+  }
+  if (job->phase != Phase::kEnded) EndJob(*job, now, std::move(abort), out);
+  return *job->abort;
 }
 
 void RendezvousState::EraseIfDone(const std::string& job_id) {

@@ -53,6 +53,15 @@ struct Decisions {
   std::vector<Close> closes;
 };
 
+// The most workers one agent may run; rdzv-agent caps --nproc-per-node at the same.
+inline constexpr int32_t kMaxWorkersPerAgent = 4096;
+// The longest span a join may carry (its last-call window, its longest heartbeat interval).
+inline constexpr Micros kMaxJoinSpan = Micros{365} * 24 * 3600 * 1'000'000;
+
+// Why `spec` can join no job at all, or OK: the checks that need no job, every id and number of
+// the spec against its range. Join applies it; rdzvd applies it as soon as a join arrives.
+absl::Status ValidateJoinSpec(const JoinSpec& spec);
+
 struct StateOptions {
   // How often a waiting agent hears how the round is filling.
   Micros progress_interval = 3'000'000;
@@ -72,9 +81,12 @@ class RendezvousState {
   RendezvousState& operator=(const RendezvousState&) = delete;
 
   // An agent opened `stream` to join `spec.job_id`. A refusal (bad spec, wrong size, late,
-  // duplicate node rank) comes back as a Close of `stream` in `out`. With `spec.resume` the
-  // agent asks back into the round it runs in: it gets that assignment again, the job's Abort
-  // if the job ended, or a refusal if the job moved on to another round.
+  // duplicate node rank, a node rank where the others give none) comes back as a Close of
+  // `stream` in `out`; the round goes on for the others. A member joining again after the job
+  // ended gets the job's Abort, and then its stream is closed. With `spec.resume` the agent asks
+  // back into the round it runs in: it gets that assignment again, the job's Abort if the job
+  // ended, or a refusal if the job moved on to another round or its claim disagrees with the
+  // job's (master endpoint, restart count, sizes).
   void Join(Micros now, StreamId stream, const JoinSpec& spec, const CallerInfo& caller,
             Decisions& out);
   void Join(Micros now, StreamId stream, const JoinSpec& spec, Decisions& out) {
@@ -92,8 +104,16 @@ class RendezvousState {
                                            Decisions& out);
 
   // An agent is done with the job (its workers ended, or it gave up). Closes its stream
-  // cleanly; the job is forgotten once every member has left.
-  void Leave(Micros now, const std::string& job_id, const std::string& agent_id, Decisions& out);
+  // cleanly; the job is forgotten once every member has left. A member that left already may
+  // leave again (OK) while the job is kept; NotFound for a job or agent this state does not know.
+  absl::Status Leave(Micros now, const std::string& job_id, const std::string& agent_id,
+                     Decisions& out);
+
+  // The operator ends `job_id` (rdzvctl abort) with `abort`: every attached member hears it, as
+  // after a failure. Returns how the job ended: `abort`, or the earlier end of a job that had
+  // ended already. NotFound for a job this state does not know.
+  absl::StatusOr<AbortEvent> Abort(Micros now, const std::string& job_id, AbortEvent abort,
+                                   Decisions& out);
 
   // Time passes: last-call windows close, waiters hear progress, ended jobs are forgotten.
   void Tick(Micros now, Decisions& out);

@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
-#include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
 #include "common/proto_convert.h"
 #include "server/metrics.h"
 #include "server/rendezvous_service.h"
@@ -84,53 +84,34 @@ grpc::ServerUnaryReactor* RendezvousService::AbortJob(grpc::CallbackServerContex
   }
   const std::string reason = request->reason().empty() ? "no reason given" : request->reason();
 
-  absl::StatusOr<AbortEvent> abort;
+  absl::StatusOr<AbortEvent> abort =
+      absl::NotFoundError(absl::StrFormat("rdzvd has no job %s; see rdzvctl status", job_id));
   std::vector<JoinStream*> writers;
   {
     absl::MutexLock lock(&mu_);
     // The caller's own job of that id; for root and admins, anyone's.
     RendezvousState* state = nullptr;
     std::string owner;
-    std::vector<JobStatusView> views;
     for (auto& [o, s] : states_) {
-      if (!caller->admin && o != caller->owner) continue;
-      views = s->Status(job_id);
-      if (!views.empty()) {
-        state = s.get();
-        owner = o;
-        if (o == caller->owner) break;
-      }
+      if ((!caller->admin && o != caller->owner) || !s->has_job(job_id)) continue;
+      state = s.get();
+      owner = o;
+      if (o == caller->owner) break;
     }
-    if (state == nullptr || views.empty() || views.front().agents.empty()) {
-      abort = absl::NotFoundError(
-          absl::StrFormat("rdzvd has no job %s with agents; see rdzvctl status", job_id));
-    } else {
-      const bool already_ended = views.front().state == "ended";
-      // The core ends a job on a stop request from one of its agents; the operator's request
-      // goes in as one, in the name of the job's first agent, and the abort the agents receive
-      // is then worded as the operator's.
-      FailureInfo stop;
+    if (state != nullptr) {
+      // The operator's stop, as the agents hear it: what an agent's SIGTERM would say, in the
+      // operator's words.
+      AbortEvent stop;
       stop.cause = AbortCause::kAgentSignalled;
-      stop.host = "rdzvctl";
-      stop.group_rank = -1;
-      stop.signal = SIGTERM;
+      stop.reason = absl::StrFormat("aborted with rdzvctl: %s", reason);
       stop.exit_code = 128 + SIGTERM;
-      stop.error_message = reason;
-      stop.time_us = absl::ToUnixMicros(absl::Now());
       Decisions decisions;
-      abort = state->ReportFailure(clock_(), job_id, views.front().agents.front().agent_id, stop,
-                                   decisions);
-      if (abort.ok() && !already_ended) {
-        abort->reason = absl::StrFormat("aborted with rdzvctl: %s", reason);
-        abort->first_failure.reset();
-        for (Decisions::Send& send : decisions.sends) {
-          if (auto* event = std::get_if<AbortEvent>(&send.event)) *event = *abort;
-        }
+      abort = state->Abort(clock_(), job_id, stop, decisions);
+      if (abort.ok()) {
         RecordAbort(owner, job_id, *abort);
-        if (options_.log_jobs) spdlog::info("job {}: {}", job_id, abort->reason);
-      } else if (abort.ok()) {
-        auto it = aborts_.find(absl::StrCat(owner, "\n", job_id));
-        if (it != aborts_.end()) abort = it->second.abort;
+        if (options_.log_jobs && *abort == stop) {  // this abort ended the job
+          spdlog::info("job {}: {}", EscapeControl(job_id), EscapeControl(abort->reason));
+        }
       }
       Apply(decisions, writers);
     }

@@ -182,13 +182,13 @@ absl::StatusOr<Caller> RendezvousService::Authenticate(grpc::CallbackServerConte
   if (caller.ok()) auth_.AddProof(*context, credentials, method, job_id, *caller);
   if (!caller.ok()) {
     spdlog::warn("refused {} from {}: {}", method, absl::CHexEscape(context->peer()),
-                 caller.status().message());
+                 EscapeControl(caller.status().message()));
     CountRefused(caller.status().code() == absl::StatusCode::kPermissionDenied
                      ? Metrics::kRefusedPermissionDenied
                      : Metrics::kRefusedUnauthenticated);
   } else if (!limits.ok()) {
     spdlog::warn("refused {} from {}: {}", method, absl::CHexEscape(context->peer()),
-                 limits.message());
+                 EscapeControl(limits.message()));
     CountRefused(Metrics::kRefusedLimit);
     return limits;
   }
@@ -251,11 +251,18 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
     if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedLimit);
     return refuse(ToGrpcStatus(limit));
   }
+  const JoinSpec spec = FromProto(*request);
+  // Numbers out of range are refused before anything, the metrics included, counts them.
+  if (absl::Status invalid = ValidateJoinSpec(spec); !invalid.ok()) {
+    if (options_.log_jobs) spdlog::info("refused a join: {}", EscapeControl(invalid.message()));
+    if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedInvalid);
+    return refuse(ToGrpcStatus(invalid));
+  }
   streams_.emplace(id, Stream{stream, &state});
   ++streams_per_user_[&state];
-  const JoinSpec spec = FromProto(*request);
-  SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", spec.job_id, spec.agent.agent_id,
-               spec.agent.host, spec.agent.node_index, spec.agent.nproc);
+  SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", EscapeControl(spec.job_id),
+               EscapeControl(spec.agent.agent_id), EscapeControl(spec.agent.host),
+               spec.agent.node_index, spec.agent.nproc);
   const Micros now = clock_();
   if (options_.metrics != nullptr) options_.metrics->OnJoin(now, id, spec);
   Decisions decisions;
@@ -299,8 +306,8 @@ void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& wr
   for (const Decisions::Close& close : decisions.closes) {
     auto it = streams_.find(close.stream);
     if (it == streams_.end()) continue;
-    if (!close.status.ok() && close.status.code() != absl::StatusCode::kAborted) {
-      if (options_.log_jobs) spdlog::info("refused a join: {}", close.status.message());
+    if (options_.log_jobs && !close.status.ok() && !absl::IsAborted(close.status)) {
+      spdlog::info("refused a join: {}", EscapeControl(close.status.message()));
     }
     if (it->second.stream->PushClose(ToGrpcStatus(close.status))) {
       writers.push_back(it->second.stream);
@@ -375,7 +382,10 @@ grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerCont
               .ReportFailure(clock_(), request->job_id(), request->agent_id(), FromProto(failure),
                              decisions);
       if (abort.ok()) {
-        if (options_.log_jobs) spdlog::info("job {}: {}", request->job_id(), abort->reason);
+        if (options_.log_jobs) {
+          spdlog::info("job {}: {}", EscapeControl(request->job_id()),
+                       EscapeControl(abort->reason));
+        }
         RecordAbort(caller->owner, request->job_id(), *abort);
         *response->mutable_abort() = ToProto(*abort);
       }
@@ -399,20 +409,16 @@ grpc::ServerUnaryReactor* RendezvousService::Leave(grpc::CallbackServerContext* 
     return reactor;
   }
   std::vector<JoinStream*> writers;
-  absl::Status status;  // NOT_FOUND for a job the caller has not (another user's is not its)
+  absl::Status left;
   {
     absl::MutexLock lock(&mu_);
     Decisions decisions;
-    RendezvousState& state = StateOf(caller->owner);
-    if (!state.has_job(request->job_id())) {
-      status = absl::NotFoundError(
-          absl::StrFormat("you have no job %s here", absl::CHexEscape(request->job_id())));
-    }
-    state.Leave(clock_(), request->job_id(), request->agent_id(), decisions);
+    left =
+        StateOf(caller->owner).Leave(clock_(), request->job_id(), request->agent_id(), decisions);
     Apply(decisions, writers);
   }
   StartWrites(std::move(writers));
-  reactor->Finish(ToGrpcStatus(status));
+  reactor->Finish(ToGrpcStatus(left));
   return reactor;
 }
 

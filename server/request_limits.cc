@@ -1,16 +1,40 @@
 #include "server/request_limits.h"
 
+#include <limits>
 #include <string>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 
 namespace rdzv {
 namespace {
 
+constexpr int64_t kMaxRank = std::numeric_limits<int32_t>::max() - 1;
+
 absl::Status CheckSize(const std::string& value, const char* field, size_t max) {
   if (value.size() <= max) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrFormat(
       "%s is %d bytes, over rdzvd's limit of %d; shorten it", field, value.size(), max));
+}
+
+// A name from the wire (an id, a host name, an address): bounded, and free of anything a
+// terminal would act on when it is printed or logged.
+absl::Status CheckName(const std::string& value, const char* field, size_t max) {
+  if (absl::Status s = CheckSize(value, field, max); !s.ok()) return s;
+  for (const char c : value) {
+    if (!absl::ascii_iscntrl(static_cast<unsigned char>(c))) continue;
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s \"%s\" contains the control character \\x%02x; use printable characters only", field,
+        absl::CHexEscape(value), static_cast<unsigned char>(c)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRange(int64_t value, const char* field, int64_t min, int64_t max) {
+  if (value >= min && value <= max) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s is %d; expected %d to %d", field, value, min, max));
 }
 
 // The first error of `checks`, or OK.
@@ -40,11 +64,11 @@ void KeepStart(std::string* text, size_t max) {
 
 absl::Status CheckJoinRequest(const v1::JoinRequest& r) {
   absl::Status s =
-      First({CheckSize(r.job_id(), "the job id", kMaxIdBytes),
-             CheckSize(r.agent_id(), "the agent id", kMaxIdBytes),
-             CheckSize(r.host(), "the host name", kMaxHostBytes),
-             CheckSize(r.master_addr_override(), "the master address", kMaxHostBytes),
-             CheckSize(r.resume().master_addr(), "the master address", kMaxHostBytes)});
+      First({CheckName(r.job_id(), "the job id", kMaxIdBytes),
+             CheckName(r.agent_id(), "the agent id", kMaxIdBytes),
+             CheckName(r.host(), "the host name", kMaxHostBytes),
+             CheckName(r.master_addr_override(), "the master address", kMaxHostBytes),
+             CheckName(r.resume().master_addr(), "the master address", kMaxHostBytes)});
   if (!s.ok()) return s;
   if (r.addresses_size() > static_cast<int>(kMaxAddresses)) {
     return absl::InvalidArgumentError(
@@ -52,29 +76,37 @@ absl::Status CheckJoinRequest(const v1::JoinRequest& r) {
                         r.addresses_size(), kMaxAddresses));
   }
   for (const std::string& address : r.addresses()) {
-    if (s = CheckSize(address, "an address", kMaxHostBytes); !s.ok()) return s;
+    if (s = CheckName(address, "an address", kMaxHostBytes); !s.ok()) return s;
   }
   return CheckSize(r.node_list(), "the node list", kMaxNodeListBytes);
 }
 
 absl::Status CheckReportExitRequest(const v1::ReportExitRequest& r) {
-  // The failure's text is cut, not refused (TruncateFailureText).
-  return First({CheckSize(r.job_id(), "the job id", kMaxIdBytes),
-                CheckSize(r.agent_id(), "the agent id", kMaxIdBytes),
-                CheckSize(r.failure().host(), "the host name", kMaxHostBytes)});
+  // The failure's text is cut, not refused (TruncateFailureText). Its numbers name a worker
+  // and how it ended: an exit status (an agent exits with it: 256 would read as success), a
+  // Linux signal, and ranks.
+  const v1::WorkerFailure& f = r.failure();
+  return First({CheckName(r.job_id(), "the job id", kMaxIdBytes),
+                CheckName(r.agent_id(), "the agent id", kMaxIdBytes),
+                CheckName(f.host(), "the host name", kMaxHostBytes),
+                CheckRange(f.exit_code(), "the failure's exit code", 0, 255),
+                CheckRange(f.signal(), "the failure's signal", 0, 64),
+                CheckRange(f.rank(), "the failed worker's rank", 0, kMaxRank),
+                CheckRange(f.local_rank(), "the failed worker's local rank", 0, kMaxRank),
+                CheckRange(f.group_rank(), "the failure's node", 0, kMaxRank)});
 }
 
 absl::Status CheckLeaveRequest(const v1::LeaveRequest& r) {
-  return First({CheckSize(r.job_id(), "the job id", kMaxIdBytes),
-                CheckSize(r.agent_id(), "the agent id", kMaxIdBytes)});
+  return First({CheckName(r.job_id(), "the job id", kMaxIdBytes),
+                CheckName(r.agent_id(), "the agent id", kMaxIdBytes)});
 }
 
 absl::Status CheckStatusRequest(const v1::StatusRequest& r) {
-  return CheckSize(r.job_id(), "the job id", kMaxIdBytes);
+  return CheckName(r.job_id(), "the job id", kMaxIdBytes);
 }
 
 absl::Status CheckAbortJobRequest(const v1::AbortJobRequest& r) {
-  return First({CheckSize(r.job_id(), "the job id", kMaxIdBytes),
+  return First({CheckName(r.job_id(), "the job id", kMaxIdBytes),
                 CheckSize(r.reason(), "the reason", kMaxReasonBytes)});
 }
 

@@ -285,7 +285,7 @@ TEST_F(AuthTest, AnotherUserCannotSeeStopOrJoinAJob) {
   EXPECT_THAT(report.Stdout(), HasSubstr("has no agent"));
   Subprocess leave = Probe("munge:" + socket_, "leave", "victim", "n1/agent");
   EXPECT_EQ(leave.Wait(kWait), 1) << leave.Stdout();
-  EXPECT_THAT(leave.Stdout(), HasSubstr("5: you have no job victim here"));  // NOT_FOUND
+  EXPECT_THAT(leave.Stdout(), HasSubstr("5: job victim has no agent"));  // NOT_FOUND
 
   // A credential of the caller's own, but made for another method or another job.
   for (const char* action : {"crossmethod", "crossjob"}) {

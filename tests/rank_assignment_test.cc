@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -235,8 +236,34 @@ INSTANTIATE_TEST_SUITE_P(
                   {Agent("n0", 0, 1, 0), Agent("loose", 1, 1)},
                   {"n0", "loose", "global order"}},
         ErrorCase{"ZeroWorkers", {Agent("n0", 0, 2), Agent("idle", 1, 0)}, {"idle", "0 workers"}},
-        ErrorCase{"NegativeWorkers", {Agent("neg", -1, -3)}, {"neg", "-3 workers"}}),
+        ErrorCase{"NegativeWorkers", {Agent("neg", -1, -3)}, {"neg", "-3 workers"}},
+        ErrorCase{"WorkersBeyond32BitRanks",
+                  {Agent("n0", 0, std::numeric_limits<int32_t>::max()), Agent("n1", 1, 1)},
+                  {"the 2 agents run 2147483648 workers in all, over the limit of 2147483647 "
+                   "ranks; lower --nnodes or --nproc-per-node"}}),
     [](const testing::TestParamInfo<ErrorCase>& info) { return info.param.name; });
+
+// As many agents as it takes, each with as many workers as an agent may run, to pass the ranks
+// that 32 bits hold; one fewer fits exactly up to the last rank.
+TEST(AssignRanksLimitTest, ManyAgentsOfTheMostWorkersPassThe32BitRanks) {
+  constexpr int32_t kWorkers = 4096;
+  constexpr int64_t kFit = std::numeric_limits<int32_t>::max() / kWorkers;  // 524287
+  std::vector<AgentSpec> agents;
+  agents.reserve(kFit + 1);
+  for (int64_t i = 0; i < kFit; ++i) agents.push_back(Agent(absl::StrCat("n", i), i, kWorkers));
+  absl::StatusOr<RankTable> fits = AssignRanks(agents);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(fits->world_size, kFit * kWorkers);
+  EXPECT_EQ(fits->slots.back().rank_offset, (kFit - 1) * kWorkers);
+
+  agents.push_back(Agent("one-more", kFit, kWorkers));
+  absl::StatusOr<RankTable> over = AssignRanks(agents);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(over.status().message(),
+            "the 524288 agents run 2147483648 workers in all, over the limit of 2147483647 ranks; "
+            "lower --nnodes or --nproc-per-node");
+}
 
 }  // namespace
 }  // namespace rdzv

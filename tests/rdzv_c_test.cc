@@ -260,6 +260,59 @@ TEST_F(RdzvCTest, CancelEndsAJoinBlockedOnAnotherThread) {
   EXPECT_THAT(r.error, HasSubstr("rdzv_join"));
 }
 
+// A launcher that gives up on another thread: rdzv_leave ends the blocked rdzv_join with a
+// status that says so, and a second rdzv_leave is no error.
+TEST_F(RdzvCTest, LeaveFromAnotherThreadEndsABlockedJoin) {
+  Events ea;
+  ClientPtr a = NewClient();
+  std::future<JoinResult> ja = JoinAsync(a.get(), Spec("left", 0, "n0"), ea.Callbacks());
+  ASSERT_TRUE(ea.progressed.WaitForNotificationWithTimeout(kLongWait));
+  EXPECT_EQ(rdzv_leave(a.get()), RDZV_OK) << rdzv_last_error();
+  JoinResult r = Get(ja);
+  EXPECT_EQ(r.code, RDZV_CANCELLED) << r.error;
+  EXPECT_EQ(r.error, "rdzv_join: Leave ended the join before its round completed");
+  EXPECT_EQ(rdzv_leave(a.get()), RDZV_OK) << rdzv_last_error();
+  rdzv_job_status status;
+  EXPECT_EQ(rdzv_status(a.get(), "left", &status), RDZV_NOT_FOUND) << "the waiter was kept";
+}
+
+TEST_F(RdzvCTest, LeaveTwiceThenCancelAreNoErrors) {
+  ClientPtr a = NewClient();
+  rdzv_join_spec spec = Spec("solo", 0, "n0");
+  spec.min_nodes = spec.max_nodes = 1;
+  rdzv_assignment assignment;
+  ASSERT_EQ(rdzv_join(a.get(), &spec, nullptr, &assignment), RDZV_OK) << rdzv_last_error();
+  EXPECT_EQ(rdzv_leave(a.get()), RDZV_OK) << rdzv_last_error();
+  EXPECT_EQ(rdzv_leave(a.get()), RDZV_OK) << rdzv_last_error();
+  EXPECT_EQ(rdzv_cancel(a.get()), RDZV_OK) << rdzv_last_error();
+  EXPECT_EQ(rdzv_join(a.get(), &spec, nullptr, &assignment), RDZV_CANCELLED);
+}
+
+TEST_F(RdzvCTest, ReportAndLeaveBeforeAnyJoinAreRefusedWithTheReason) {
+  ClientPtr a = NewClient();
+  rdzv_failure failure{};
+  failure.cause = RDZV_ABORT_WORKER_FAILED;
+  failure.exit_code = 1;
+  EXPECT_EQ(rdzv_report_failure(a.get(), &failure, nullptr), RDZV_FAILED_PRECONDITION);
+  EXPECT_THAT(rdzv_last_error(), HasSubstr("has not joined a job"));
+  EXPECT_EQ(rdzv_leave(a.get()), RDZV_FAILED_PRECONDITION);
+  EXPECT_STREQ(rdzv_last_error(), "rdzv_leave: this client has not joined a job; call Join first");
+}
+
+// Destroying a client while another thread blocks in rdzv_join on it: the join returns
+// RDZV_CANCELLED, and the client is freed only after (the ASan build checks that nothing is
+// used after it is freed).
+TEST_F(RdzvCTest, DestroyWhileAJoinBlocksOnAnotherThreadEndsTheJoinFirst) {
+  Events ea;
+  ClientPtr a = NewClient();
+  std::future<JoinResult> ja = JoinAsync(a.get(), Spec("destroyed", 0, "n0"), ea.Callbacks());
+  ASSERT_TRUE(ea.progressed.WaitForNotificationWithTimeout(kLongWait));
+  a.reset();  // rdzv_client_destroy
+  JoinResult r = Get(ja);
+  EXPECT_EQ(r.code, RDZV_CANCELLED) << r.error;
+  EXPECT_THAT(r.error, HasSubstr("rdzv_join"));
+}
+
 TEST_F(RdzvCTest, StatusOfAnUnknownJobIsNotFound) {
   ClientPtr a = NewClient();
   rdzv_job_status status;

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -97,9 +98,11 @@ class RendezvousStateTest : public testing::Test {
     state_.Tick(now, d);
     return d;
   }
+  // A departure that the state accepts.
   Decisions Leave(Micros now, const std::string& job, const std::string& agent_id) {
     Decisions d;
-    state_.Leave(now, job, agent_id, d);
+    const absl::Status left = state_.Leave(now, job, agent_id, d);
+    EXPECT_TRUE(left.ok()) << left;
     return d;
   }
 
@@ -408,6 +411,106 @@ std::vector<InvalidCase> InvalidCases() {
   s = Spec("j", "n0", 0, 3);
   s.max_agents = 2;
   cases.push_back({"MinAboveMax", s, "--nnodes 3:2"});
+
+  // Numbers from the wire at the ends of their types.
+  constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
+  constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
+  constexpr int32_t kInt32Min = std::numeric_limits<int32_t>::min();
+  s = Spec("j", "n0", 0, 2, 4097);
+  cases.push_back(
+      {"MoreWorkersThanAnAgentRuns", s, "--nproc-per-node is 4097; expected 1 to 4096"});
+  s = Spec("j", "n0", 0, 2, kInt32Max);
+  cases.push_back({"Int32MaxWorkers", s, "--nproc-per-node is 2147483647"});
+  s = Spec("j", "n0", 0, 2, kInt32Min);
+  cases.push_back({"Int32MinWorkers", s, "--nproc-per-node is -2147483648"});
+  s = Spec("j", "n0", 0, 1'000'000, 4096);
+  cases.push_back({"WorldBeyond32BitRanks", s,
+                   "1000000 agents of 4096 workers each make 4096000000 ranks, over the limit of "
+                   "2147483647"});
+  s = Spec("j", "n0", 0, kInt32Max);
+  s.min_agents = kInt32Min;
+  cases.push_back({"NegativeMinAgents", s, "--nnodes -2147483648:2147483647"});
+  s = Spec("j", "n0", 0, 2);
+  s.agent.node_index = -2;
+  cases.push_back({"NodeRankBelowMinusOne", s, "--node-rank -2 is out of range"});
+  s.agent.node_index = kInt64Min;
+  cases.push_back({"NodeRankInt64Min", s, "--node-rank -9223372036854775808 is out of range"});
+  s.agent.node_index = kInt64Max;
+  cases.push_back({"NodeRankInt64Max", s, "--node-rank 9223372036854775807 is out of range"});
+  s = Spec("j", "n0", 0, 2);
+  s.agent.order = kInt64Min;
+  cases.push_back({"GlobalPositionInt64Min", s, "global position -9223372036854775808"});
+  s.agent.order = kInt64Max;
+  cases.push_back({"GlobalPositionInt64Max", s, "global position 9223372036854775807"});
+  s = Spec("j", "n0", 0, 2);
+  s.last_call = -1;
+  cases.push_back({"NegativeLastCall", s, "--last-call (last_call_ms) is -1us"});
+  s.last_call = kInt64Max;
+  cases.push_back({"Int64MaxLastCall", s, "expected 0 to 365 days"});
+  s.last_call = kMaxJoinSpan + 1;
+  cases.push_back({"LastCallJustOverAYear", s, "--last-call (last_call_ms) is 8760h0.000001s"});
+  s = Spec("j", "n0", 0, 2);
+  s.master_port = 65536;
+  cases.push_back({"MasterPortOver65535", s, "the master port is 65536"});
+  s.master_port = kInt32Min;
+  cases.push_back({"NegativeMasterPort", s, "the master port is -2147483648"});
+  s = Spec("j", "n0", 0, 2);
+  s.master_port_override = kInt32Max;
+  cases.push_back({"MasterPortOverrideInt32Max", s, "--master-port is 2147483647"});
+  s = Spec("j", "n0", 0, 2);
+  s.restart_count = -1;
+  cases.push_back({"NegativeRestartCount", s, "the restart count is -1"});
+  s = Spec("j", "n0", 0, 2);
+  s.max_restarts = kInt32Min;
+  cases.push_back({"NegativeMaxRestarts", s, "--max-restarts is -2147483648"});
+  s = Spec("j", "n0", 0, 2);
+  s.longest_heartbeat_interval = kInt64Min;
+  cases.push_back({"NegativeHeartbeatInterval", s, "the longest heartbeat interval is"});
+  s.longest_heartbeat_interval = kInt64Max;
+  cases.push_back({"Int64MaxHeartbeatInterval", s, "expected 0 to 365 days"});
+
+  // Resumed assignments that no rendezvous hands out.
+  const auto resuming = [](void (*change)(AssignmentEvent&)) {
+    JoinSpec r = Spec("j", "n1", 1, 2, 2);
+    AssignmentEvent a;
+    a.round = 1;
+    a.world_size = 4;
+    a.group_world_size = 2;
+    a.agents = 2;
+    a.slot = {2, 1, 0, 2};
+    a.master_addr = "10.0.0.10";
+    a.master_port = 30001;
+    change(a);
+    r.resume = a;
+    return r;
+  };
+  cases.push_back(
+      {"ResumedRoundZero", resuming([](AssignmentEvent& a) { a.round = 0; }), "(round 0)"});
+  cases.push_back({"ResumedRanksBeyondTheWorld",
+                   resuming([](AssignmentEvent& a) { a.slot.rank_offset = kInt32Max; }),
+                   "(ranks 2147483647-2147483648 of world size 4)"});
+  cases.push_back({"ResumedNegativeRanks",
+                   resuming([](AssignmentEvent& a) { a.slot.rank_offset = -1; }),
+                   "(ranks -1-0 of world size 4)"});
+  cases.push_back({"ResumedMoreAgentsThanNnodes",
+                   resuming([](AssignmentEvent& a) { a.agents = kInt32Max; }),
+                   "(2147483647 agents where --nnodes allows 2)"});
+  cases.push_back({"ResumedNodeOutsideTheNodes",
+                   resuming([](AssignmentEvent& a) { a.slot.group_rank = kInt32Min; }),
+                   "(node -2147483648 of 2)"});
+  cases.push_back({"ResumedLocalRanksBeyondTheNode",
+                   resuming([](AssignmentEvent& a) { a.slot.local_rank_offset = 1; }),
+                   "(local ranks 1-2 of 2 on its node)"});
+  cases.push_back({"ResumedMasterPortOver65535",
+                   resuming([](AssignmentEvent& a) { a.master_port = 65536; }),
+                   "(master port 65536)"});
+  cases.push_back({"ResumedNegativeRestartCount",
+                   resuming([](AssignmentEvent& a) { a.restart_count = -1; }),
+                   "(restart count -1)"});
+  cases.push_back({"ResumedNegativeHeartbeatInterval",
+                   resuming([](AssignmentEvent& a) { a.longest_heartbeat_interval = kInt64Min; }),
+                   "(a heartbeat interval of -9223372036854775808 us)"});
   return cases;
 }
 
@@ -416,41 +519,68 @@ INSTANTIATE_TEST_SUITE_P(Cases, InvalidSpecTest, testing::ValuesIn(InvalidCases(
                            return info.param.name;
                          });
 
-// Agents that disagree on whether --node-rank is given cannot be ranked: every waiter is told,
-// and the job is forgotten so that corrected agents can start over.
-TEST_F(RendezvousStateTest, MixedNodeRanksFailTheRoundAndForgetIt) {
-  const Decisions d = JoinAll(0, 1, {Spec("j", "n0", 0, 2), Spec("j", "loose", -1, 2)});
-  EXPECT_TRUE(d.sends.empty()) << Summary(d);
-  const std::map<StreamId, absl::Status> closes = ClosesOf(d);
-  ASSERT_EQ(closes.size(), 2u) << Summary(d);
-  for (const auto& [stream, status] : closes) {
-    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << stream << ": " << status;
-    EXPECT_TRUE(absl::StrContains(status.message(), "--node-rank")) << status;
-  }
-  EXPECT_EQ(state_.job_count(), 0u);
-  EXPECT_TRUE(IsEmpty(Tick(100 * kSecond)));
-  EXPECT_EQ(EventsOf<AssignmentEvent>(
-                JoinAll(101 * kSecond, 3, {Spec("j", "n0", 0, 2), Spec("j", "n1", 1, 2)}))
-                .size(),
-            2u);
+// Agents that disagree on whether --node-rank is given cannot be ranked together. The newcomer
+// that differs from the agents already waiting is refused at once, saying what differs and what
+// to do; the others go on waiting, and a correct agent completes their round.
+TEST_F(RendezvousStateTest, MixedNodeRanksRefuseTheNewcomerAndTheRoundGoesOn) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Spec("j", "n0", 0, 2))));
+  const absl::Status s = RefusalOf(Join(kSecond, 2, Spec("j", "loose", -1, 2)), 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(s.message(),
+            "the agent on loose gives no --node-rank, but the agent on n0, already in job j, "
+            "gives --node-rank 0; pass --node-rank to every agent of the job or to none");
+  EXPECT_EQ(state_.Status("j").at(0).joined, 1);
+  const std::map<StreamId, AssignmentEvent> assigned =
+      EventsOf<AssignmentEvent>(Join(2 * kSecond, 3, Spec("j", "n1", 1, 2)));
+  ASSERT_EQ(assigned.size(), 2u);
+  EXPECT_EQ(assigned.at(1).world_size, 2);
+  EXPECT_EQ(assigned.at(3).slot.rank_offset, 1);
 }
 
-TEST_F(RendezvousStateTest, MixedNodeRanksFailAnElasticRoundAndForgetIt) {
+TEST_F(RendezvousStateTest, NodeRankAmongAgentsWithoutOneIsRefusedTheSameWay) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Spec("j", "loose", -1, 2))));
+  const absl::Status s = RefusalOf(Join(kSecond, 2, Spec("j", "n1", 1, 2)), 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(s.message(),
+            "the agent on n1 gives --node-rank 1, but the agent on loose, already in job j, "
+            "gives no --node-rank; pass --node-rank to every agent of the job or to none");
+  EXPECT_EQ(EventsOf<AssignmentEvent>(Join(2 * kSecond, 3, Spec("j", "other", -1, 2))).size(), 2u);
+}
+
+TEST_F(RendezvousStateTest, MixedGlobalPositionsRefuseTheNewcomer) {
+  JoinSpec task = Spec("j", "n0", 0, 2);
+  task.agent.order = 0;
+  EXPECT_TRUE(IsEmpty(Join(0, 1, task)));
+  const absl::Status s = RefusalOf(Join(kSecond, 2, Spec("j", "n1", 1, 2)), 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(s.message(),
+            "the agent on n1 has no global position (one agent per node), but the agent on n0, "
+            "already in job j, has a global position (one agent per task); run every agent of "
+            "the job in the same --mode");
+  JoinSpec second = Spec("j", "n1", 1, 2);
+  second.agent.order = 1;
+  EXPECT_EQ(EventsOf<AssignmentEvent>(Join(2 * kSecond, 3, second)).size(), 2u);
+}
+
+// In an elastic round the mixed newcomer is refused at join too, so that the round completes
+// at the last call with the agents that agree.
+TEST_F(RendezvousStateTest, MixedNodeRanksInAnElasticRoundRefuseTheNewcomer) {
   JoinSpec n0 = Spec("j", "n0", 0, 3);
   JoinSpec loose = Spec("j", "loose", -1, 3);
-  for (JoinSpec* s : {&n0, &loose}) {
+  JoinSpec n1 = Spec("j", "n1", 1, 3);
+  for (JoinSpec* s : {&n0, &loose, &n1}) {
     s->min_agents = 2;
     s->last_call = kSecond;
   }
   EXPECT_TRUE(IsEmpty(Join(0, 1, n0)));
-  EXPECT_TRUE(IsEmpty(Join(0, 2, loose)));
+  EXPECT_EQ(RefusalOf(Join(0, 2, loose), 2).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(IsEmpty(Join(0, 3, n1)));
   const Decisions d = Tick(kSecond);
-  EXPECT_TRUE(d.sends.empty()) << Summary(d);
-  const std::map<StreamId, absl::Status> closes = ClosesOf(d);
-  ASSERT_EQ(closes.size(), 2u) << Summary(d);
-  EXPECT_EQ(closes.at(1).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(closes.at(2).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(state_.job_count(), 0u);
+  EXPECT_TRUE(d.closes.empty()) << Summary(d);
+  const std::map<StreamId, AssignmentEvent> assigned = EventsOf<AssignmentEvent>(d);
+  ASSERT_EQ(assigned.size(), 2u) << Summary(d);
+  EXPECT_EQ(assigned.at(3).world_size, 2);
+  EXPECT_EQ(state_.Status("j").at(0).state, "running");
 }
 
 // ---- Waiters coming and going ----
@@ -786,7 +916,9 @@ TEST_F(RunningJobTest, LeaveByEveryMemberForgetsTheJob) {
   EXPECT_EQ(state_.job_count(), 0u);
 }
 
-TEST_F(RunningJobTest, MemberReconnectingAfterTheEndHearsHowItEnded) {
+// A member whose stream broke before its assignment reached it joins again: it hears how the
+// job ended, and then its join ends, so that its agent exits with the root cause at once.
+TEST_F(RunningJobTest, MemberReconnectingAfterTheEndHearsHowItEndedAndIsClosed) {
   Decisions d;
   ASSERT_TRUE(state_.ReportFailure(5 * kSecond, "j", "n1/agent", Failure("n1", 3, 7), d).ok());
   EXPECT_TRUE(IsEmpty(Closed(6 * kSecond, 3)));
@@ -796,6 +928,94 @@ TEST_F(RunningJobTest, MemberReconnectingAfterTheEndHearsHowItEnded) {
   ASSERT_TRUE(aborts.at(30).first_failure.has_value());
   EXPECT_EQ(aborts.at(30).first_failure->host, "n1");
   EXPECT_EQ(aborts.at(30).exit_code, 7);
+  const std::map<StreamId, absl::Status> closes = ClosesOf(again);
+  ASSERT_EQ(closes.size(), 1u) << Summary(again);
+  EXPECT_TRUE(closes.at(30).ok()) << closes.at(30);
+  // Nothing holds the ended job open: its TTL runs from that last contact.
+  EXPECT_EQ(state_.Status("j").at(0).state, "ended");
+  EXPECT_TRUE(IsEmpty(Closed(7 * kSecond, 30)));
+}
+
+// ---- Departures ----
+
+TEST_F(RunningJobTest, LeaveOfAJobOrAgentTheStateDoesNotKnowIsNotFound) {
+  Decisions d;
+  absl::Status s = state_.Leave(kSecond, "other", "n1/agent", d);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_EQ(s.message(), "job other has no agent n1/agent to leave (did the server restart?)");
+  s = state_.Leave(kSecond, "j", "n7/agent", d);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_TRUE(IsEmpty(d)) << Summary(d);
+  EXPECT_EQ(state_.Status("j").at(0).state, "running");
+  EXPECT_EQ(state_.Status("j").at(0).agents.at(0).state, "attached");
+}
+
+TEST_F(RunningJobTest, LeavingTwiceIsFineWhileTheJobIsKept) {
+  EXPECT_TRUE(ClosesOf(Leave(5 * kSecond, "j", "n0/agent")).at(1).ok());
+  EXPECT_TRUE(IsEmpty(Leave(6 * kSecond, "j", "n0/agent")));
+  EXPECT_EQ(state_.Status("j").at(0).state, "running");
+}
+
+TEST_F(RendezvousStateTest, WaiterThatLeftIsNoLongerAMember) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Spec("j", "n0", 0, 3))));
+  EXPECT_TRUE(IsEmpty(Join(0, 2, Spec("j", "n1", 1, 3))));
+  EXPECT_TRUE(ClosesOf(Leave(kSecond, "j", "n0/agent")).at(1).ok());
+  Decisions d;
+  EXPECT_EQ(state_.Leave(2 * kSecond, "j", "n0/agent", d).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(IsEmpty(d)) << Summary(d);
+  EXPECT_EQ(state_.Status("j").at(0).joined, 1);
+}
+
+// ---- The operator's abort ----
+
+TEST_F(RunningJobTest, OperatorAbortReachesEveryMemberAndIsHowTheJobEnded) {
+  AbortEvent stop;
+  stop.cause = AbortCause::kAgentSignalled;
+  stop.reason = "aborted with rdzvctl: maintenance";
+  stop.exit_code = 143;
+  Decisions d;
+  absl::StatusOr<AbortEvent> ended = state_.Abort(5 * kSecond, "j", stop, d);
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_EQ(*ended, stop);
+  const std::map<StreamId, AbortEvent> aborts = EventsOf<AbortEvent>(d);
+  ASSERT_EQ(aborts.size(), 3u) << Summary(d);
+  for (const auto& [stream, a] : aborts) EXPECT_EQ(a, stop) << stream;
+  EXPECT_TRUE(d.closes.empty()) << Summary(d);
+  // Whoever asks later hears the same words: a failure report, and a member back after the end.
+  Decisions later;
+  absl::StatusOr<AbortEvent> report =
+      state_.ReportFailure(6 * kSecond, "j", "n2/agent", Failure("n2", 5, 3), later);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(*report, stop);
+  EXPECT_TRUE(IsEmpty(Closed(6 * kSecond, 2)));
+  EXPECT_EQ(EventsOf<AbortEvent>(Join(7 * kSecond, 20, Spec("j", "n1", 1, 3, 2))).at(20), stop);
+  // A second abort changes nothing.
+  AbortEvent again = stop;
+  again.reason = "aborted with rdzvctl: again";
+  Decisions none;
+  EXPECT_EQ(*state_.Abort(8 * kSecond, "j", again, none), stop);
+  EXPECT_TRUE(IsEmpty(none)) << Summary(none);
+  EXPECT_EQ(state_.Abort(8 * kSecond, "nosuchjob", stop, none).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// Waiters of a round that ends before it completes hear why, and their joins end.
+TEST_F(RendezvousStateTest, OperatorAbortOfAFillingJobEndsEveryWaitersJoin) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Spec("j", "n0", 0, 3))));
+  EXPECT_TRUE(IsEmpty(Join(0, 2, Spec("j", "n1", 1, 3))));
+  AbortEvent stop;
+  stop.cause = AbortCause::kAgentSignalled;
+  stop.reason = "aborted with rdzvctl: wrong size";
+  stop.exit_code = 143;
+  Decisions d;
+  ASSERT_TRUE(state_.Abort(kSecond, "j", stop, d).ok());
+  EXPECT_EQ(EventsOf<AbortEvent>(d).size(), 2u) << Summary(d);
+  const std::map<StreamId, absl::Status> closes = ClosesOf(d);
+  ASSERT_EQ(closes.size(), 2u) << Summary(d);
+  EXPECT_TRUE(closes.at(1).ok() && closes.at(2).ok()) << Summary(d);
+  EXPECT_EQ(state_.Status("j").at(0).state, "ended");
+  // Their streams closing afterwards changes nothing.
+  EXPECT_TRUE(IsEmpty(Closed(2 * kSecond, 1)));
 }
 
 // ---- Ended jobs: forgetting, restarting, requeueing ----
@@ -1094,6 +1314,11 @@ TEST_F(ResumeTest, AgentsThatDoNotComeBackInTimeEndTheJob) {
   EXPECT_EQ(aborts.at(10).reason,
             "1 of 3 agents did not come back within 10s after the rendezvous server restarted");
   EXPECT_EQ(aborts.at(12).exit_code, 1);
+  // The cause says so, for agents and metrics that do not read the words.
+  for (const auto& [stream, abort] : aborts) {
+    EXPECT_EQ(abort.cause, AbortCause::kResumeTimedOut) << stream;
+    EXPECT_FALSE(abort.first_failure.has_value()) << stream;
+  }
 
   // The straggler learns how the job ended instead of starting anything.
   const Decisions late = Join(12 * kSecond, 11, Resuming(1));
@@ -1143,12 +1368,73 @@ TEST_F(ResumeTest, RefusesTwoAgentsHoldingTheSameRanks) {
 
 TEST_F(ResumeTest, RefusesAReturningAgentWithAnotherNproc) {
   ASSERT_EQ(EventsOf<AssignmentEvent>(Join(kSecond, 10, Resuming(0))).size(), 1u);
+  // (More workers than its node held would be no assignment at all: InvalidSpecTest.)
   JoinSpec reshaped = Resuming(0);
-  reshaped.agent.nproc = 3;
+  reshaped.agent.nproc = 1;
   const absl::Status refused = RefusalOf(Join(2 * kSecond, 11, reshaped), 11);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(absl::StrContains(refused.message(), "with --nproc-per-node 2 and now asks for 3"))
+  EXPECT_TRUE(absl::StrContains(refused.message(), "with --nproc-per-node 2 and now asks for 1"))
       << refused;
+}
+
+// The first agent back brings the round for everyone; a later claim that disagrees with it (a
+// stale agent of another run, or a hostile one) is refused naming both values, and the job goes
+// on as the first one set it.
+TEST_F(ResumeTest, RefusesAClaimThatDisagreesWithTheJobAndLeavesTheJobAlone) {
+  ASSERT_EQ(EventsOf<AssignmentEvent>(Join(kSecond, 10, Resuming(0))).size(), 1u);
+  struct Case {
+    void (*change)(AssignmentEvent&);
+    std::string claimed, held;
+  };
+  const Case cases[] = {
+      {[](AssignmentEvent& a) { a.master_addr = "10.9.9.9"; }, "master 10.9.9.9:30001",
+       "master 10.0.0.10:30001"},
+      {[](AssignmentEvent& a) { a.master_port = 29500; }, "master 10.0.0.10:29500",
+       "master 10.0.0.10:30001"},
+      {[](AssignmentEvent& a) { a.restart_count = 2; }, "restart count 2", "restart count 0"},
+      {[](AssignmentEvent& a) {
+         a.group_world_size = 2;
+         a.agents = 2;
+       },
+       "2 nodes of 2 agents", "3 nodes of 3 agents"},
+  };
+  StreamId stream = 20;
+  for (const Case& c : cases) {
+    JoinSpec claim = Resuming(1);
+    c.change(*claim.resume);
+    const absl::Status refused = RefusalOf(Join(2 * kSecond, stream, claim), stream);
+    ++stream;
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    EXPECT_EQ(refused.message(),
+              absl::StrCat("the agent on n1 rejoins round 1 of job j with ", c.claimed,
+                           ", but the job runs with ", c.held,
+                           "; its workers are not this job's: stop it, or restart the job"));
+  }
+  // The honest agents come back to the job as it was, and it runs on.
+  for (size_t i = 1; i < 3; ++i) {
+    const std::map<StreamId, AssignmentEvent> back =
+        EventsOf<AssignmentEvent>(Join(3 * kSecond, 30 + i, Resuming(i)));
+    ASSERT_EQ(back.size(), 1u);
+    EXPECT_EQ(Describe(back.at(30 + i)), Describe(held_[i]));
+  }
+  EXPECT_TRUE(IsEmpty(Tick(20 * kSecond)));
+  EXPECT_EQ(state_.Status("j").at(0).state, "running");
+  EXPECT_EQ(state_.Status("j").at(0).joined, 3);
+}
+
+// The same server, which never lost the job, holds its members to the same round.
+TEST_F(ResumeTest, SameServerRefusesAClaimOfAnotherMaster) {
+  RendezvousState same;
+  Decisions d;
+  for (size_t i = 0; i < specs_.size(); ++i) same.Join(0, 1 + i, specs_[i], d);
+  JoinSpec claim = Resuming(2);
+  claim.resume->master_port = 1;
+  Decisions back;
+  same.Join(kSecond, 9, claim, back);
+  ASSERT_EQ(ClosesOf(back).size(), 1u) << Summary(back);
+  EXPECT_EQ(ClosesOf(back).at(9).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(back.sends.empty()) << Summary(back);
+  EXPECT_EQ(same.Status("j").at(0).state, "running");
 }
 
 }  // namespace

@@ -98,7 +98,7 @@ class Checker {
         break;
       }
       case 4:
-        state_.Leave(now_, JobId(in.Next(kJobs)), AgentId(in.Next(kAgents)), out);
+        state_.Leave(now_, JobId(in.Next(kJobs)), AgentId(in.Next(kAgents)), out).IgnoreError();
         break;
       default:
         now_ += int64_t{in.Next(256)} * 100'000;
