@@ -1,124 +1,168 @@
 // Where librdzv makes the MUNGE credentials of its non-blocking calls: not on the caller's thread
-// (the agent's event loop), which must not wait for munged. A munged that accepts the connection
-// and does not answer holds the credential back; the call has returned by then, and its `done`
-// reports munged's failure once the connection is dropped.
+// (the agent's event loop), which must not wait for munged. A client joins a one-agent job on a
+// real rdzvd through a private munged; then munged is frozen (SIGSTOP): it accepts connections
+// and answers none. ReportFailureAsync and LeaveAsync must return at once; their `done` runs once
+// munged is back (SIGCONT) and the call has been made.
 #include <gtest/gtest.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <sys/un.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "common/auth.h"
 #include "tests/testing/subprocess.h"
 
 namespace rdzv {
 namespace {
 
-// A UNIX socket that listens and never answers: a munged that hangs.
-class SilentSocket {
- public:
-  explicit SilentSocket(const std::string& path) : fd_(socket(AF_UNIX, SOCK_STREAM, 0)) {
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    path.copy(addr.sun_path, sizeof(addr.sun_path) - 1);
-    EXPECT_EQ(bind(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
-    EXPECT_EQ(listen(fd_, 16), 0);
-  }
-  ~SilentSocket() { close(fd_); }
+using testing::Subprocess;
+using testing::SubprocessOptions;
 
-  // Waits up to `timeout` for a connection and drops it; false when none came.
-  bool DropOne(absl::Duration timeout) {
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) != 1) return false;
-    const int conn = accept(fd_, nullptr, nullptr);
-    if (conn < 0) return false;
-    close(conn);
-    return true;
-  }
-
- private:
-  const int fd_;
-};
+constexpr absl::Duration kWait = absl::Seconds(60);
 
 class ClientCredentialsTest : public ::testing::Test {
  protected:
-  // As rdzv-agent does: libmunge writes to munged's socket, which this test's munged drops.
-  void SetUp() override { signal(SIGPIPE, SIG_IGN); }
+  void SetUp() override {
+    // As rdzv-agent does: libmunge writes to munged's socket, which must not kill the test.
+    signal(SIGPIPE, SIG_IGN);
+    socket_ = dir_.File("munge.socket");
+    const std::string key = dir_.File("munge.key");
+    {
+      std::ifstream random("/dev/urandom", std::ios::binary);
+      std::string bytes(1024, '\0');
+      random.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+      std::ofstream(key, std::ios::binary) << bytes;
+    }
+    ASSERT_EQ(chmod(key.c_str(), 0600), 0);
+    munged_.emplace(SubprocessOptions{
+        .argv = {"munged", "--foreground", "--force", "--socket=" + socket_, "--key-file=" + key,
+                 "--pid-file=" + dir_.File("munged.pid"), "--log-file=" + dir_.File("munged.log"),
+                 "--seed-file=" + dir_.File("munged.seed")}});
+    for (int i = 0; i < 100 && !MungeWorks(socket_); ++i) usleep(50'000);
+    ASSERT_TRUE(MungeWorks(socket_)) << munged_->Stderr();
+    for (int attempt = 0; attempt < 5 && endpoint_.empty(); ++attempt) {
+      const int port = testing::FreeLoopbackPort();
+      rdzvd_.emplace(
+          SubprocessOptions{.argv = {RDZVD_BIN, "--auth", "munge", "--munge-socket", socket_,
+                                     "--listen", absl::StrCat("127.0.0.1:", port)},
+                            .unset_env_prefixes = {"RDZV_", "SLURM_"}});
+      if (testing::WaitForLoopbackPort(port, kWait) && rdzvd_->Running()) {
+        endpoint_ = absl::StrCat("127.0.0.1:", port);
+      } else {
+        rdzvd_.reset();
+      }
+    }
+    ASSERT_FALSE(endpoint_.empty()) << "rdzvd did not start";
+  }
 
-  std::unique_ptr<Client> MungeClient(const std::string& socket) {
+  void TearDown() override {
+    if (munged_) munged_->Signal(SIGCONT);  // whatever the test left it in
+  }
+
+  // Thaws munged after `after`, from another thread: should a call block on munged after all,
+  // the test fails instead of hanging.
+  std::thread ThawLater(absl::Duration after) {
+    return std::thread([this, after] {
+      absl::SleepFor(after);
+      munged_->Signal(SIGCONT);
+    });
+  }
+
+  // A client that has joined job `job` alone, through munged.
+  std::unique_ptr<Client> JoinedClient(const std::string& job) {
     ClientOptions options;
-    options.endpoint = "127.0.0.1:1";  // never reached: no credential, no call
+    options.endpoint = endpoint_;
     options.auth.mode = ClientAuth::Mode::kMunge;
-    options.auth.munge_socket = socket;
+    options.auth.munge_socket = socket_;
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
     EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? *std::move(client) : nullptr;
+    if (!client.ok()) return nullptr;
+    JoinSpec spec;
+    spec.job_id = job;
+    spec.agent.agent_id = job + "-agent";
+    spec.agent.host = "node0";
+    spec.agent.nproc = 1;
+    spec.min_agents = spec.max_agents = 1;
+    spec.addresses = {"127.0.0.1"};
+    spec.master_port = 29500;
+    absl::StatusOr<AssignmentEvent> a = (*client)->Join(spec, {});
+    EXPECT_TRUE(a.ok()) << a.status();
+    return a.ok() ? *std::move(client) : nullptr;
   }
 
   testing::ScopedTempDir dir_;
+  std::string socket_;
+  std::string endpoint_;
+  std::optional<Subprocess> munged_;
+  std::optional<Subprocess> rdzvd_;
 };
 
 TEST_F(ClientCredentialsTest, LeaveAsyncReturnsWhileMungedHasNotAnswered) {
-  const std::string path = dir_.File("munge.socket");
-  SilentSocket munged(path);
-  std::unique_ptr<Client> client = MungeClient(path);
+  std::unique_ptr<Client> client = JoinedClient("leave");
   ASSERT_NE(client, nullptr);
+  munged_->Signal(SIGSTOP);
   absl::Notification done;
-  absl::Status status;
+  absl::Status status = absl::UnknownError("not called");
+  std::thread thaw = ThawLater(absl::Seconds(2));
+  const absl::Time start = absl::Now();
   client->LeaveAsync([&](absl::Status s) {
     status = std::move(s);
     done.Notify();
   });
+  // Returned at once, and the departure waits for its credential elsewhere.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
   EXPECT_FALSE(done.HasBeenNotified());
-  // The credential is being asked for, elsewhere.
-  ASSERT_TRUE(munged.DropOne(absl::Seconds(60)));
-  while (!done.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
-    munged.DropOne(absl::Milliseconds(100));  // libmunge tries again; each try is dropped
-  }
-  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
-  EXPECT_TRUE(absl::StrContains(status.message(), "is munged running")) << status;
+  thaw.join();
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_TRUE(status.ok()) << status;
 }
 
 TEST_F(ClientCredentialsTest, ReportFailureAsyncReturnsWhileMungedHasNotAnswered) {
-  const std::string path = dir_.File("munge.socket");
-  SilentSocket munged(path);
-  std::unique_ptr<Client> client = MungeClient(path);
+  std::unique_ptr<Client> client = JoinedClient("report");
   ASSERT_NE(client, nullptr);
+  munged_->Signal(SIGSTOP);
   absl::Notification done;
-  absl::Status status;
+  absl::StatusOr<AbortEvent> result = absl::UnknownError("not called");
   FailureInfo failure;
+  failure.cause = AbortCause::kWorkerFailed;
   failure.exit_code = 3;
+  failure.host = "node0";
+  std::thread thaw = ThawLater(absl::Seconds(2));
+  const absl::Time start = absl::Now();
   client->ReportFailureAsync(failure, [&](absl::StatusOr<AbortEvent> r) {
-    status = r.status();
+    result = std::move(r);
     done.Notify();
   });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
   EXPECT_FALSE(done.HasBeenNotified());
-  ASSERT_TRUE(munged.DropOne(absl::Seconds(60)));
-  while (!done.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
-    munged.DropOne(absl::Milliseconds(100));
-  }
-  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  thaw.join();
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(kWait));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 3);
 }
 
-// A client destroyed right after the call still runs `done`, once.
+// A client destroyed while a departure still waits for munged runs its `done` once, after munged
+// answers: the destructor finishes what was posted.
 TEST_F(ClientCredentialsTest, DestroyingTheClientFinishesWhatWasPosted) {
-  const std::string path = dir_.File("absent.socket");
+  std::unique_ptr<Client> client = JoinedClient("destroy");
+  ASSERT_NE(client, nullptr);
+  munged_->Signal(SIGSTOP);
   int calls = 0;
-  {
-    std::unique_ptr<Client> client = MungeClient(path);
-    ASSERT_NE(client, nullptr);
-    client->LeaveAsync([&](absl::Status s) {
-      EXPECT_FALSE(s.ok());
-      ++calls;
-    });
-  }
+  client->LeaveAsync([&](absl::Status) { ++calls; });
+  std::thread thaw = ThawLater(absl::Milliseconds(300));
+  client.reset();
+  thaw.join();
   EXPECT_EQ(calls, 1);
 }
 
