@@ -4,7 +4,6 @@
 
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -31,6 +30,24 @@ void Append(AgentActions& to, AgentActions more) {
 }
 
 }  // namespace
+
+LifecycleOptions LifecycleOptionsFor(const AgentConfig& config, bool hosts_server,
+                                     std::string endpoint) {
+  const JoinSpec& join = config.join;
+  LifecycleOptions o;
+  o.job_id = join.job_id;
+  o.host = join.agent.host;
+  o.nproc = join.agent.nproc;
+  o.max_restarts = join.max_restarts.value_or(0);
+  o.elastic = join.min_agents < join.max_agents;
+  o.per_task = join.agent.order >= 0;
+  o.hosts_server = hosts_server;
+  o.endpoint = std::move(endpoint);
+  o.join_timeout = config.join_timeout;
+  o.reconnect_timeout = config.reconnect_timeout;
+  o.term_timeout = config.term_timeout;
+  return o;
+}
 
 AgentLifecycle::AgentLifecycle(LifecycleOptions options) : options_(std::move(options)) {}
 
@@ -391,7 +408,7 @@ std::string AgentLifecycle::RootCause(const AbortEvent& abort) const {
       absl::StrAppend(&text, "\n  (rank ", f->rank, "'s stack did not arrive)");
     }
   } else if (f && f->cause == AbortCause::kWorkerFailed) {
-    if (!f->error_message.empty() && !absl::StrContains(abort.reason, f->error_message)) {
+    if (!f->error_message.empty() && !DescribeFailureShowsMessage(*f)) {
       block(absl::StrCat("rank ", f->rank, "'s error:"), f->error_message);
     } else if (!f->stderr_tail.empty()) {
       block(absl::StrCat("last lines of rank ", f->rank, "'s stderr:"), f->stderr_tail);

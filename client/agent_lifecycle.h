@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/agent_options.h"
 #include "client/hang_watchdog.h"
 #include "client/worker_group.h"
 #include "common/rendezvous_types.h"
@@ -47,6 +48,11 @@ struct LifecycleOptions {
   absl::Duration reconnect_timeout = absl::ZeroDuration();
   absl::Duration term_timeout = absl::Seconds(3);
 };
+
+// The options of an agent configured by `config` (whose join names the job), with its server at
+// `endpoint`, hosted by this agent when `hosts_server`.
+LifecycleOptions LifecycleOptionsFor(const AgentConfig& config, bool hosts_server,
+                                     std::string endpoint);
 
 // What the agent must do.
 namespace agent_action {
