@@ -72,6 +72,7 @@ class Agent::Impl {
   void Do(const agent_action::KillWorkers&) { workers_->Kill(); }
   void Do(const agent_action::AbortWorker& abort) { workers_->Abort(abort.rank); }
   void Do(const agent_action::AwaitStack& await);
+  void Do(const agent_action::AwaitEarlierHang& await);
   absl::Status OpenWatchdog();
   void Do(const agent_action::ForwardSignal& forward);
   void Do(const agent_action::ReportFailure& report);
@@ -91,6 +92,7 @@ class Agent::Impl {
   asio::signal_set signals_{io_};
   asio::steady_timer await_timer_{io_};
   asio::steady_timer stack_timer_{io_};
+  asio::steady_timer earlier_hang_timer_{io_};
 
   ServerLocation location_;
   std::unique_ptr<AgentRendezvous> rendezvous_;
@@ -234,7 +236,11 @@ void Agent::Impl::Do(const agent_action::Join& join) {
     Handle(lifecycle_->Progress(generation, p));
   };
   events.on_abort = [this, generation](const AbortEvent& a) {
-    Handle(lifecycle_->Aborted(generation, a));
+    // This node's culprit may be overdue and not yet found: the agents check at different
+    // moments, and once the workers stop, so does the watchdog.
+    std::optional<WorkerHang> overdue;
+    if (watchdog_) overdue = watchdog_->CheckNow();
+    Handle(lifecycle_->Aborted(generation, a, overdue));
   };
   events.on_lost = [this, generation](const absl::Status& s) {
     Handle(lifecycle_->ServerLost(generation, s));
@@ -291,6 +297,13 @@ void Agent::Impl::Do(const agent_action::AwaitStack& await) {
   stack_timer_.expires_after(absl::ToChronoMicroseconds(await.limit));
   stack_timer_.async_wait([this](const std::error_code& ec) {
     if (!ec) Handle(lifecycle_->StackWaitOver());
+  });
+}
+
+void Agent::Impl::Do(const agent_action::AwaitEarlierHang& await) {
+  earlier_hang_timer_.expires_after(absl::ToChronoMicroseconds(await.limit));
+  earlier_hang_timer_.async_wait([this](const std::error_code& ec) {
+    if (!ec) Handle(lifecycle_->EarlierHangWaitOver());
   });
 }
 
@@ -356,6 +369,7 @@ void Agent::Impl::Do(const agent_action::Exit& exit) {
   signals_.cancel();
   await_timer_.cancel();
   stack_timer_.cancel();
+  earlier_hang_timer_.cancel();
   if (watchdog_) watchdog_->StopRound();
   work_.reset();
   io_.stop();

@@ -20,6 +20,10 @@ constexpr absl::Duration kAwaitAfterFailure = absl::Seconds(5);
 // How much longer than the term timeout (after which a hung worker gets SIGKILL) an agent waits
 // for another node's hung worker's stack.
 constexpr absl::Duration kStackMargin = absl::Seconds(2);
+// How long an agent whose worker hung waits for another node's earlier hang: the other agent's
+// next check (100 ms at most) and its report's way through the server, with room for a loaded
+// machine. Well within the window in which the server lets an earlier hang take over.
+constexpr absl::Duration kEarlierHangWait = absl::Seconds(1);
 
 Log Info(std::string text) { return {Log::kInfo, std::move(text)}; }
 Log Warn(std::string text) { return {Log::kWarn, std::move(text)}; }
@@ -27,6 +31,16 @@ Log Error(std::string text) { return {Log::kError, std::move(text)}; }
 
 void Append(AgentActions& to, AgentActions more) {
   for (AgentAction& a : more) to.push_back(std::move(a));
+}
+
+// Whether `hang` began before the failure `abort` names, as the server compares them
+// (common/hang_verdict.h): only a worker's failure or another hang gives way to an earlier hang.
+bool HungBefore(const WorkerHang& hang, const AbortEvent& abort) {
+  const std::optional<FailureInfo>& f = abort.first_failure;
+  if (!f || (f->cause != AbortCause::kWorkerFailed && f->cause != AbortCause::kWorkerHung)) {
+    return false;
+  }
+  return hang.since_us < f->time_us;
 }
 
 }  // namespace
@@ -130,8 +144,13 @@ AgentActions AgentLifecycle::Progress(int32_t generation, const ProgressEvent& p
       p.joined > static_cast<int32_t>(p.joined_hosts.size()) ? ",..." : "", missing))};
 }
 
-AgentActions AgentLifecycle::Aborted(int32_t generation, const AbortEvent& abort) {
+AgentActions AgentLifecycle::Aborted(int32_t generation, const AbortEvent& abort,
+                                     const std::optional<WorkerHang>& overdue) {
   if (generation != generation_ || phase_ == Phase::kDone) return {};
+  if (phase_ == Phase::kRunning && overdue && HungBefore(*overdue, abort)) {
+    // The server's answer to the report names whichever hang began first.
+    return WorkerHung(*overdue);
+  }
   const bool was_waiting = awaiting_stack_;
   AgentActions actions = NoteOutcome(abort);
   if (phase_ == Phase::kRunning) {
@@ -223,10 +242,11 @@ AgentActions AgentLifecycle::WorkerHung(const WorkerHang& hang) {
   f.exit_code = 128 + SIGABRT;
   f.hang_detail = hang.detail;
   own_hang_ = f;
+  awaiting_earlier_hang_ = true;
   AgentActions actions = {
       Warn(absl::StrFormat("rank %d hung: %s; sending it SIGABRT for its stack (SIGKILL after %s)",
                            hang.rank, hang.detail, absl::FormatDuration(options_.term_timeout))),
-      agent_action::AbortWorker{hang.rank}};
+      agent_action::AbortWorker{hang.rank}, agent_action::AwaitEarlierHang{kEarlierHangWait}};
   Append(actions, Fail(f));
   return actions;
 }
@@ -234,6 +254,12 @@ AgentActions AgentLifecycle::WorkerHung(const WorkerHang& hang) {
 AgentActions AgentLifecycle::StackWaitOver() {
   if (!awaiting_stack_) return {};
   awaiting_stack_ = false;
+  return MaybeFinish();
+}
+
+AgentActions AgentLifecycle::EarlierHangWaitOver() {
+  if (!awaiting_earlier_hang_) return {};
+  awaiting_earlier_hang_ = false;
   return MaybeFinish();
 }
 
@@ -331,7 +357,9 @@ AgentActions AgentLifecycle::MaybeFinish() {
   if (phase_ != Phase::kRunning && phase_ != Phase::kStopping) return {};
   // The workers first; and the server's answer to a failure report names the job's first
   // failure, which is what the root cause must show.
-  if (workers_live_ || reports_pending_ > 0 || awaiting_stack_) return {};
+  if (workers_live_ || reports_pending_ > 0 || awaiting_stack_ || awaiting_earlier_hang_) {
+    return {};
+  }
   if (outcome_ && MayRestart(*outcome_)) return Restart();
   AgentActions actions;
   if (outcome_) {
@@ -372,6 +400,7 @@ AgentActions AgentLifecycle::Restart() {
   outcome_.reset();
   own_hang_.reset();
   awaiting_stack_ = false;
+  awaiting_earlier_hang_ = false;
   restart_count_ = assignment_.restart_count + 1;
   Append(actions, JoinRound(std::nullopt));
   return actions;

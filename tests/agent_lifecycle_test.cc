@@ -83,9 +83,9 @@ std::string Kinds(const AgentActions& actions) {
   for (const AgentAction& a : actions) {
     // In the order of AgentAction's alternatives.
     static constexpr const char* kNames[] = {
-        "Join",        "StartWorkers",  "StopWorkers",   "KillWorkers", "AbortWorker",
-        "AwaitStack",  "ForwardSignal", "ReportFailure", "CancelJoin",  "Leave",
-        "AwaitOthers", "Log",           "Exit"};
+        "Join",       "StartWorkers",     "StopWorkers",   "KillWorkers",   "AbortWorker",
+        "AwaitStack", "AwaitEarlierHang", "ForwardSignal", "ReportFailure", "CancelJoin",
+        "Leave",      "AwaitOthers",      "Log",           "Exit"};
     static_assert(std::size(kNames) == std::variant_size_v<AgentAction>,
                   "name every kind of action");
     if (!std::holds_alternative<act::Log>(a)) kinds.push_back(kNames[a.index()]);
