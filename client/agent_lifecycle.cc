@@ -432,7 +432,7 @@ std::string AgentLifecycle::RootCause(const AbortEvent& abort) const {
   if (const std::optional<FailureInfo>& f = abort.first_failure;
       f && f->cause == AbortCause::kWorkerHung) {
     if (!f->stderr_tail.empty()) {
-      block(absl::StrCat("last lines of rank ", f->rank, "'s stderr (its stack):"), f->stderr_tail);
+      block(absl::StrCat("rank ", f->rank, "'s stderr (its stack):"), f->stderr_tail);
     } else {
       absl::StrAppend(&text, "\n  (rank ", f->rank, "'s stack did not arrive)");
     }

@@ -133,6 +133,28 @@ TEST_F(WatchdogTest, RankStuckInTimerFailsEveryNodeWithItsStack) {
   }
 }
 
+// The stack Python prints starts at the innermost frame, where the rank is stuck, and goes on
+// for as many frames as the rank is deep and more (the extension modules): the root cause shows
+// it from its first line, not its last lines.
+TEST_F(WatchdogTest, RankStuckDeepShowsTheLineItIsStuckOn) {
+  const std::vector<std::string> args = {"--hang-rank", "3", "--depth", "30"};
+  Subprocess node0(Agent("wd-deep", 0, {}, args));
+  Subprocess node1(Agent("wd-deep", 1, {}, args));
+  RunHung(node0, node1);
+  EXPECT_EQ(codes_, std::vector<int>({128 + SIGABRT, 128 + SIGABRT}));
+  for (Subprocess* node : {&node0, &node1}) {
+    const std::string cause = RootCause(node->Stderr());
+    EXPECT_THAT(cause, HasSubstr("failed: rank 3 hung: timer \"step\" expired")) << cause;
+    EXPECT_THAT(cause, HasSubstr("rank 3's stderr (its stack):\n    Fatal Python error: Aborted"))
+        << cause;
+    EXPECT_THAT(cause,
+                HasSubstr(absl::StrCat("watchdog_worker.py\", line ", StuckLine(), " in stuck")))
+        << cause;
+    std::vector<absl::string_view> frames = absl::StrSplit(cause, " in deep\n");
+    EXPECT_GE(frames.size(), 31u) << cause;
+  }
+}
+
 // Agents check their workers every 100 ms, each at its own moment. Here rank 3's deadline passes
 // 20 ms before those of the other ranks (blocked in all_reduce behind it), so another node's agent
 // often finds its own rank overdue first, and the job's abort reaches rank 3's agent before that
