@@ -156,6 +156,14 @@ absl::Status Agent::Impl::OpenWatchdog() {
   if (run_dir_.empty()) return absl::OkStatus();
   // A timer file of the user's own has a server of their own: the workers keep it.
   if (const char* own = std::getenv("TORCHELASTIC_TIMER_FILE"); own != nullptr && *own != '\0') {
+    // Heartbeats go to that file too, where rdzv-agent cannot see them.
+    if (config_.hang.heartbeat_timeout > absl::ZeroDuration() || config_.hang.auto_timeout) {
+      spdlog::warn(
+          "TORCHELASTIC_TIMER_FILE={} is set: the workers keep that timer server, so their "
+          "heartbeats are not watched and --hang-timeout has no effect; unset it to have "
+          "rdzv-agent watch timers and heartbeats",
+          own);
+    }
     return absl::OkStatus();
   }
   absl::StatusOr<std::unique_ptr<WatchdogFifo>> fifo =
