@@ -23,6 +23,8 @@ parser.add_argument("--noise", action="store_true",
                     help="also write a malformed line and an expired timer of another process")
 parser.add_argument("--depth", type=int, default=0)
 parser.add_argument("--race-lag", type=float, default=None)
+parser.add_argument("--handshake", default="",
+                    help="write DIR/fifo-RANK (the timer file's path), then wait for DIR/go")
 parser.add_argument("--marker", default="")
 args = parser.parse_args()
 
@@ -30,6 +32,17 @@ rank = int(os.environ["RANK"])
 dist.init_process_group("gloo")
 timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
 fifo = os.open(os.environ["TORCHELASTIC_TIMER_FILE"], os.O_WRONLY | os.O_NONBLOCK)
+
+if args.handshake:
+    named = os.path.join(args.handshake, f"fifo-{rank}")
+    with open(named + ".tmp", "w") as f:
+        f.write(os.environ["TORCHELASTIC_TIMER_FILE"])
+    os.rename(named + ".tmp", named)
+    waited = time.monotonic()
+    while not os.path.exists(os.path.join(args.handshake, "go")):
+        if time.monotonic() - waited > 120:
+            raise SystemExit(f"rank {rank}: {args.handshake}/go never appeared")
+        time.sleep(0.1)
 
 
 if args.noise:
@@ -75,4 +88,5 @@ for step in range(args.steps):
         heartbeat()
     with timer.expires(after=10 if args.heartbeat else 2, scope="step"):
         dist.all_reduce(t)
-print(f"rank {rank} finished {args.steps} steps", flush=True)
+print(f"rank {rank} finished {args.steps} steps (restart "
+      f"{os.environ['TORCHELASTIC_RESTART_COUNT']})", flush=True)
