@@ -42,6 +42,14 @@ constexpr std::chrono::milliseconds kAwaitPoll(50);
 // For failure records, which the server compares across hosts.
 int64_t WallMicros() { return absl::ToUnixMicros(absl::Now()); }
 
+// `path` from the agent's working directory, which a worker may leave; "" stays "".
+std::string AbsolutePath(const std::string& path) {
+  if (path.empty()) return path;
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
+  return error ? path : absolute.string();
+}
+
 }  // namespace
 
 // The agent's shell: it carries out the lifecycle's actions with the worker group, the
@@ -281,6 +289,10 @@ void Agent::Impl::Do(const agent_action::StartWorkers& start) {
   }
   WorkerContext ctx = RoundContext(spec_, start.assignment);
   ctx.rdzv_endpoint = rendezvous_->endpoint();
+  ctx.token_file = AbsolutePath(config_.token_file);
+  ctx.munge_socket = config_.auth.munge_socket;
+  ctx.tls_ca = AbsolutePath(config_.tls.ca_file);
+  ctx.tls_server_name = config_.tls.server_name;
   ctx.error_file_dir = run_dir_;
   if (watchdog_) ctx.timer_file = watchdog_->path();
   WorkerLaunches launches = BuildWorkerLaunches(ctx, ProcessEnvList());

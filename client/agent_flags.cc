@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "client/agent_options.h"
+#include "common/auth.h"
 #include "common/flags.h"
 #include "common/hostlist.h"
 #include "common/launcher_env.h"
@@ -266,6 +267,16 @@ FlagParser MakeParser(AgentFlags& f) {
          StringSetter(&f.token_file)});
   p.Add({"munge-socket", "RDZV_MUNGE_SOCKET", "PATH", "munged's socket (default: libmunge's)",
          StringSetter(&f.munge_socket)});
+  p.Add({"server-uid", "RDZV_SERVER_UID", "UID",
+         "under MUNGE, the uid the rdzvd of --rdzv-endpoint runs as; one that cannot prove it\n"
+         "runs as this uid is refused (default: any uid munged vouches for). A server hosted\n"
+         "by the job's own agent must always run as this agent's user",
+         [&f](absl::string_view v) {
+           absl::StatusOr<uid_t> uid = ParseUid(v);
+           if (!uid.ok()) return uid.status();
+           f.server_uid = *uid;
+           return absl::OkStatus();
+         }});
   p.Add({"tls-ca", "RDZV_TLS_CA", "FILE",
          "talk TLS to the rdzvd of --rdzv-endpoint and verify its certificate with this CA\n"
          "(PEM); for an rdzvd started with --tls-cert (default: plaintext)",

@@ -29,6 +29,12 @@ Log Info(std::string text) { return {Log::kInfo, std::move(text)}; }
 Log Warn(std::string text) { return {Log::kWarn, std::move(text)}; }
 Log Error(std::string text) { return {Log::kError, std::move(text)}; }
 
+// Only the workers' success ends in 0: an abort's code, whoever sent it, is taken when it is one a
+// process can exit with and that is not 0 (a worker's own), else 1 (256 would show as 0).
+int ExitCodeOf(const AbortEvent& abort) {
+  return abort.exit_code >= 1 && abort.exit_code <= 255 ? abort.exit_code : 1;
+}
+
 void Append(AgentActions& to, AgentActions more) {
   for (AgentAction& a : more) to.push_back(std::move(a));
 }
@@ -106,7 +112,7 @@ AgentActions AgentLifecycle::Joined(int32_t generation,
     phase_ = Phase::kDone;
     if (outcome_) {
       // The job had already ended when this agent joined (it came back to a job that failed).
-      return {Error(RootCause(*outcome_)), agent_action::Exit{outcome_->exit_code, false}};
+      return {Error(RootCause(*outcome_)), agent_action::Exit{ExitCodeOf(*outcome_), false}};
     }
     return {Error(absl::StrFormat("job %s: %s", options_.job_id, result.status().message())),
             agent_action::Exit{1, false}};
@@ -410,7 +416,7 @@ AgentActions AgentLifecycle::Finish() {
   phase_ = Phase::kDone;
   const bool lost_peer = outcome_ && (outcome_->cause == AbortCause::kAgentLost ||
                                       outcome_->cause == AbortCause::kServerLost);
-  return {agent_action::Exit{outcome_ ? outcome_->exit_code : 0, lost_peer}};
+  return {agent_action::Exit{outcome_ ? ExitCodeOf(*outcome_) : 0, lost_peer}};
 }
 
 FailureInfo AgentLifecycle::NewFailure(int64_t now_us) const {

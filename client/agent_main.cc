@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
     return Fail(s.message(), kUsageError);
   }
   absl::StatusOr<rdzv::AgentConfig> config =
-      rdzv::ResolveAgentConfig(*flags, env, {HostName(), getpid()});
+      rdzv::ResolveAgentConfig(*flags, env, {HostName(), getpid(), geteuid()});
   if (!config.ok()) return Fail(config.status().message(), kUsageError);
   rdzv::WorkerShape shape = config->worker_shape;
   rdzv::Agent agent(std::move(*config),

@@ -44,6 +44,12 @@ int32_t DefaultNproc(const std::optional<SlurmEnv>& slurm, const EnvLookup& env)
   return 1;
 }
 
+// The job's nodes as a join carries them to rdzvd's status, or "" when they do not fit.
+std::string NodeListForJoin(const std::vector<std::string>& nodes) {
+  std::string list = CompressHostlist(nodes);
+  return list.size() <= kMaxNodeListBytes ? list : "";
+}
+
 std::vector<int> PortRange(int first) {
   std::vector<int> ports;
   for (int i = 0; i < kEmbeddedPortCandidates; ++i) ports.push_back(first + i);
@@ -75,6 +81,7 @@ bool OneStepOfManyPerNode(const AgentFlags& flags, const SlurmEnv& slurm, bool p
 absl::Status ResolveOneJobOfSteps(const AgentFlags& flags, const SlurmEnv& slurm, AgentConfig& c) {
   c.mode = "slurm step per node";
   c.join.min_agents = c.join.max_agents = slurm.job_num_nodes;
+  c.join.node_list = NodeListForJoin(slurm.job_nodes);
   const auto own = std::find(slurm.job_nodes.begin(), slurm.job_nodes.end(), slurm.node_name);
   const int place = own == slurm.job_nodes.end() || slurm.node_name.empty()
                         ? -1
@@ -163,6 +170,7 @@ absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentC
         *flags.nnodes_min, *flags.nnodes_max, step, slurm.job_num_nodes));
   }
   if (!flags.node_rank) c.join.agent.node_index = slurm.node_id;
+  c.join.node_list = NodeListForJoin(slurm.nodes);
   if (flags.rdzv_id.empty()) {
     c.join.job_id = absl::StrCat("slurm-", slurm.job_id, ".", slurm.step_id);
   }
@@ -234,6 +242,10 @@ absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& en
                 : flags.auth == "none"  ? ClientAuth::Mode::kNone
                                         : ClientAuth::Mode::kAuto;
   c.auth.munge_socket = flags.munge_socket;
+  // Without an endpoint the server is hosted by this job's agent on node 0, which runs as this
+  // user (--standalone needs no proof: its rendezvous is in-process).
+  c.auth.server_uid =
+      flags.rdzv_endpoint.empty() ? std::optional<uid_t>(self.uid) : flags.server_uid;
   c.token_file = flags.token_file;
   if (c.auth.mode == ClientAuth::Mode::kToken && c.token_file.empty()) {
     return absl::InvalidArgumentError(
@@ -308,6 +320,20 @@ absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& en
       if (!f.nnodes_max && (*mpi)->size > 0) f.nnodes_min = f.nnodes_max = (*mpi)->size;
       if (f.rdzv_id.empty() && !(*mpi)->job_id.empty()) {
         f.rdzv_id = c.join.job_id = absl::StrCat("mpi-", (*mpi)->job_id);
+      }
+      // MPICH's Hydra names no job, and a PMIx launcher other than Open MPI's may give no size:
+      // say what the launcher left out rather than only what is missing.
+      if (!f.nnodes_max) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "--nnodes is required: %s gives this agent its rank but not how many were started; "
+            "pass the number of agents, e.g. --nnodes 2",
+            (*mpi)->launcher));
+      }
+      if (f.rdzv_id.empty()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "--rdzv-id is required: %s gives no job id, and jobs that share rdzvd must not meet; "
+            "pass every agent of the job the same id, e.g. --rdzv-id exp1",
+            (*mpi)->launcher));
       }
     }
     return ResolveExplicit(f, c);

@@ -8,6 +8,8 @@
 #ifndef RDZV_CLIENT_AGENT_OPTIONS_H_
 #define RDZV_CLIENT_AGENT_OPTIONS_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -52,8 +54,9 @@ struct AgentFlags {
   std::string auth = "auto";  // auto, munge, token or none
   std::string token_file;     // --rdzv-token-file
   std::string munge_socket;
-  std::string tls_ca;           // --tls-ca: verify rdzvd's TLS certificate with this CA
-  std::string tls_server_name;  // --tls-server-name
+  std::optional<uid_t> server_uid;  // --server-uid: the uid an rdzvd must prove it runs as
+  std::string tls_ca;               // --tls-ca: verify rdzvd's TLS certificate with this CA
+  std::string tls_server_name;      // --tls-server-name
   bool rank_prefix = true;
   std::string log_dir;
   bool tee = false;
@@ -96,7 +99,7 @@ struct AgentConfig {
   // embedded_ports (0: any free port) on embedded_listen_host.
   bool embedded_server = false;
   // How this agent proves who it is (mode and munge socket; the token is read from token_file
-  // when the agent starts).
+  // when the agent starts), and the uid its server must prove it runs as.
   ClientAuth auth;
   std::string token_file;
   // TLS toward an rdzvd (never toward a server hosted by an agent, which serves plaintext).
@@ -120,6 +123,7 @@ struct AgentConfig {
 struct LocalProcess {
   std::string hostname;  // used when nothing better names this node
   int64_t pid = 0;       // names a standalone job
+  uid_t uid = 0;         // the user a server hosted by the job's agent runs as
 };
 
 // How many ports after the derived one an embedded server may move to.

@@ -2,6 +2,7 @@
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
+#include <spdlog/spdlog.h>
 
 #include <atomic>
 #include <optional>
@@ -9,6 +10,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -57,10 +59,42 @@ struct Client::Impl {
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.rpc_timeout));
   }
 
-  absl::Status Authorize(grpc::ClientContext& ctx, absl::string_view method,
-                         absl::string_view job) const {
-    return AttachCredential(ctx, options.auth, method, job);
+  absl::Status Authorize(grpc::ClientContext& ctx, absl::string_view method, absl::string_view job,
+                         absl::string_view nonce = {}) const {
+    return AttachCredential(ctx, options.auth, method, job, nonce);
   }
+
+  // Waits for the server's initial metadata on `call` (until `wait_until`) and checks its proof
+  // for the nonce the call was made with: the call then goes on to read its events, or is
+  // abandoned. Nothing the stream carries counts before this: no assignment, no abort.
+  absl::Status ProveJoin(JoinCall& call, const std::string& job, const std::string& nonce,
+                         bool required, absl::Time wait_until) const {
+    switch (call.AwaitHeaders(wait_until)) {
+      case JoinCall::Headers::kWaiting:
+        call.Abandon();
+        return absl::FailedPreconditionError("it sent nothing in answer");
+      case JoinCall::Headers::kNone:
+        // Ended at once: a refusal, whose proof (if any) came with its status.
+        call.LetEnd();
+        call.AwaitDone();
+        return CheckServerProof(call.context(), options.auth, "Join", job, nonce, required);
+      case JoinCall::Headers::kArrived:
+        break;
+    }
+    absl::Status proof =
+        CheckServerProof(call.context(), options.auth, "Join", job, nonce, required);
+    if (proof.ok()) {
+      call.Proceed();
+    } else {
+      call.Abandon();
+    }
+    return proof;
+  }
+
+  // Endpoints whose server did not prove itself, logged once each.
+  absl::flat_hash_set<std::string> unproven_logged ABSL_GUARDED_BY(mu);
+  // ReportFailureAsync's and LeaveAsync's credentials are made here.
+  internal::CallThread call_thread;
 };
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
@@ -91,6 +125,20 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 std::string Client::EndpointNames() const {
   std::vector<std::string> names;
   for (const Impl::Endpoint& e : impl_->endpoints) names.push_back(e.name);
+  // An agent's candidates, one host's consecutive ports, read better as a range.
+  std::vector<HostPort> parsed;
+  for (const std::string& name : names) {
+    absl::StatusOr<HostPort> hp = ParseHostPort(name, 0);
+    if (hp.ok()) parsed.push_back(*hp);
+  }
+  bool range = parsed.size() > 2 && parsed.size() == names.size();
+  for (size_t i = 1; range && i < parsed.size(); ++i) {
+    range = parsed[i].host == parsed[0].host && parsed[i].port == parsed[i - 1].port + 1;
+  }
+  if (range) {
+    return absl::StrFormat("%s ports %d-%d", names.front().substr(0, names.front().rfind(':')),
+                           parsed.front().port, parsed.back().port);
+  }
   return absl::StrJoin(names, " or ");
 }
 
@@ -100,6 +148,8 @@ Client::~Client() {
     absl::MutexLock lock(&impl_->mu);
     impl_->call.reset();
   }
+  // A report or a departure still to be sent starts its call now.
+  impl_->call_thread.Drain();
   // Every stream ends soon after Cancel(); see LiveCalls for why the channel must wait for it.
   LiveCalls& live = *impl_->live_calls;
   absl::MutexLock lock(&live.mu);
@@ -137,12 +187,21 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
   };
 
   absl::Status last = absl::UnavailableError("not tried");
+  // Why a candidate that answered did not count: its proof was missing or wrong.
+  std::string unproven;
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   const auto unreachable = [&] {
+    if (!unproven.empty()) {
+      return absl::UnavailableError(absl::StrFormat(
+          "%s; no server at %s proved it within %s: is the agent that hosts the job's server "
+          "running? Another user's process may be listening on one of its ports",
+          unproven, EndpointNames(), absl::FormatDuration(timeout)));
+    }
     return absl::UnavailableError(
         absl::StrFormat("cannot reach the rendezvous server at %s for %s (%s)", EndpointNames(),
                         absl::FormatDuration(timeout), last.message()));
   };
+  const bool several = impl_->endpoints.size() > 1;
   absl::Time credential_failing_since = absl::InfiniteFuture();
   for (int attempt = 0;; ++attempt) {
     auto call = std::make_shared<JoinCall>(handlers, impl_->live_calls);
@@ -160,7 +219,8 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
     if (attempt > 0 && absl::Now() >= deadline) {
       return unreachable();
     }
-    if (absl::Status s = impl_->Authorize(call->context(), "Join", spec.job_id); !s.ok()) {
+    const std::string nonce = NewNonce();
+    if (absl::Status s = impl_->Authorize(call->context(), "Join", spec.job_id, nonce); !s.ok()) {
       // munged restarting (a package upgrade, a node's reconfiguration) fails credentials for a
       // moment: try again for a short while before reporting it.
       const absl::Time now = absl::Now();
@@ -176,8 +236,17 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
       continue;
     }
     credential_failing_since = absl::InfiniteFuture();
+    const std::string& endpoint = impl_->endpoints[impl_->current].name;
     call->Start(impl_->stub(), request);
-    call->Await(deadline);
+    // Among candidates, one that holds the line without answering must not hold up the others.
+    const absl::Status proof = impl_->ProveJoin(
+        *call, spec.job_id, nonce, several || ProofRequiredAt(endpoint),
+        several ? std::min(deadline, absl::Now() + impl_->options.rpc_timeout) : deadline);
+    if (proof.ok()) {
+      call->Await(deadline);
+    } else {
+      call->AwaitDone();
+    }
     if (std::optional<AssignmentEvent> a = call->assignment()) return *a;
     std::optional<absl::Status> status = call->final_status();
     if (!status) {
@@ -195,17 +264,37 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
       absl::MutexLock lock(&impl_->mu);
       if (stopped()) return absl::CancelledError("join cancelled");
     }
-    if (status->ok()) {
+    if (!proof.ok() && status->code() != absl::StatusCode::kUnavailable) {
+      const bool refused = !status->ok() && status->code() != absl::StatusCode::kCancelled;
+      // A single server's refusal is shown as it is (the fix is usually in it: a credential
+      // that does not fit); one candidate's among several is no reason to give up on the others.
+      if (!several && refused) return *status;
+      const std::string why = absl::StrFormat(
+          "the server at %s did not prove that it is the rendezvous server of job %s: %s", endpoint,
+          spec.job_id, refused ? status->message() : proof.message());
+      if (!several) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(why,
+                         "; check that --rdzv-endpoint (RDZV_ENDPOINT) names your rdzvd, and "
+                         "RDZV_SERVER_UID the uid it runs as"));
+      }
+      bool first;
+      {
+        absl::MutexLock lock(&impl_->mu);
+        first = impl_->unproven_logged.insert(endpoint).second;
+      }
+      if (first) spdlog::info("{}; trying the other candidates", why);
+      unproven = why;
+      status = absl::NotFoundError(why);
+    } else if (status->ok()) {
       // The server ended the stream cleanly before any assignment: this agent left (Leave while
       // joining) or the server let it go. Not a reason to retry.
       return absl::AbortedError("the rendezvous server ended the join without an assignment");
     }
     const bool elsewhere = status->code() == absl::StatusCode::kNotFound;
-    if (status->code() != absl::StatusCode::kUnavailable &&
-        !(elsewhere && impl_->endpoints.size() > 1)) {
+    if (status->code() != absl::StatusCode::kUnavailable && !(elsewhere && several)) {
       return *status;
     }
-    const std::string& endpoint = impl_->endpoints[impl_->current].name;
     if (std::optional<absl::Status> tls =
             TlsConnectFailure(*status, endpoint, !impl_->options.tls.ca_file.empty())) {
       return *tls;
@@ -244,29 +333,31 @@ absl::StatusOr<AbortEvent> Client::ReportFailure(const FailureInfo& failure) {
 void Client::ReportFailureAsync(const FailureInfo& failure,
                                 std::function<void(absl::StatusOr<AbortEvent>)> done) {
   using Call = UnaryCall<v1::ReportExitRequest, v1::ReportExitResponse>;
-  auto* call = new Call(impl_->live_calls);
+  auto call = std::make_unique<Call>(impl_->live_calls);
   {
     absl::MutexLock lock(&impl_->mu);
     call->request.set_job_id(impl_->job_id);
     call->request.set_agent_id(impl_->agent_id);
   }
   *call->request.mutable_failure() = ToProto(failure);
-  impl_->SetDeadline(call->context);
-  if (absl::Status s = impl_->Authorize(call->context, "ReportExit", call->request.job_id());
-      !s.ok()) {
-    delete call;
-    done(s);
-    return;
-  }
-  impl_->stub()->async()->ReportExit(&call->context, &call->request, &call->response,
-                                     [call, done = std::move(done)](grpc::Status s) {
-                                       std::unique_ptr<Call> owned(call);
-                                       if (!s.ok()) {
-                                         done(FromGrpcStatus(s));
-                                       } else {
-                                         done(FromProto(owned->response.abort()));
-                                       }
-                                     });
+  impl_->call_thread.Post([impl = impl_.get(), call = call.release(), done = std::move(done)] {
+    impl->SetDeadline(call->context);
+    if (absl::Status s = impl->Authorize(call->context, "ReportExit", call->request.job_id());
+        !s.ok()) {
+      delete call;
+      done(s);
+      return;
+    }
+    impl->stub()->async()->ReportExit(&call->context, &call->request, &call->response,
+                                      [call, done](grpc::Status s) {
+                                        std::unique_ptr<Call> owned(call);
+                                        if (!s.ok()) {
+                                          done(FromGrpcStatus(s));
+                                        } else {
+                                          done(FromProto(owned->response.abort()));
+                                        }
+                                      });
+  });
 }
 
 absl::Status Client::Leave() {
@@ -282,7 +373,7 @@ absl::Status Client::Leave() {
 
 void Client::LeaveAsync(std::function<void(absl::Status)> done) {
   using Call = UnaryCall<v1::LeaveRequest, v1::LeaveResponse>;
-  auto* call = new Call(impl_->live_calls);
+  auto call = std::make_unique<Call>(impl_->live_calls);
   std::shared_ptr<JoinCall> join;
   {
     absl::MutexLock lock(&impl_->mu);
@@ -292,19 +383,22 @@ void Client::LeaveAsync(std::function<void(absl::Status)> done) {
   }
   // The server closes the event stream in answer; that end is no loss.
   if (join) join->MarkLeaving();
-  impl_->SetDeadline(call->context);
-  if (absl::Status s = impl_->Authorize(call->context, "Leave", call->request.job_id()); !s.ok()) {
-    delete call;
-    if (join) join->Cancel();
-    done(s);
-    return;
-  }
-  impl_->stub()->async()->Leave(&call->context, &call->request, &call->response,
-                                [call, join, done = std::move(done)](grpc::Status s) {
-                                  std::unique_ptr<Call> owned(call);
-                                  if (join) join->Cancel();
-                                  done(FromGrpcStatus(s));
-                                });
+  impl_->call_thread.Post([impl = impl_.get(), call = call.release(), join,
+                           done = std::move(done)] {
+    impl->SetDeadline(call->context);
+    if (absl::Status s = impl->Authorize(call->context, "Leave", call->request.job_id()); !s.ok()) {
+      delete call;
+      if (join) join->Cancel();
+      done(s);
+      return;
+    }
+    impl->stub()->async()->Leave(&call->context, &call->request, &call->response,
+                                 [call, join, done](grpc::Status s) {
+                                   std::unique_ptr<Call> owned(call);
+                                   if (join) join->Cancel();
+                                   done(FromGrpcStatus(s));
+                                 });
+  });
 }
 
 absl::StatusOr<std::vector<JobStatusView>> Client::Status(const std::string& job_id) {
@@ -313,9 +407,18 @@ absl::StatusOr<std::vector<JobStatusView>> Client::Status(const std::string& job
   v1::StatusResponse response;
   grpc::ClientContext ctx;
   impl_->SetDeadline(ctx);
-  if (absl::Status a = impl_->Authorize(ctx, "GetStatus", job_id); !a.ok()) return a;
+  const std::string nonce = NewNonce();
+  if (absl::Status a = impl_->Authorize(ctx, "GetStatus", job_id, nonce); !a.ok()) return a;
   grpc::Status s = impl_->stub()->GetStatus(&ctx, request, &response);
   if (!s.ok()) return FromGrpcStatus(s);
+  const std::string& endpoint = impl_->endpoints[impl_->current].name;
+  if (absl::Status proof = CheckServerProof(ctx, impl_->options.auth, "GetStatus", job_id, nonce,
+                                            ProofRequiredAt(endpoint));
+      !proof.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("the server at %s did not prove that it is the rendezvous server: %s",
+                        endpoint, proof.message()));
+  }
   std::vector<JobStatusView> jobs;
   for (const v1::JobStatus& j : response.jobs()) jobs.push_back(FromProto(j));
   return jobs;

@@ -19,8 +19,11 @@
 #ifndef RDZV_CLIENT_CLIENT_H_
 #define RDZV_CLIENT_CLIENT_H_
 
+#include <sys/types.h>
+
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +49,10 @@ struct ClientAuth {
   Mode mode = Mode::kAuto;
   std::string token;         // the job's token (common/auth.h ReadTokenFile)
   std::string munge_socket;  // "" for munged's default
+  // Under MUNGE, the uid the server must run as to prove itself: this user's own for a server
+  // the job's agent hosts, the site's rdzvd's uid (RDZV_SERVER_UID) for an rdzvd. Unset: any uid
+  // that munged vouches for, which shows only that the server runs on a host of the cluster.
+  std::optional<uid_t> server_uid;
 };
 
 // `auth` with kAuto resolved to what this host can use: kToken when a token is given, else
@@ -54,9 +61,25 @@ struct ClientAuth {
 absl::StatusOr<ClientAuth> ResolveClientAuth(ClientAuth auth);
 
 // Puts the credential `auth` (resolved) calls for on a call of `method` on `job`: a MUNGE
-// credential made for this one call, or the job's token.
+// credential made for this one call, or the job's token. With a `nonce` (common/auth.h NewNonce)
+// it also asks the server to prove itself in its answer. Blocks on munged under MUNGE.
 absl::Status AttachCredential(grpc::ClientContext& ctx, const ClientAuth& auth,
-                              absl::string_view method, absl::string_view job);
+                              absl::string_view method, absl::string_view job,
+                              absl::string_view nonce = {});
+
+// Whether the answer to a call made with AttachCredential(..., nonce) proves that it comes from
+// the server `auth` expects (see common/auth.h): OK, also under kNone, where nothing is proven;
+// else FailedPrecondition saying what is wrong with the proof, or Unavailable when this host's
+// munged does not answer. An answer without any proof is OK unless `required`. Call once the
+// answer's initial metadata has arrived. Blocks on munged under MUNGE.
+absl::Status CheckServerProof(const grpc::ClientContext& ctx, const ClientAuth& auth,
+                              absl::string_view method, absl::string_view job,
+                              absl::string_view nonce, bool required);
+
+// Whether a server at `endpoint` ("host:port") must prove itself: every server but one named on
+// a loopback address, where rdzvd may run with --auth none, which proves nothing. (An agent
+// requires the proof of every candidate it scans for its job's server, loopback or not.)
+bool ProofRequiredAt(absl::string_view endpoint);
 
 // TLS toward the server: verify it with this CA and encrypt the calls. Both empty: plaintext.
 struct ClientTls {

@@ -1,8 +1,12 @@
 // How librdzv's calls carry their credential (common/auth.h).
 #include <grpcpp/client_context.h>
+#include <unistd.h>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "common/auth.h"
+#include "common/net.h"
 
 namespace rdzv {
 
@@ -19,7 +23,9 @@ absl::StatusOr<ClientAuth> ResolveClientAuth(ClientAuth auth) {
 }
 
 absl::Status AttachCredential(grpc::ClientContext& ctx, const ClientAuth& auth,
-                              absl::string_view method, absl::string_view job) {
+                              absl::string_view method, absl::string_view job,
+                              absl::string_view nonce) {
+  if (!nonce.empty()) ctx.AddMetadata(kNonceMetadata, std::string(nonce));
   switch (auth.mode) {
     case ClientAuth::Mode::kToken:
       ctx.AddMetadata(kTokenMetadata, auth.token);
@@ -35,6 +41,61 @@ absl::Status AttachCredential(grpc::ClientContext& ctx, const ClientAuth& auth,
       return absl::OkStatus();
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// The proof in the answer's initial metadata, or in its trailing metadata when the server ended
+// the call at once (gRPC then sends both in one block).
+std::string FindProof(const grpc::ClientContext& ctx) {
+  for (const auto* md : {&ctx.GetServerInitialMetadata(), &ctx.GetServerTrailingMetadata()}) {
+    auto it = md->find(kProofMetadata);
+    if (it != md->end()) return std::string(it->second.data(), it->second.length());
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::Status CheckServerProof(const grpc::ClientContext& ctx, const ClientAuth& auth,
+                              absl::string_view method, absl::string_view job,
+                              absl::string_view nonce, bool required) {
+  if (auth.mode != ClientAuth::Mode::kMunge && auth.mode != ClientAuth::Mode::kToken) {
+    return absl::OkStatus();
+  }
+  const std::string proof = FindProof(ctx);
+  if (proof.empty()) {
+    if (!required) return absl::OkStatus();
+    return absl::FailedPreconditionError("it sent no proof");
+  }
+  if (auth.mode == ClientAuth::Mode::kToken) {
+    const std::string payload =
+        ServerProofPayload(method, job, nonce, absl::StrCat("token:", TokenDigest(auth.token)));
+    if (!ConstantTimeEquals(proof, TokenProof(auth.token, payload))) {
+      return absl::FailedPreconditionError(
+          "its proof does not come from a holder of the job's token");
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<MungeIdentity> id = MungeDecode(proof, auth.munge_socket);
+  if (!id.ok()) {
+    if (id.status().code() == absl::StatusCode::kUnavailable) return id.status();
+    return absl::FailedPreconditionError(
+        absl::StrCat("its proof is no valid MUNGE credential here: ", id.status().message()));
+  }
+  if (id->payload != ServerProofPayload(method, job, nonce, absl::StrCat("uid:", geteuid()))) {
+    return absl::FailedPreconditionError("its proof was made for another call");
+  }
+  if (auth.server_uid && id->uid != *auth.server_uid) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "it runs as uid %d, and the server of this job runs as uid %d", id->uid, *auth.server_uid));
+  }
+  return absl::OkStatus();
+}
+
+bool ProofRequiredAt(absl::string_view endpoint) {
+  absl::StatusOr<HostPort> hp = ParseHostPort(endpoint, 29400);
+  return !hp.ok() || !IsLoopbackAddress(hp->host);
 }
 
 }  // namespace rdzv

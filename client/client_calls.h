@@ -10,8 +10,11 @@
 #include <grpcpp/client_context.h>
 
 #include <chrono>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -63,6 +66,62 @@ struct UnaryCall {
   Response response;
 };
 
+// Runs functions one after another on a thread of its own, started when one arrives and ended
+// when none is left, so that a client that never needs it holds no thread. ReportFailureAsync and
+// LeaveAsync make their MUNGE credential here: munged answers over a socket, and their caller is
+// often an event loop that must not wait for it.
+class CallThread {
+ public:
+  CallThread() = default;
+  ~CallThread() { Drain(); }
+  CallThread(const CallThread&) = delete;
+  CallThread& operator=(const CallThread&) = delete;
+
+  void Post(std::function<void()> fn) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(fn));
+    if (running_) return;
+    running_ = true;
+    // A thread that found nothing left has cleared running_ and returns without the lock.
+    if (thread_.joinable()) thread_.join();
+    thread_ = std::thread([this] { Run(); });
+  }
+
+  // Waits until every function posted has run.
+  void Drain() {
+    std::thread done;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](bool* running) { return !*running; }, &running_));
+      done = std::move(thread_);
+    }
+    if (done.joinable()) done.join();
+  }
+
+ private:
+  void Run() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        absl::MutexLock lock(&mu_);
+        if (queue_.empty()) {
+          running_ = false;
+          return;
+        }
+        fn = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      fn();
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace internal
 
 // One Join stream. Lives until gRPC calls OnDone (it holds a reference to itself until then),
@@ -75,14 +134,58 @@ class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
 
   grpc::ClientContext& context() { return context_; }
 
+  // Starts the call but reads no event yet: the server's initial metadata comes first (see
+  // AwaitHeaders), then one of Proceed, LetEnd or Abandon.
   void Start(v1::Rendezvous::Stub* stub, const v1::JoinRequest& request) {
     request_ = request;
     // The stream lasts as long as the job; its deadline only bounds a forgotten stream.
     context_.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(24 * 30));
     self_ = shared_from_this();
     stub->async()->Join(&context_, &request_, this);
-    StartRead(&event_);
+    // Until then the call cannot be done, whatever the server does: the joining thread decides.
+    AddHold();
+    {
+      absl::MutexLock lock(&mu_);
+      held_ = true;
+    }
     StartCall();
+  }
+
+  void OnReadInitialMetadataDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    headers_ = ok ? Headers::kArrived : Headers::kNone;
+  }
+
+  enum class Headers { kWaiting, kArrived, kNone };
+  // Waits until the server's initial metadata has arrived (kArrived: it may be checked in
+  // context()), the call ended without any (kNone), or `deadline` (kWaiting).
+  Headers AwaitHeaders(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithDeadline(absl::Condition(
+                              +[](JoinCall* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
+                                return c->headers_ != Headers::kWaiting;
+                              },
+                              this),
+                          deadline);
+    return headers_;
+  }
+
+  // Reads the stream's events: the server proved itself.
+  void Proceed() {
+    if (!Release()) return;
+    StartRead(&event_);
+    RemoveHold();
+  }
+
+  // Lets a call that ended without initial metadata finish (its status then comes to OnDone).
+  void LetEnd() {
+    if (Release()) RemoveHold();
+  }
+
+  // Ends the call without reading an event of it: the server did not prove itself.
+  void Abandon() {
+    context_.TryCancel();
+    if (Release()) RemoveHold();
   }
 
   void OnReadDone(bool ok) override {
@@ -161,6 +264,12 @@ class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
   void Cancel() { context_.TryCancel(); }
 
  private:
+  // True the first time: the caller must then remove the hold of Start.
+  bool Release() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(held_, false);
+  }
+
   // First, so that it goes last: after context_ has let go of the channel.
   internal::LiveCallToken token_;
   const Handlers handlers_;
@@ -174,6 +283,8 @@ class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
   std::optional<AbortEvent> early_abort_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   bool leaving_ ABSL_GUARDED_BY(mu_) = false;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
+  Headers headers_ ABSL_GUARDED_BY(mu_) = Headers::kWaiting;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -94,7 +94,12 @@ typedef struct rdzv_client rdzv_client;
 /* Makes a client of the rdzvd at `endpoint` ("host:port"; the port defaults to 29400). Joins
  * give up after `join_timeout_s` seconds (> 0). `token_file` (may be NULL) holds the job's token
  * for RDZV_AUTH_TOKEN/AUTO; `munge_socket` (may be NULL) names munged's socket when it is not the
- * default. Sends nothing yet. On success *out is a client to free with rdzv_client_destroy. */
+ * default. Sends nothing yet. On success *out is a client to free with rdzv_client_destroy.
+ *
+ * The server proves itself in its answer to rdzv_join and rdzv_status: with MUNGE, by a
+ * credential that its munged made for this call, which must come from the uid in the environment
+ * variable RDZV_SERVER_UID when that is set (else from any uid); with a token, by a digest only a
+ * holder of the token can make. A server that does not is refused (RDZV_FAILED_PRECONDITION). */
 RDZV_EXPORT rdzv_code rdzv_client_create(const char* endpoint, double join_timeout_s,
                                          int auth /* an rdzv_auth_mode */, const char* token_file,
                                          const char* munge_socket, rdzv_client** out);

@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -220,6 +221,14 @@ rdzv_code CreateClient(const char* kFn, const char* endpoint, double join_timeou
     options.auth.token = *std::move(token);
   }
   if (!Empty(munge_socket)) options.auth.munge_socket = munge_socket;
+  if (const char* uid = std::getenv("RDZV_SERVER_UID"); !Empty(uid)) {
+    absl::StatusOr<uid_t> parsed = ParseUid(uid);
+    if (!parsed.ok()) {
+      return Fail(RDZV_INVALID_ARGUMENT,
+                  absl::StrCat(kFn, ": RDZV_SERVER_UID ", parsed.status().message()));
+    }
+    options.auth.server_uid = *parsed;
+  }
   if (Empty(tls_ca_file) && !Empty(tls_server_name)) {
     return Fail(RDZV_INVALID_ARGUMENT,
                 absl::StrCat(kFn,

@@ -8,8 +8,11 @@
 
 #include <cstdio>
 
+#include "absl/algorithm/container.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/net.h"
 #include "server/authenticator.h"
@@ -22,14 +25,30 @@ bool IsIpAddress(const std::string& host) {
   return inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1;
 }
 
-bool ResolvesToAddress(const std::string& host) {
+// The addresses `host` resolves to here, each once, in the resolver's order.
+std::vector<std::string> Resolve(const std::string& host) {
   addrinfo hints = {};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return {};
+  std::vector<std::string> addresses;
+  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* raw =
+        ai->ai_family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(ai->ai_addr)->sin_addr)
+            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(ai->ai_addr)->sin6_addr);
+    if ((ai->ai_family != AF_INET && ai->ai_family != AF_INET6) ||
+        inet_ntop(ai->ai_family, raw, text, sizeof(text)) == nullptr) {
+      continue;
+    }
+    if (absl::c_find(addresses, text) == addresses.end()) addresses.push_back(text);
+  }
   freeaddrinfo(found);
-  return true;
+  return addresses;
 }
+
+bool ResolvesToAddress(const std::string& host) { return !Resolve(host).empty(); }
 
 // The address slurm.conf gives a node (NodeAddr), from scontrol.
 absl::StatusOr<std::string> SlurmNodeAddress(const std::string& node) {
@@ -117,6 +136,31 @@ absl::StatusOr<std::unique_ptr<Server>> StartEmbedded(const AgentConfig& config,
 
 }  // namespace
 
+ListenChoice EmbeddedListenAddress(const ListenFacts& facts) {
+  const auto is_local = [&](const std::string& a) { return absl::c_linear_search(facts.local, a); };
+  std::vector<std::string> loopback;
+  for (const std::string& a : facts.resolved) {
+    if (is_local(a)) return {a, ""};
+    if (IsLoopbackAddress(a)) loopback.push_back(a);
+  }
+  if (!loopback.empty() && loopback.size() == facts.resolved.size()) {
+    // An address given as such is where the others connect; only a name may mean more.
+    const std::string slurm =
+        facts.slurm_address && !IsIpAddress(facts.server_host) ? facts.slurm_address() : "";
+    if (is_local(slurm)) return {slurm, ""};
+    // IPv4 first: it is what a node list of plain names most often resolves to elsewhere.
+    absl::c_stable_partition(loopback,
+                             [](const std::string& a) { return !absl::StrContains(a, ':'); });
+    return {loopback.front(), ""};
+  }
+  const std::string why =
+      facts.resolved.empty()
+          ? absl::StrFormat("%s does not resolve here", facts.server_host)
+          : absl::StrFormat("%s resolves to %s, none of which is an address of this host",
+                            facts.server_host, absl::StrJoin(facts.resolved, ", "));
+  return {"0.0.0.0", absl::StrCat(why, "; the rendezvous server listens on every address")};
+}
+
 absl::StatusOr<ServerLocation> LocateServer(const AgentConfig& config, const ClientAuth& auth) {
   ServerLocation location;
   absl::StatusOr<std::string> host = ResolveServerHost(config.rdzv_host);
@@ -128,13 +172,23 @@ absl::StatusOr<ServerLocation> LocateServer(const AgentConfig& config, const Cli
     }
     return location;
   }
-  // Listen only where the other nodes reach this one when that is an address. A name may
-  // resolve to a loopback address here (a common /etc/hosts entry) and to the real one
-  // elsewhere: then listen on every address, as the other nodes' view is unknown.
-  const std::string listen_host =
-      config.embedded_listen_host == "0.0.0.0" && IsIpAddress(location.server_host)
-          ? location.server_host
-          : config.embedded_listen_host;
+  // Listen only where the other nodes reach this one.
+  std::string listen_host = config.embedded_listen_host;
+  if (listen_host == "0.0.0.0" && !location.server_host.empty()) {
+    ListenFacts facts;
+    facts.server_host = location.server_host;
+    facts.local = InterfaceAddresses();
+    facts.resolved = IsIpAddress(location.server_host)
+                         ? std::vector<std::string>{location.server_host}
+                         : Resolve(location.server_host);
+    facts.slurm_address = [&] {
+      absl::StatusOr<std::string> address = SlurmNodeAddress(config.rdzv_host);
+      return address.ok() ? *address : std::string();
+    };
+    ListenChoice choice = EmbeddedListenAddress(facts);
+    if (!choice.note.empty()) spdlog::info("{}", choice.note);
+    listen_host = choice.address;
+  }
   absl::StatusOr<std::unique_ptr<Server>> server = StartEmbedded(config, listen_host, auth);
   if (!server.ok()) return server.status();
   location.embedded = *std::move(server);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "client/gpu_exchange.h"
 #include "common/slurm_worker_env.h"
 #include "common/worker_env.h"
 
@@ -39,15 +40,41 @@ void Replace(std::vector<std::string>& entries, const EnvList& vars,
   for (const auto& [name, value] : vars) entries.push_back(absl::StrCat(name, "=", value));
 }
 
+// Whether `own` may be numbered among the step's GPUs rather than among the node's. Slurm
+// names the step's GPUs by the node's numbering (SLURM_STEP_GPUS=1,2,3), but where it confines
+// the step with cgroups, CUDA_VISIBLE_DEVICES counts only what the step can open (0,1,2). A
+// view built from both would mix the two: for the third GPU, "2" would be taken for the node's
+// GPU 2 and the view would name "3", which does not exist for the task. The two numberings agree
+// when the step holds the node's first GPUs; otherwise `own` is taken for the node's numbering
+// only when it cannot be a position among the step's GPUs, or when it is the GPU Slurm gives a
+// task of this local rank (the step's GPUs are handed out in order) and the position reading
+// would not be.
+bool MaybeRenumbered(const std::string& own, const std::vector<std::string>& devices,
+                     int local_rank) {
+  const int count = static_cast<int>(devices.size());
+  bool first_gpus = true;
+  for (int i = 0; i < count && first_gpus; ++i) {
+    first_gpus = std::find(devices.begin(), devices.end(), absl::StrCat(i)) != devices.end();
+  }
+  if (first_gpus) return false;
+  int position = 0;
+  if (!absl::SimpleAtoi(own, &position) || position < 0 || position >= count) return false;
+  const bool in_order = local_rank < count && devices[local_rank] == own;
+  return !in_order || position == local_rank;
+}
+
 // The device list in which index `local_rank` is `own`: the other devices keep their order
-// around it. Empty when `devices` does not hold `own` or has too few entries, and when `own` is
-// the node's first device: where Slurm constrains devices with cgroups it renumbers each task's
-// GPU to 0, and the others' are out of reach, so no wider view exists.
+// around it. Empty when `devices` does not hold `own` or has too few entries, when `own` is the
+// node's first device (where Slurm confines each task with cgroups it renumbers the task's GPU
+// to 0, and the others are out of reach, so no wider view exists), and when `own` may be
+// numbered among the step's GPUs only (MaybeRenumbered; not a question when the node's tasks
+// named their GPUs themselves, `from_tasks`).
 std::vector<std::string> DeviceView(const std::string& own, const std::vector<std::string>& devices,
-                                    int local_rank) {
+                                    int local_rank, bool from_tasks) {
   if (devices.empty() || own == devices.front() ||
       std::find(devices.begin(), devices.end(), own) == devices.end() ||
-      static_cast<int>(devices.size()) <= local_rank) {
+      static_cast<int>(devices.size()) <= local_rank ||
+      (!from_tasks && MaybeRenumbered(own, devices, local_rank))) {
     return {};
   }
   std::vector<std::string> view;
@@ -86,8 +113,8 @@ absl::StatusOr<ShapedWorker> ShapeWorker(const WorkerShape& shape, const Process
   }
 
   if (!shape.task_device.empty() && place->local_rank > 0) {
-    const std::vector<std::string> view =
-        DeviceView(shape.task_device, shape.node_devices, place->local_rank);
+    const std::vector<std::string> view = DeviceView(
+        shape.task_device, shape.node_devices, place->local_rank, shape.node_devices_from_tasks);
     if (!view.empty()) {
       const std::string joined = absl::StrJoin(view, ",");
       Replace(out.spec.env, {{"CUDA_VISIBLE_DEVICES", joined}}, {"CUDA_VISIBLE_DEVICES"});
@@ -131,18 +158,51 @@ WorkerShape ResolveWorkerShape(bool slurm_tasks, bool pass_local_rank,
     shape.task_device = visible.front();
     shape.node_devices = list("SLURM_STEP_GPUS");
     if (shape.node_devices.empty()) shape.node_devices = list("SLURM_JOB_GPUS");
+    // --gpus-per-task binds the step's GPUs per task: Slurm names only the task's own GPU, in
+    // SLURM_STEP_GPUS too. The node's other tasks know theirs.
+    const bool known_node =
+        slurm->node_id >= 0 && static_cast<size_t>(slurm->node_id) < slurm->tasks_per_node.size();
+    const int tasks_here = known_node ? slurm->tasks_per_node[slurm->node_id] : 0;
+    if (shape.node_devices == visible && slurm->in_step() && slurm->local_id >= 0 &&
+        tasks_here > 1) {
+      std::string name =
+          absl::StrCat("rdzv-gpus-", slurm->job_id, ".", slurm->step_id, "-", slurm->node_name);
+      std::replace(name.begin(), name.end(), '/', '_');
+      const std::string tmp = env("TMPDIR").value_or("");
+      shape.gpu_exchange_dir = absl::StrCat(tmp.empty() ? "/tmp" : tmp, "/", name);
+      shape.local_id = slurm->local_id;
+    }
   }
   return shape;
 }
 
 namespace {
 
+// LOCAL_WORLD_SIZE of a worker's launch, 0 when not set.
+int LocalWorldSize(const ProcessSpec& spec) {
+  for (const auto& [name, value] : ToList(spec.env)) {
+    int n = 0;
+    if (name == "LOCAL_WORLD_SIZE" && absl::SimpleAtoi(value, &n)) return n;
+  }
+  return 0;
+}
+
 class ShapingLauncher final : public ProcessLauncher {
  public:
-  ShapingLauncher(WorkerShape shape, std::unique_ptr<ProcessLauncher> inner)
-      : shape_(std::move(shape)), inner_(std::move(inner)) {}
+  ShapingLauncher(WorkerShape shape, std::unique_ptr<GpuExchange> exchange,
+                  std::unique_ptr<ProcessLauncher> inner)
+      : shape_(std::move(shape)), exchange_(std::move(exchange)), inner_(std::move(inner)) {}
 
   absl::StatusOr<SpawnedProcess> Spawn(const ProcessSpec& spec) override {
+    if (exchange_ && !collected_) {
+      // The round is complete: every task of this node in it wrote its GPU before joining.
+      collected_ = true;
+      std::vector<std::string> devices = exchange_->Collect(LocalWorldSize(spec));
+      if (!devices.empty()) {
+        shape_.node_devices = std::move(devices);
+        shape_.node_devices_from_tasks = true;
+      }
+    }
     absl::StatusOr<ShapedWorker> shaped = ShapeWorker(shape_, spec);
     if (!shaped.ok()) return shaped.status();
     if (!logged_) {
@@ -161,8 +221,10 @@ class ShapingLauncher final : public ProcessLauncher {
   std::vector<ProcessExit> Reap() override { return inner_->Reap(); }
 
  private:
-  const WorkerShape shape_;
+  WorkerShape shape_;
+  const std::unique_ptr<GpuExchange> exchange_;  // null when not sharing GPUs
   const std::unique_ptr<ProcessLauncher> inner_;
+  bool collected_ = false;
   bool logged_ = false;
 };
 
@@ -170,7 +232,19 @@ class ShapingLauncher final : public ProcessLauncher {
 
 std::unique_ptr<ProcessLauncher> NewShapingLauncher(WorkerShape shape,
                                                     std::unique_ptr<ProcessLauncher> inner) {
-  return std::make_unique<ShapingLauncher>(std::move(shape), std::move(inner));
+  std::unique_ptr<GpuExchange> exchange;
+  if (!shape.gpu_exchange_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<GpuExchange>> published =
+        GpuExchange::Publish(shape.gpu_exchange_dir, shape.local_id, shape.task_device);
+    if (published.ok()) {
+      exchange = *std::move(published);
+    } else {
+      // Without it the worker sees its own GPU only, and the first spawn warns about that.
+      spdlog::debug("cannot share this task's GPU with the node's other tasks: {}",
+                    std::string(published.status().message()));
+    }
+  }
+  return std::make_unique<ShapingLauncher>(std::move(shape), std::move(exchange), std::move(inner));
 }
 
 }  // namespace rdzv

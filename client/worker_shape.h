@@ -8,8 +8,9 @@
 //    so that device LOCAL_RANK is the task's own, as under torchrun.
 //
 // ShapeWorker is pure. ShapingLauncher applies it to every process it spawns through another
-// launcher and logs the notes of its first spawn once; it is used from one thread, like the
-// launcher it wraps.
+// launcher and logs the notes of its first spawn once; where Slurm shows each task only its own
+// GPU, it learns the other tasks' through a GpuExchange (client/gpu_exchange.h) first. It is
+// used from one thread, like the launcher it wraps.
 #ifndef RDZV_CLIENT_WORKER_SHAPE_H_
 #define RDZV_CLIENT_WORKER_SHAPE_H_
 
@@ -39,6 +40,14 @@ struct WorkerShape {
   // known or when the task sees no or several devices.
   std::string task_device;
   std::vector<std::string> node_devices;
+  // Set when node_devices came from the node's tasks themselves, each naming its GPU as its
+  // CUDA_VISIBLE_DEVICES does, so that no other numbering can be mixed in.
+  bool node_devices_from_tasks = false;
+  // Where Slurm shows each task only its own GPU (SLURM_STEP_GPUS is CUDA_VISIBLE_DEVICES) on a
+  // node with several tasks: the step's directory on this node through which the tasks learn
+  // each other's GPU, and this task's place there (SLURM_LOCALID). Empty / -1 otherwise.
+  std::string gpu_exchange_dir;
+  int local_id = -1;
 };
 
 struct ShapedWorker {
@@ -53,11 +62,15 @@ absl::StatusOr<ShapedWorker> ShapeWorker(const WorkerShape& shape, const Process
 
 // The shape for an agent: Slurm task variables when `slurm_tasks` and the agent runs inside a
 // Slurm step (`slurm`), --local_rank when `pass_local_rank`, and the task's device from
-// CUDA_VISIBLE_DEVICES and the node's from SLURM_STEP_GPUS (else SLURM_JOB_GPUS) in `env`.
+// CUDA_VISIBLE_DEVICES and the node's from SLURM_STEP_GPUS (else SLURM_JOB_GPUS) in `env`; when
+// those name only the task's own GPU and the node runs several tasks, the GPU exchange directory
+// (under TMPDIR, else /tmp, named after the job, step and node).
 WorkerShape ResolveWorkerShape(bool slurm_tasks, bool pass_local_rank,
                                const std::optional<SlurmEnv>& slurm, const EnvLookup& env);
 
-// A launcher that shapes every spawn with ShapeWorker before passing it to `inner`.
+// A launcher that shapes every spawn with ShapeWorker before passing it to `inner`. With a
+// gpu_exchange_dir in `shape`, it shares this task's GPU there at once (before the agent joins),
+// and at its first spawn takes the node's GPUs from it.
 std::unique_ptr<ProcessLauncher> NewShapingLauncher(WorkerShape shape,
                                                     std::unique_ptr<ProcessLauncher> inner);
 

@@ -3,6 +3,9 @@
 #include <fcntl.h>
 #include <munge.h>
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 #include <openssl/sha.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -12,9 +15,11 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -80,6 +85,38 @@ std::string CallPayload(absl::string_view method, absl::string_view job_id) {
   return absl::StrCat("rdzv.v1 ", method, " ", job_id);
 }
 
+std::string NewNonce() {
+  unsigned char bytes[16];
+  if (RAND_bytes(bytes, sizeof(bytes)) != 1) {
+    // Without OpenSSL's generator, the C++ library's, which also asks the kernel.
+    std::random_device random;
+    for (unsigned char& b : bytes) b = static_cast<unsigned char>(random());
+  }
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
+
+bool IsNonce(absl::string_view nonce) {
+  if (nonce.size() < 16 || nonce.size() > 64) return false;
+  for (char ch : nonce) {
+    if (!absl::ascii_isxdigit(static_cast<unsigned char>(ch))) return false;
+  }
+  return true;
+}
+
+std::string ServerProofPayload(absl::string_view method, absl::string_view job_id,
+                               absl::string_view nonce, absl::string_view caller) {
+  return absl::StrCat("rdzv.v1 server ", method, " ", job_id, " ", nonce, " ", caller);
+}
+
+std::string TokenProof(absl::string_view token, absl::string_view payload) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
+       reinterpret_cast<const unsigned char*>(payload.data()), payload.size(), mac, &len);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(mac), len));
+}
+
 absl::StatusOr<std::string> MungeEncode(absl::string_view payload, const std::string& socket) {
   MungeContext ctx(socket);
   if (ctx.get() == nullptr) return absl::ResourceExhaustedError("munge_ctx_create failed");
@@ -129,6 +166,16 @@ bool MungeSocketPresent(const std::string& socket) {
   // Refused: a socket file left behind by a munged that is gone. A full backlog (EAGAIN) is a
   // busy munged, which is present.
   return rc == 0 || (err != ECONNREFUSED && err != ENOENT);
+}
+
+absl::StatusOr<uid_t> ParseUid(absl::string_view text) {
+  uint32_t uid = 0;
+  // (uid_t)-1 means "no uid" to the system calls that take one.
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &uid) || uid == UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "\"%s\" is not a uid; expected a number (id -u USER prints one)", absl::CHexEscape(text)));
+  }
+  return static_cast<uid_t>(uid);
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {

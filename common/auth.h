@@ -8,7 +8,14 @@
 //   - A shared job token (--rdzv-token-file): a secret the job's agents share. It identifies the
 //     job's owner by the secret itself; it is compared in constant time.
 //
-// The functions here wrap libmunge and OpenSSL's digest; they keep no state and are
+// The server proves itself in turn (ServerProofPayload): a client that asks for it sends a fresh
+// nonce with the call, and the server answers, in the call's initial metadata, with a proof bound
+// to the method, the job id, that nonce and the caller it authenticated: a MUNGE credential it
+// made over that payload (the client's munged says which uid made it), or the payload's
+// HMAC-SHA256 under the job's token. A process that merely listens on the server's port has
+// neither the server's uid nor, unless a client hands it over, the token.
+//
+// The functions here wrap libmunge and OpenSSL's digests; they keep no state and are
 // thread-safe. MUNGE calls talk to munged over its UNIX socket (about a tenth of a
 // millisecond).
 #ifndef RDZV_COMMON_AUTH_H_
@@ -27,12 +34,31 @@ namespace rdzv {
 // Metadata keys (lower case, as gRPC requires).
 inline constexpr char kMungeMetadata[] = "x-rdzv-munge";
 inline constexpr char kTokenMetadata[] = "x-rdzv-token";
+// Sent by a client that wants the server's proof; answered under kProofMetadata.
+inline constexpr char kNonceMetadata[] = "x-rdzv-nonce";
+inline constexpr char kProofMetadata[] = "x-rdzv-server-proof";
 
 // What a credential vouches for: "rdzv.v1 <method> <job id>". A credential made for one call
 // is refused on any other.
 std::string CallPayload(absl::string_view method, absl::string_view job_id);
 
-// The MUNGE socket to use: `socket` when set, else libmunge's default.
+// A fresh nonce for one call: 32 hex digits from OpenSSL's random generator.
+std::string NewNonce();
+
+// Whether `nonce` has a nonce's form (16 to 64 hex digits); a server proves nothing else.
+bool IsNonce(absl::string_view nonce);
+
+// What a server's proof vouches for: "rdzv.v1 server <method> <job id> <nonce> <caller>", where
+// the caller is the owner key the server authenticated the call as ("uid:1000",
+// "token:<digest>"). Bound to the caller, a proof that another user obtained from the real server
+// for a nonce it relayed does not convince the client that sent the nonce.
+std::string ServerProofPayload(absl::string_view method, absl::string_view job_id,
+                               absl::string_view nonce, absl::string_view caller);
+
+// HMAC-SHA256 of `payload` under `token`, in hex: a token holder's proof.
+std::string TokenProof(absl::string_view token, absl::string_view payload);
+
+// What a decoded credential says: the uid and gid that made it, and its payload.
 struct MungeIdentity {
   uid_t uid = 0;
   gid_t gid = 0;
@@ -54,6 +80,10 @@ bool MungeWorks(const std::string& socket);
 // set up on this host. Only a connect is tried, no credential: a socket file whose munged is gone
 // (connection refused) counts as absent, a busy munged (full backlog) as present.
 bool MungeSocketPresent(const std::string& socket);
+
+// Parses the uid a server must run as (RDZV_SERVER_UID): a number, 0 to 4294967294.
+// InvalidArgument, saying what is expected, otherwise.
+absl::StatusOr<uid_t> ParseUid(absl::string_view text);
 
 // Reads a job token from `path`: a regular file (not a link) owned by the caller, readable
 // and writable by the owner only (0600 or 0400), 16 to 4096 bytes of text; surrounding

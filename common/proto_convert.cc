@@ -37,6 +37,7 @@ v1::JoinRequest ToProto(const JoinSpec& spec) {
   if (spec.resume) *r.mutable_resume() = ToProto(*spec.resume);
   if (spec.max_restarts) r.set_max_restarts(*spec.max_restarts);
   r.set_longest_heartbeat_interval_ms(spec.longest_heartbeat_interval / 1000);
+  r.set_node_list(spec.node_list);
   return r;
 }
 
@@ -59,6 +60,7 @@ JoinSpec FromProto(const v1::JoinRequest& r) {
   if (r.has_resume()) spec.resume = FromProto(r.resume());
   if (r.has_max_restarts()) spec.max_restarts = r.max_restarts();
   spec.longest_heartbeat_interval = r.longest_heartbeat_interval_ms() * 1000;
+  spec.node_list = r.node_list();
   return spec;
 }
 
@@ -123,6 +125,7 @@ v1::JobStatus ToProto(const JobStatusView& j) {
   p.set_min_agents(j.min_agents);
   p.set_max_agents(j.max_agents);
   p.set_world_size(j.world_size);
+  p.set_node_list(j.node_list);
   for (const AgentStatusView& a : j.agents) {
     v1::AgentStatus* ap = p.add_agents();
     ap->set_agent_id(a.agent_id);
@@ -144,6 +147,7 @@ JobStatusView FromProto(const v1::JobStatus& p) {
   j.min_agents = p.min_agents();
   j.max_agents = p.max_agents();
   j.world_size = p.world_size();
+  j.node_list = p.node_list();
   for (const v1::AgentStatus& a : p.agents()) {
     j.agents.push_back(
         {a.agent_id(), a.host(), a.node_index(), a.nproc(), a.rank_offset(), a.state()});

@@ -49,6 +49,8 @@ struct RendezvousState::Job {
   std::optional<AbortEvent> abort;
   // The longest heartbeat interval its agents have reported, over all rounds.
   Micros longest_heartbeat_interval = 0;
+  // The first node list an agent gave (JoinSpec::node_list), kept over rounds for Status.
+  std::string node_list;
 };
 
 namespace {
@@ -198,6 +200,7 @@ void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec,
     job->assignment = held;
     job->assignment.slot = Slot{};
     job->resume_deadline = now + options_.resume_window;
+    job->node_list = spec.node_list;
     jobs_.emplace(spec.job_id, std::move(created));
   }
 
@@ -398,6 +401,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
 
   Member& member = job->members[spec.agent.agent_id];
   if (!job->max_restarts) job->max_restarts = spec.max_restarts;
+  if (job->node_list.empty()) job->node_list = spec.node_list;
   member.spec = spec;
   member.peer_address = caller.peer_address;
   Attach(*job, member, stream);
@@ -640,6 +644,7 @@ std::vector<JobStatusView> RendezvousState::Status(const std::string& job_id) co
     v.min_agents = job.min_agents;
     v.max_agents = job.max_agents;
     v.world_size = job.world_size;
+    v.node_list = job.node_list;
     for (const auto& [agent_id, m] : job.members) {
       AgentStatusView a;
       a.agent_id = agent_id;

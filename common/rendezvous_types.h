@@ -7,6 +7,7 @@
 #ifndef RDZV_COMMON_RENDEZVOUS_TYPES_H_
 #define RDZV_COMMON_RENDEZVOUS_TYPES_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -76,7 +77,14 @@ struct JoinSpec {
   std::optional<int32_t> max_restarts;
   // The longest interval between two heartbeats of one worker this agent has seen; 0 for none.
   Micros longest_heartbeat_interval = 0;
+  // The job's nodes as a compressed Slurm hostlist, in node order, when known (a Slurm step);
+  // at most kMaxNodeListBytes, else empty. The job keeps the first one, for its status.
+  std::string node_list;
 };
+
+// The longest node list a join carries; rdzvd refuses a longer one, and an agent whose list
+// compresses to more sends none.
+inline constexpr size_t kMaxNodeListBytes = 16 * 1024;
 
 // Why a job ended early. Carried as data from whoever decided it to every agent, so that no one
 // has to read the reason's words to know what happened.
@@ -163,6 +171,7 @@ struct JobStatusView {
   int32_t max_agents = 0;
   int32_t world_size = 0;
   std::vector<AgentStatusView> agents;
+  std::string node_list;  // JoinSpec::node_list of the first agent that gave one
 };
 
 }  // namespace rdzv

@@ -52,7 +52,16 @@ EnvList WorkerVariables(const WorkerContext& ctx, int32_t local_index) {
       {"RDZV_ROUND", n(a.round)},
   };
   // A standalone agent keeps its rendezvous in-process: there is no server to name.
-  if (!ctx.rdzv_endpoint.empty()) vars.emplace_back("RDZV_ENDPOINT", ctx.rdzv_endpoint);
+  if (!ctx.rdzv_endpoint.empty()) {
+    vars.emplace_back("RDZV_ENDPOINT", ctx.rdzv_endpoint);
+    const auto pass = [&vars](const char* name, const std::string& value) {
+      if (!value.empty()) vars.emplace_back(name, value);
+    };
+    pass("RDZV_TOKEN_FILE", ctx.token_file);
+    pass("RDZV_MUNGE_SOCKET", ctx.munge_socket);
+    pass("RDZV_TLS_CA", ctx.tls_ca);
+    pass("RDZV_TLS_SERVER_NAME", ctx.tls_server_name);
+  }
   if (!ctx.error_file_dir.empty()) {
     vars.emplace_back("TORCHELASTIC_ERROR_FILE", ErrorFilePath(ctx, local_index));
   }

@@ -23,6 +23,13 @@ struct WorkerContext {
   std::string run_id;
   std::string role = "default";
   std::string rdzv_endpoint;
+  // How the agent reaches rdzv_endpoint, passed on (RDZV_TOKEN_FILE, RDZV_MUNGE_SOCKET,
+  // RDZV_TLS_CA, RDZV_TLS_SERVER_NAME) so that a worker's rdzvctl or librdzv client reaches it as
+  // the agent does; each empty when the agent uses none.
+  std::string token_file;
+  std::string munge_socket;
+  std::string tls_ca;
+  std::string tls_server_name;
   // Where workers write torch's error file (TORCHELASTIC_ERROR_FILE, what @record writes);
   // empty for none.
   std::string error_file_dir;

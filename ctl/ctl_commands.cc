@@ -27,20 +27,48 @@ void SetDeadline(grpc::ClientContext& context, const CtlOptions& options) {
                        absl::ToChronoMilliseconds(options.timeout));
 }
 
-// Puts the caller's credential on `context`, as an agent would: rdzvd authenticates every call,
-// and shows or lets abort only the caller's own jobs (every job for root and its admin groups).
-absl::Status Authorize(grpc::ClientContext& context, const CtlOptions& options,
-                       absl::string_view method, absl::string_view job) {
+// How rdzvctl proves who it is, as an agent would: rdzvd authenticates every call, and shows or
+// lets abort only the caller's own jobs (every job for root and its admin groups).
+absl::StatusOr<ClientAuth> CtlAuth(const CtlOptions& options) {
   ClientAuth auth;
   auth.munge_socket = options.munge_socket;
+  auth.server_uid = options.server_uid;
   if (!options.token_file.empty()) {
     absl::StatusOr<std::string> token = ReadTokenFile(options.token_file);
     if (!token.ok()) return token.status();
     auth.token = *std::move(token);
   }
-  absl::StatusOr<ClientAuth> resolved = ResolveClientAuth(std::move(auth));
-  if (!resolved.ok()) return resolved.status();
-  return AttachCredential(context, *resolved, method, job);
+  return ResolveClientAuth(std::move(auth));
+}
+
+// One call of `method` on `job`, with the caller's credential and a nonce for rdzvd's proof,
+// which an answer must carry to be shown: rdzvctl does not print, nor take for done, what a
+// process that merely took rdzvd's port says.
+template <typename Request, typename Response, typename Method>
+grpc::Status ProvenCall(const CtlOptions& options, absl::string_view method, const std::string& job,
+                        Method call, const Request& request, Response* response,
+                        absl::Status* refused) {
+  absl::StatusOr<ClientAuth> auth = CtlAuth(options);
+  if (!auth.ok()) {
+    *refused = auth.status();
+    return grpc::Status::OK;
+  }
+  grpc::ClientContext context;
+  SetDeadline(context, options);
+  const std::string nonce = NewNonce();
+  *refused = AttachCredential(context, *auth, method, job, nonce);
+  if (!refused->ok()) return grpc::Status::OK;
+  grpc::Status status = call(&context, request, response);
+  if (!status.ok()) return status;
+  if (absl::Status proof =
+          CheckServerProof(context, *auth, method, job, nonce, ProofRequiredAt(options.endpoint));
+      !proof.ok()) {
+    *refused = absl::FailedPreconditionError(absl::StrFormat(
+        "the server at %s did not prove that it is rdzvd: %s; check --rdzv-endpoint "
+        "(RDZV_ENDPOINT) and --server-uid (RDZV_SERVER_UID)",
+        options.endpoint, proof.message()));
+  }
+  return status;
 }
 
 int Refused(std::ostream& err, const absl::Status& status) {
@@ -69,12 +97,14 @@ int Status(v1::Rendezvous::Stub& stub, const CtlOptions& options, std::ostream& 
   v1::StatusRequest request;
   request.set_job_id(options.job);
   v1::StatusResponse response;
-  grpc::ClientContext context;
-  SetDeadline(context, options);
-  if (absl::Status a = Authorize(context, options, "GetStatus", options.job); !a.ok()) {
-    return Refused(err, a);
-  }
-  const grpc::Status status = stub.GetStatus(&context, request, &response);
+  absl::Status refused;
+  const grpc::Status status = ProvenCall(
+      options, "GetStatus", options.job,
+      [&stub](grpc::ClientContext* c, const v1::StatusRequest& r, v1::StatusResponse* a) {
+        return stub.GetStatus(c, r, a);
+      },
+      request, &response, &refused);
+  if (!refused.ok()) return Refused(err, refused);
   if (!status.ok()) return Failed(err, options, status);
   if (options.json) {
     out << ToJson(response) << "\n";
@@ -111,12 +141,14 @@ int Abort(v1::Rendezvous::Stub& stub, const CtlOptions& options, std::ostream& o
   request.set_job_id(options.job);
   request.set_reason(options.reason);
   v1::AbortJobResponse response;
-  grpc::ClientContext context;
-  SetDeadline(context, options);
-  if (absl::Status a = Authorize(context, options, "AbortJob", options.job); !a.ok()) {
-    return Refused(err, a);
-  }
-  const grpc::Status status = stub.AbortJob(&context, request, &response);
+  absl::Status refused;
+  const grpc::Status status = ProvenCall(
+      options, "AbortJob", options.job,
+      [&stub](grpc::ClientContext* c, const v1::AbortJobRequest& r, v1::AbortJobResponse* a) {
+        return stub.AbortJob(c, r, a);
+      },
+      request, &response, &refused);
+  if (!refused.ok()) return Refused(err, refused);
   if (!status.ok()) return Failed(err, options, status);
   if (options.json) {
     out << ToJson(response) << "\n";

@@ -2,6 +2,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/flags.h"
 #include "common/hostlist.h"
 
@@ -13,6 +14,7 @@ constexpr char kUsage[] =
 
 Usage:
   rdzvctl [OPTIONS] status [JOB]    jobs, state, round, agents joined/expected, missing, failure
+                                    (in a worker JOB is its own, RDZV_RUN_ID; --all for every job)
   rdzvctl [OPTIONS] watch [JOB]     the same, refreshed every --interval
   rdzvctl [OPTIONS] abort JOB --reason TEXT
                                     end JOB for all of its agents (its owner or root)
@@ -47,6 +49,14 @@ FlagParser MakeParser(CtlOptions& o) {
            o.munge_socket = std::string(v);
            return absl::OkStatus();
          }});
+  p.Add({"server-uid", "RDZV_SERVER_UID", "UID",
+         "under MUNGE, the uid rdzvd runs as: one that cannot prove it is refused (default: any)",
+         [&o](absl::string_view v) {
+           absl::StatusOr<uid_t> uid = ParseUid(v);
+           if (!uid.ok()) return uid.status();
+           o.server_uid = *uid;
+           return absl::OkStatus();
+         }});
   p.Add({"tls-ca", "RDZV_TLS_CA", "FILE",
          "talk TLS to rdzvd and verify its certificate with this CA (PEM)",
          [&o](absl::string_view v) {
@@ -77,12 +87,20 @@ FlagParser MakeParser(CtlOptions& o) {
            return absl::OkStatus();
          }});
   p.Add({"nodelist", "", "HOSTLIST",
-         "status/watch: the job's nodes, e.g. $(squeue -h -o %N -j ID), to name the missing",
+         "status/watch: the job's nodes, e.g. $(squeue -h -o %N -j ID), to name the missing "
+         "(default: the nodes its agents named, under Slurm)",
          [&o](absl::string_view v) {
            absl::StatusOr<std::vector<std::string>> hosts =
                ExpandHostlist(std::string_view(v.data(), v.size()));
            if (!hosts.ok()) return hosts.status();
            o.nodelist = *std::move(hosts);
+           return absl::OkStatus();
+         }});
+  p.Add({"all", "", "", "status/watch: every job, even in a worker (where JOB is its own)",
+         [&o](absl::string_view v) {
+           absl::StatusOr<bool> b = ParseBool(v);
+           if (!b.ok()) return b.status();
+           o.all = *b;
            return absl::OkStatus();
          }});
   p.Add({"reason", "", "TEXT", "abort: why, in a few words (the agents print it)",
@@ -152,6 +170,15 @@ absl::StatusOr<CtlOptions> ParseCtlOptions(const std::vector<std::string>& args,
                                                    "\" after ", command, "; see rdzvctl --help"));
   }
   if (words.size() == 2) o.job = words[1];
+  if (o.command == CtlCommand::kStatus || o.command == CtlCommand::kWatch) {
+    if (o.all && !o.job.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--all shows every job; drop it or the job \"", o.job, "\""));
+    }
+    // A worker's environment names its job (RDZV_RUN_ID, set by its agent): rdzvctl run there
+    // shows that job.
+    if (!o.all && o.job.empty()) o.job = env("RDZV_RUN_ID").value_or("");
+  }
   if (o.tls_ca.empty() && !o.tls_server_name.empty()) {
     return absl::InvalidArgumentError(
         "--tls-server-name needs --tls-ca, the CA that signed rdzvd's certificate");

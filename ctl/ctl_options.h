@@ -4,6 +4,9 @@
 #ifndef RDZV_CTL_CTL_OPTIONS_H_
 #define RDZV_CTL_CTL_OPTIONS_H_
 
+#include <sys/types.h>
+
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,8 +21,11 @@ enum class CtlCommand { kStatus, kWatch, kAbort, kHealth };
 struct CtlOptions {
   CtlCommand command = CtlCommand::kStatus;
   std::string endpoint;  // host:port of rdzvd
-  std::string job;       // status/watch: one job (empty: all); abort: the job
-  std::string reason;    // abort
+  // status/watch: one job (empty: all; inside a worker RDZV_RUN_ID, its own, unless --all);
+  // abort: the job.
+  std::string job;
+  bool all = false;    // status/watch: every job, even where RDZV_RUN_ID names one
+  std::string reason;  // abort
   bool json = false;
   absl::Duration timeout = absl::Seconds(5);   // per call
   absl::Duration interval = absl::Seconds(2);  // watch
@@ -29,6 +35,8 @@ struct CtlOptions {
   // How rdzvctl proves who it is: the job's token when given, else MUNGE when munged runs here.
   std::string token_file;
   std::string munge_socket;
+  // Under MUNGE, the uid rdzvd must prove it runs as (unset: any uid munged vouches for).
+  std::optional<uid_t> server_uid;
   // TLS: verify rdzvd's certificate with this CA (PEM); empty for plaintext.
   std::string tls_ca;
   std::string tls_server_name;  // the name the certificate must hold; "" for the endpoint's host

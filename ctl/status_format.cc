@@ -28,6 +28,20 @@ std::string JoinedHosts(const v1::JobStatus& job) {
   return CompressHostlist(hosts);
 }
 
+// The job's nodes as its agents gave them to rdzvd, or none when there is no list, it does not
+// parse, or it does not name the host of every agent that joined (--host-name renamed one), so
+// that a node is never shown missing while its agent is there under another name.
+std::vector<std::string> JobNodes(const v1::JobStatus& job) {
+  if (job.node_list().empty()) return {};
+  absl::StatusOr<std::vector<std::string>> nodes = ExpandHostlist(job.node_list());
+  if (!nodes.ok()) return {};
+  const absl::flat_hash_set<std::string> names(nodes->begin(), nodes->end());
+  for (const v1::AgentStatus& agent : job.agents()) {
+    if (!names.contains(agent.host())) return {};
+  }
+  return *std::move(nodes);
+}
+
 std::string Failure(const v1::JobStatus& job) {
   if (!job.has_abort()) return job.state() == "ended" ? "ended" : "";
   return job.abort().reason();
@@ -37,18 +51,21 @@ std::string Failure(const v1::JobStatus& job) {
 
 std::string MissingNodes(const v1::JobStatus& job, const std::vector<std::string>& nodelist) {
   if (job.state() != "filling" || job.joined() >= job.max_agents()) return "";
-  if (!nodelist.empty()) {
+  const std::string more = absl::StrCat(job.max_agents() - job.joined(), " more");
+  const std::vector<std::string> nodes = nodelist.empty() ? JobNodes(job) : nodelist;
+  if (!nodes.empty()) {
     absl::flat_hash_set<std::string> joined;
     for (const v1::AgentStatus& agent : job.agents()) joined.insert(agent.host());
     std::vector<std::string> missing;
-    for (const std::string& host : nodelist) {
+    for (const std::string& host : nodes) {
       if (!joined.contains(host)) missing.push_back(host);
     }
-    return CompressHostlist(missing);
+    // With several agents on a node (one per task), every node may have one while more are due.
+    return missing.empty() ? more : CompressHostlist(missing);
   }
   std::set<int64_t> indices;
   for (const v1::AgentStatus& agent : job.agents()) {
-    if (agent.node_index() < 0) return absl::StrCat(job.max_agents() - job.joined(), " more");
+    if (agent.node_index() < 0) return more;
     indices.insert(agent.node_index());
   }
   std::vector<std::string> missing;

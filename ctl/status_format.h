@@ -11,8 +11,10 @@
 
 namespace rdzv {
 
-// Who the job still waits for, as a Slurm hostlist. With `nodelist` (the job's nodes): those of
-// them without an agent, e.g. "n[3,5-7]". Without it: the node indices (--node-rank) not yet
+// Who the job still waits for, as a Slurm hostlist. The job's nodes are `nodelist` (rdzvctl
+// --nodelist) or else the node list its agents gave rdzvd (JobStatus.node_list, a Slurm step's);
+// when known, the missing are those of them without an agent, e.g. "n[3,5-7]", or "N more" when
+// each node has one (several agents per node). Otherwise: the node indices (--node-rank) not yet
 // seen, e.g. "[3,5-7]", when the agents give indices, else "N more". "" when nobody is missing
 // (the round is complete or the job is past filling).
 std::string MissingNodes(const v1::JobStatus& job, const std::vector<std::string>& nodelist);

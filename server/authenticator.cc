@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <grp.h>
 #include <pwd.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include "absl/algorithm/container.h"
@@ -24,6 +25,16 @@ namespace {
 constexpr size_t kMaxCredentialBytes = 8192;
 
 }  // namespace
+
+CallCredentials CredentialsOf(const grpc::ServerContextBase& context) {
+  const auto& md = context.client_metadata();
+  const auto value = [&md](const char* key) {
+    auto it = md.find(key);
+    if (it == md.end()) return absl::string_view();
+    return absl::string_view(it->second.data(), it->second.length());
+  };
+  return {value(kMungeMetadata), value(kTokenMetadata), value(kNonceMetadata)};
+}
 
 absl::StatusOr<AuthMode> ParseAuthMode(absl::string_view text) {
   if (text == "munge") return AuthMode::kMunge;
@@ -146,6 +157,34 @@ absl::StatusOr<Caller> Authenticator::Authenticate(const CallCredentials& creden
     }
   }
   return absl::InternalError("unknown authentication mode");
+}
+
+absl::StatusOr<std::string> Authenticator::Prove(const CallCredentials& credentials,
+                                                 absl::string_view method, absl::string_view job_id,
+                                                 const Caller& caller) const {
+  if (!IsNonce(credentials.nonce)) return std::string();
+  const std::string payload = ServerProofPayload(method, job_id, credentials.nonce, caller.owner);
+  switch (policy_.mode) {
+    case AuthMode::kNone:
+      return std::string();
+    case AuthMode::kToken:
+      return TokenProof(credentials.token, payload);
+    case AuthMode::kMunge:
+      return MungeEncode(payload, policy_.munge_socket);
+  }
+  return std::string();
+}
+
+void Authenticator::AddProof(grpc::ServerContextBase& context, const CallCredentials& credentials,
+                             absl::string_view method, absl::string_view job_id,
+                             const Caller& caller) const {
+  absl::StatusOr<std::string> proof = Prove(credentials, method, job_id, caller);
+  if (!proof.ok()) {
+    spdlog::warn("cannot prove this server to {}: {}", caller.name,
+                 std::string(proof.status().message()));
+  } else if (!proof->empty()) {
+    context.AddInitialMetadata(kProofMetadata, *proof);
+  }
 }
 
 bool Authenticator::IsAdmin(uid_t uid, gid_t gid) const {

@@ -7,10 +7,14 @@
 // is the token's digest (agents sharing the token share the job); without authentication
 // (loopback only) everyone is one owner.
 //
+// It also proves the server to a caller that asks (Prove, common/auth.h): only to a caller it has
+// authenticated, so that the real server is no oracle that proves anything for anyone.
+//
 // Thread-safe: it holds only its options.
 #ifndef RDZV_SERVER_AUTHENTICATOR_H_
 #define RDZV_SERVER_AUTHENTICATOR_H_
 
+#include <grpcpp/server_context.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -42,11 +46,16 @@ struct AuthPolicy {
   std::vector<gid_t> admin_gids;
 };
 
-// The credentials one call carries (empty when absent).
+// The credentials one call carries (empty when absent), and the nonce of a caller that asks the
+// server to prove itself.
 struct CallCredentials {
   absl::string_view munge;
   absl::string_view token;
+  absl::string_view nonce;
 };
+
+// The credentials in `context`'s client metadata; they live as long as the call.
+CallCredentials CredentialsOf(const grpc::ServerContextBase& context);
 
 struct Caller {
   std::string owner;   // the key the caller's jobs are kept under
@@ -71,6 +80,19 @@ class Authenticator {
   // does not serve) or Unavailable (munged is down on the server).
   absl::StatusOr<Caller> Authenticate(const CallCredentials& credentials, absl::string_view method,
                                       absl::string_view job_id) const;
+
+  // The proof of this server for `caller`'s call of `method` on `job_id`, which carried
+  // `credentials` (common/auth.h ServerProofPayload): a MUNGE credential made over the payload, or
+  // its HMAC under the caller's token. Empty when the call asks for none (no nonce, or one of
+  // another form) or without authentication. Unavailable when munged does not answer. Blocks on
+  // munged for about a tenth of a millisecond.
+  absl::StatusOr<std::string> Prove(const CallCredentials& credentials, absl::string_view method,
+                                    absl::string_view job_id, const Caller& caller) const;
+
+  // Puts Prove's proof into `context`'s initial metadata (nothing when it is empty; a warning in
+  // the log when munged does not answer). Call before the answer's metadata goes out.
+  void AddProof(grpc::ServerContextBase& context, const CallCredentials& credentials,
+                absl::string_view method, absl::string_view job_id, const Caller& caller) const;
 
   const AuthPolicy& policy() const { return policy_; }
 

@@ -170,21 +170,16 @@ bool SameBroadcast(const Event& a, const Event& b) {
   return x != nullptr && y != nullptr && *x == *y;
 }
 
-absl::string_view Metadata(const grpc::CallbackServerContext* context, const char* key) {
-  const auto& md = context->client_metadata();
-  auto it = md.find(key);
-  if (it == md.end()) return {};
-  return absl::string_view(it->second.data(), it->second.length());
-}
-
 }  // namespace
 
 absl::StatusOr<Caller> RendezvousService::Authenticate(grpc::CallbackServerContext* context,
                                                        absl::string_view method,
                                                        absl::string_view job_id,
                                                        const absl::Status& limits) {
-  absl::StatusOr<Caller> caller = auth_.Authenticate(
-      {Metadata(context, kMungeMetadata), Metadata(context, kTokenMetadata)}, method, job_id);
+  const CallCredentials credentials = CredentialsOf(*context);
+  absl::StatusOr<Caller> caller = auth_.Authenticate(credentials, method, job_id);
+  // Also on a refusal for a limit, which the caller then knows to be this server's.
+  if (caller.ok()) auth_.AddProof(*context, credentials, method, job_id, *caller);
   if (!caller.ok()) {
     spdlog::warn("refused {} from {}: {}", method, absl::CHexEscape(context->peer()),
                  caller.status().message());
@@ -217,6 +212,8 @@ grpc::ServerWriteReactor<v1::JoinEvent>* RendezvousService::Join(
     if (stream->PushClose(ToGrpcStatus(caller.status()))) writers.push_back(stream);
   } else {
     stream = JoinLocked(context, request, *caller, writers);
+    // At once, with the proof: the agent checks it before it reads any event of the stream.
+    stream->StartSendInitialMetadata();
   }
   StartWrites(std::move(writers));
   return stream;
@@ -402,14 +399,20 @@ grpc::ServerUnaryReactor* RendezvousService::Leave(grpc::CallbackServerContext* 
     return reactor;
   }
   std::vector<JoinStream*> writers;
+  absl::Status status;  // NOT_FOUND for a job the caller has not (another user's is not its)
   {
     absl::MutexLock lock(&mu_);
     Decisions decisions;
-    StateOf(caller->owner).Leave(clock_(), request->job_id(), request->agent_id(), decisions);
+    RendezvousState& state = StateOf(caller->owner);
+    if (!state.has_job(request->job_id())) {
+      status = absl::NotFoundError(
+          absl::StrFormat("you have no job %s here", absl::CHexEscape(request->job_id())));
+    }
+    state.Leave(clock_(), request->job_id(), request->agent_id(), decisions);
     Apply(decisions, writers);
   }
   StartWrites(std::move(writers));
-  reactor->Finish(grpc::Status::OK);
+  reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 

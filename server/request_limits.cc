@@ -54,7 +54,7 @@ absl::Status CheckJoinRequest(const v1::JoinRequest& r) {
   for (const std::string& address : r.addresses()) {
     if (s = CheckSize(address, "an address", kMaxHostBytes); !s.ok()) return s;
   }
-  return absl::OkStatus();
+  return CheckSize(r.node_list(), "the node list", kMaxNodeListBytes);
 }
 
 absl::Status CheckReportExitRequest(const v1::ReportExitRequest& r) {

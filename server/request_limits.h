@@ -13,12 +13,14 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "common/rendezvous_types.h"
 #include "rdzv/v1/rdzv.pb.h"
 
 namespace rdzv {
 
 // Bounds on what one request may carry. The defaults leave room for every real use: Slurm's
-// node names are at most 64 bytes, DNS names 253.
+// node names are at most 64 bytes, DNS names 253. A join's node list is bounded by
+// kMaxNodeListBytes (common/rendezvous_types.h), which agents respect too.
 inline constexpr size_t kMaxIdBytes = 256;       // job id, agent id
 inline constexpr size_t kMaxHostBytes = 255;     // host names and addresses
 inline constexpr size_t kMaxAddresses = 32;      // a join's candidate addresses

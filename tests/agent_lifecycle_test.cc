@@ -386,6 +386,28 @@ TEST(AgentLifecycleTest, JoinErrorExitsNonZeroWithTheReason) {
       << Logs(joined);
 }
 
+// Whoever sends an abort, it never ends the agent with 0: not with exit code 0, nor with one a
+// process cannot exit with (256 would show as 0); a worker's own code is kept.
+TEST(AgentLifecycleTest, AnAbortNeverEndsTheAgentWithZero) {
+  for (const auto& [sent, expected] :
+       std::vector<std::pair<int32_t, int>>{{0, 1}, {256, 1}, {-1, 1}, {3, 3}, {255, 255}}) {
+    SCOPED_TRACE(sent);
+    AbortEvent abort;
+    abort.reason = "ended elsewhere";
+    abort.exit_code = sent;
+    Running r;
+    ASSERT_EQ(Kinds(r.life.Aborted(r.generation, abort)), "StopWorkers");
+    ASSERT_EQ(Kinds(r.life.AllWorkersDone()), "Leave");
+    EXPECT_EQ(One<act::Exit>(r.life.Left(absl::OkStatus()))->code, expected);
+
+    // The same abort before the assignment arrived.
+    AgentLifecycle life(Options());
+    const int32_t g = One<act::Join>(life.Start())->generation;
+    EXPECT_EQ(Kinds(life.Aborted(g, abort)), "");
+    EXPECT_EQ(One<act::Exit>(life.Joined(g, absl::AbortedError("ended")))->code, expected);
+  }
+}
+
 TEST(AgentLifecycleTest, ProgressNamesWhoIsMissing) {
   AgentLifecycle life(Options());
   const int32_t g = One<act::Join>(life.Start())->generation;

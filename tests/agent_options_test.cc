@@ -13,11 +13,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/env.h"
+#include "common/hostlist.h"
 
 namespace rdzv {
 namespace {
 
 constexpr char kHostname[] = "box7";
+constexpr uid_t kUid = 1234;
 
 // Parses and resolves as rdzv-agent's main() does, with `env` as the whole environment (no
 // SLURM_* variables: these tests cover what the flags alone decide).
@@ -25,7 +27,7 @@ absl::StatusOr<AgentConfig> Resolve(const std::vector<std::string>& args, const 
   const EnvLookup lookup = EnvFromList(env);
   absl::StatusOr<AgentFlags> flags = ParseAgentFlags(args, lookup);
   if (!flags.ok()) return flags.status();
-  return ResolveAgentConfig(*flags, lookup, {kHostname, 4242});
+  return ResolveAgentConfig(*flags, lookup, {kHostname, 4242, kUid});
 }
 
 TEST(AgentOptionsTest, StandaloneDefaults) {
@@ -135,6 +137,46 @@ TEST(AgentOptionsTest, ReconnectTimeoutDependsOnWhereTheServerRuns) {
   EXPECT_EQ(chosen->reconnect_timeout, absl::Minutes(5));
 
   EXPECT_FALSE(Resolve({"--standalone", "--reconnect-timeout", "soon", "--", "./run"}).ok());
+}
+
+// The uid a server must prove it runs as: this user's own for the server node 0's agent hosts,
+// whatever --server-uid says; the one --server-uid (RDZV_SERVER_UID) names for an rdzvd, else any.
+TEST(AgentOptionsTest, ServerUidIsOwnForAHostedServerAndChosenForAnRdzvd) {
+  const EnvList slurm = {{"SLURM_JOB_ID", "7"},
+                         {"SLURM_STEP_ID", "0"},
+                         {"SLURM_PROCID", "1"},
+                         {"SLURM_NODEID", "1"},
+                         {"SLURM_LOCALID", "0"},
+                         {"SLURM_STEP_NUM_NODES", "2"},
+                         {"SLURM_STEP_NUM_TASKS", "2"},
+                         {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
+                         {"SLURM_STEP_NODELIST", "n[1-2]"}};
+  absl::StatusOr<AgentConfig> hosted = Resolve({"--server-uid", "0", "--", "./run"}, slurm);
+  ASSERT_TRUE(hosted.ok()) << hosted.status();
+  EXPECT_EQ(hosted->auth.server_uid, kUid);
+
+  const std::vector<std::string> rdzvd = {"--rdzv-endpoint", "head:29400", "--rdzv-id", "exp1",
+                                          "--nnodes",        "2"};
+  const auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = rdzvd;
+    args.insert(args.end(), more.begin(), more.end());
+    args.insert(args.end(), {"--", "./run"});
+    return args;
+  };
+  absl::StatusOr<AgentConfig> any = Resolve(with({}));
+  ASSERT_TRUE(any.ok()) << any.status();
+  EXPECT_EQ(any->auth.server_uid, std::nullopt);
+  absl::StatusOr<AgentConfig> chosen = Resolve(with({"--server-uid", "990"}));
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ(chosen->auth.server_uid, 990u);
+  absl::StatusOr<AgentConfig> site = Resolve(with({}), {{"RDZV_SERVER_UID", "991"}});
+  ASSERT_TRUE(site.ok()) << site.status();
+  EXPECT_EQ(site->auth.server_uid, 991u);
+
+  absl::StatusOr<AgentConfig> bad = Resolve(with({"--server-uid", "rdzvd"}));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "--server-uid")) << bad.status();
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "id -u")) << bad.status();
 }
 
 struct InterpreterCase {
@@ -518,6 +560,36 @@ TEST(AgentOptionsTest, UnderMpirunTheLauncherNumbersTheNodes) {
             "PMI_RANK=\"a\" is not a whole number; unset it or fix the launcher");
 }
 
+TEST(AgentOptionsTest, UnderMpichOrPmixTheUserNamesWhatTheLauncherDoesNot) {
+  // MPICH's Hydra gives the rank and the size, but no job id.
+  const EnvList mpich = {{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}};
+  absl::StatusOr<AgentConfig> c =
+      Resolve({"--rdzv-endpoint", "head:29400", "--", "python", "train.py"}, mpich);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.status().message(),
+            "--rdzv-id is required: MPICH gives no job id, and jobs that share rdzvd must not "
+            "meet; pass every agent of the job the same id, e.g. --rdzv-id exp1");
+  c = Resolve({"--rdzv-endpoint", "head:29400", "--rdzv-id", "exp1", "--", "python", "train.py"},
+              mpich);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->join.job_id, "exp1");
+  EXPECT_EQ(c->join.agent.node_index, 1);
+  EXPECT_EQ(c->join.max_agents, 2);
+
+  // PMIx alone: a rank and a namespace, but no size.
+  const EnvList pmix = {{"PMIX_RANK", "0"}, {"PMIX_NAMESPACE", "prterun-h-1234@1"}};
+  c = Resolve({"--rdzv-endpoint", "head:29400", "--", "python", "train.py"}, pmix);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(),
+            "--nnodes is required: PMIx gives this agent its rank but not how many were started; "
+            "pass the number of agents, e.g. --nnodes 2");
+  c = Resolve({"--rdzv-endpoint", "head:29400", "--nnodes", "2", "--", "python", "train.py"}, pmix);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->join.job_id, "mpi-prterun-h-1234@1");
+  EXPECT_EQ(c->join.agent.node_index, 0);
+}
+
 TEST(AgentOptionsTest, WorkerShapeFlags) {
   const EnvList step = {{"SLURM_JOB_ID", "5"},         {"SLURM_STEP_ID", "0"},
                         {"SLURM_PROCID", "0"},         {"SLURM_NODEID", "0"},
@@ -579,6 +651,8 @@ TEST(AgentOptionsTest, OneStepPerNodeFormsOneJob) {
   EXPECT_EQ(second->rdzv_host, "n1");  // the allocation's first node, not the step's
   EXPECT_FALSE(second->embedded_server);
   EXPECT_EQ(second->worker_shape.job_nodes, (std::vector<std::string>{"n1", "n2", "n3"}));
+  // rdzvd's status names the job's nodes: the allocation's, not the step's one.
+  EXPECT_EQ(second->join.node_list, "n[1-3]");
 
   // The first node's step hosts, at the port every step derives: step ids differ.
   absl::StatusOr<AgentConfig> first =
@@ -616,6 +690,32 @@ TEST(AgentOptionsTest, OneStepPerNodeFormsOneJob) {
   ASSERT_TRUE(ordinary.ok()) << ordinary.status();
   EXPECT_EQ(ordinary->mode, "slurm per-node");
   EXPECT_EQ(ordinary->join.job_id, "slurm-40.0");
+  EXPECT_EQ(ordinary->join.node_list, "n[1-3]");
+}
+
+TEST(AgentOptionsTest, NodeListTooLongForAJoinIsLeftOut) {
+  // Names that share no numbered prefix do not compress: 2,000 of them are over the bound.
+  std::vector<std::string> names;
+  for (int i = 0; i < 2000; ++i) {
+    std::string name = "compute";
+    for (int v = i; v > 0 || name.size() == 7; v /= 26) name += static_cast<char>('a' + v % 26);
+    names.push_back(name);
+  }
+  ASSERT_GT(CompressHostlist(names).size(), kMaxNodeListBytes);
+  const EnvList step = {{"SLURM_JOB_ID", "7"},
+                        {"SLURM_STEP_ID", "0"},
+                        {"SLURM_NNODES", "2000"},
+                        {"SLURM_STEP_NODELIST", absl::StrJoin(names, ",")},
+                        {"SLURM_STEP_NUM_TASKS", "2000"},
+                        {"SLURM_STEP_TASKS_PER_NODE", "1(x2000)"},
+                        {"SLURM_NODEID", "1"},
+                        {"SLURM_PROCID", "1"},
+                        {"SLURM_LOCALID", "0"},
+                        {"SLURMD_NODENAME", names[1]}};
+  absl::StatusOr<AgentConfig> c = Resolve({"--", "python", "train.py"}, step);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->join.max_agents, 2000);
+  EXPECT_EQ(c->join.node_list, "");
 }
 
 TEST(AgentOptionsTest, OneStepPerNodeMistakesAreNamed) {

@@ -4,12 +4,25 @@
 //
 // Usage: auth_probe ENDPOINT CREDENTIAL ACTION JOB [AGENT]
 //   CREDENTIAL  none | munge:SOCKET | token:FILE
-//   ACTION      status | report | leave | join | replay (the same MUNGE credential twice)
+//   ACTION      status | report | leave | join | replay (the same MUNGE credential twice) |
+//               crossmethod (a MUNGE credential made for GetStatus, sent with ReportExit) |
+//               crossjob (one made for ReportExit on another job)
 // Prints "OK ..." and exits 0 when the server accepted the call, or "CODE: message" and exits 1.
+//
+// auth_probe LISTEN CREDENTIAL serve JOB [EXIT_CODE]: a fake rendezvous server on LISTEN
+// (HOST:PORT) that claims JOB. It answers every Join with a proof made with CREDENTIAL (a MUNGE
+// credential from its own uid, or the HMAC under that token; none: no proof) and an assignment,
+// rank 0 of the agent's own worker count; with EXIT_CODE, one second later, an abort with that
+// exit code. Its GetStatus lists JOB, with the same kind of proof. Prints "serving" once it
+// listens, "assigned" for each assignment it hands out, and runs until killed.
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -51,6 +64,99 @@ absl::Status Attach(const Credential& c, grpc::ClientContext& ctx, const std::st
   return absl::OkStatus();
 }
 
+absl::string_view Md(const grpc::ServerContext& ctx, const char* key) {
+  auto it = ctx.client_metadata().find(key);
+  if (it == ctx.client_metadata().end()) return {};
+  return absl::string_view(it->second.data(), it->second.length());
+}
+
+class FakeServer final : public Rendezvous::Service {
+ public:
+  FakeServer(Credential cred, std::string job, std::optional<int> exit_code)
+      : cred_(std::move(cred)), job_(std::move(job)), exit_code_(exit_code) {}
+
+  // Lists one job, JOB, as the caller's.
+  grpc::Status GetStatus(grpc::ServerContext* ctx, const rdzv::v1::StatusRequest* req,
+                         rdzv::v1::StatusResponse* resp) override {
+    Prove(*ctx, "GetStatus", req->job_id());
+    resp->add_jobs()->set_job_id(job_);
+    resp->mutable_jobs(0)->set_state("running");
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Join(grpc::ServerContext* ctx, const rdzv::v1::JoinRequest* req,
+                    grpc::ServerWriter<rdzv::v1::JoinEvent>* writer) override {
+    Prove(*ctx, "Join", req->job_id());
+    writer->SendInitialMetadata();
+    rdzv::v1::JoinEvent event;
+    rdzv::v1::Assignment* a = event.mutable_assignment();
+    a->set_round(1);
+    a->set_world_size(req->nproc());
+    a->set_group_world_size(1);
+    a->set_local_world_size(req->nproc());
+    a->set_agents(1);
+    a->set_master_addr("127.0.0.1");
+    a->set_master_port(req->master_port() > 0 ? req->master_port() : 29500);
+    if (!writer->Write(event)) return grpc::Status::CANCELLED;
+    std::printf("assigned\n");
+    std::fflush(stdout);
+    if (exit_code_) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      rdzv::v1::JoinEvent abort;
+      abort.mutable_abort()->set_cause(rdzv::v1::ABORT_CAUSE_UNSPECIFIED);
+      abort.mutable_abort()->set_reason("the fake server ended the job");
+      abort.mutable_abort()->set_exit_code(*exit_code_);
+      writer->Write(abort);
+    }
+    while (!ctx->IsCancelled()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return grpc::Status::CANCELLED;
+  }
+
+ private:
+  // Puts the fake's proof for the call into its initial metadata.
+  void Prove(grpc::ServerContext& ctx, const std::string& method, const std::string& job) {
+    // The caller as a server sees it: the uid in its MUNGE credential (decoded here, which uses it
+    // up), or its token.
+    std::string caller = "anyone";
+    if (absl::string_view m = Md(ctx, rdzv::kMungeMetadata); !m.empty()) {
+      absl::StatusOr<rdzv::MungeIdentity> id = rdzv::MungeDecode(m, cred_.munge_socket);
+      if (id.ok()) caller = absl::StrCat("uid:", id->uid);
+    } else if (absl::string_view t = Md(ctx, rdzv::kTokenMetadata); !t.empty()) {
+      caller = absl::StrCat("token:", rdzv::TokenDigest(t));
+    }
+    const std::string payload =
+        rdzv::ServerProofPayload(method, job, Md(ctx, rdzv::kNonceMetadata), caller);
+    if (cred_.munge) {
+      absl::StatusOr<std::string> proof = rdzv::MungeEncode(payload, cred_.munge_socket);
+      if (proof.ok()) ctx.AddInitialMetadata(rdzv::kProofMetadata, *proof);
+    } else if (!cred_.token.empty()) {
+      ctx.AddInitialMetadata(rdzv::kProofMetadata, rdzv::TokenProof(cred_.token, payload));
+    }
+  }
+
+  const Credential cred_;
+  const std::string job_;
+  const std::optional<int> exit_code_;
+};
+
+int Serve(const std::string& listen, const Credential& cred, const std::string& job,
+          std::optional<int> exit_code) {
+  FakeServer service(cred, job, exit_code);
+  grpc::ServerBuilder builder;
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    std::printf("cannot listen on %s\n", listen.c_str());
+    return 1;
+  }
+  std::printf("serving\n");
+  std::fflush(stdout);
+  server->Wait();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -71,6 +177,11 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::string> token = rdzv::ReadTokenFile(std::string(cred_arg));
     if (!token.ok()) return Fail(token.status());
     cred.token = *token;
+  }
+  if (action == "serve") {
+    std::optional<int> exit_code;
+    if (argc > 5) exit_code = std::atoi(argv[5]);
+    return Serve(endpoint, cred, job, exit_code);
   }
   auto stub =
       Rendezvous::NewStub(grpc::CreateChannel(endpoint, grpc::InsecureChannelCredentials()));
@@ -114,6 +225,26 @@ int main(int argc, char** argv) {
     s = stub->ReportExit(&again, req, &resp);
     if (!s.ok()) return Fail(s);
     std::printf("OK replayed\n");
+    return 0;
+  }
+  if (action == "crossmethod" || action == "crossjob") {
+    rdzv::v1::ReportExitRequest req;
+    req.set_job_id(job);
+    req.set_agent_id(agent);
+    req.mutable_failure()->set_host("intruder");
+    rdzv::v1::ReportExitResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline);
+    // Made for something else: what a credential captured from another call would be.
+    absl::StatusOr<std::string> other =
+        rdzv::MungeEncode(action == "crossmethod" ? rdzv::CallPayload("GetStatus", job)
+                                                  : rdzv::CallPayload("ReportExit", job + "-other"),
+                          cred.munge_socket);
+    if (!other.ok()) return Fail(other.status());
+    ctx.AddMetadata(rdzv::kMungeMetadata, *other);
+    grpc::Status s = stub->ReportExit(&ctx, req, &resp);
+    if (!s.ok()) return Fail(s);
+    std::printf("OK reported\n");
     return 0;
   }
   if (action == "leave") {

@@ -1,10 +1,16 @@
 // Authentication and job ownership against a real rdzvd, a real munged (a private one, with its
 // own key and socket) and a second real user (nobody): another user's calls never reach a job,
 // while the job itself runs to its end with the right ranks. Needs root (to run as nobody).
+//
+// The attacks: calls without a valid credential (none, replayed, made for another method or job,
+// from a munged with another key, over TLS with another CA, with another job's token); another
+// user's Leave, abort and squatting of a future job id; a fake server on the port an agent-hosted
+// server is looked for at, and one that proves itself but ends the job with exit code 0.
 #include "common/auth.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -12,11 +18,15 @@
 
 #include <csignal>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/agent_options.h"
 #include "client/client.h"
+#include "client/rdzv.h"
 #include "tests/testing/output.h"
 #include "tests/testing/subprocess.h"
 
@@ -24,6 +34,7 @@ namespace rdzv {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::LineWith;
 using ::testing::Not;
 using testing::Subprocess;
 using testing::SubprocessOptions;
@@ -36,24 +47,29 @@ class AuthTest : public ::testing::Test {
     ASSERT_EQ(geteuid(), 0u) << "the authentication tests run a second user and need root";
     // Others (nobody) must reach the socket; the key stays private.
     ASSERT_EQ(chmod(dir_.path().c_str(), 0755), 0);
-    const std::string key = dir_.File("munge.key");
+    munged_argv_ = MungedArgv("munge");
+    socket_ = dir_.File("munge.socket");
+    StartMunged();
+  }
+
+  // A munged of its own, with a key of its own, listening at NAME.socket.
+  std::vector<std::string> MungedArgv(const std::string& name) {
+    const std::string key = dir_.File(name + ".key");
     {
       std::ifstream random("/dev/urandom", std::ios::binary);
       std::string bytes(1024, '\0');
       random.read(bytes.data(), bytes.size());
       std::ofstream(key, std::ios::binary) << bytes;
     }
-    ASSERT_EQ(chmod(key.c_str(), 0600), 0);
-    socket_ = dir_.File("munge.socket");
-    munged_argv_ = {"munged",
-                    "--foreground",
-                    "--force",
-                    "--socket=" + socket_,
-                    "--key-file=" + key,
-                    "--pid-file=" + dir_.File("munged.pid"),
-                    "--log-file=" + dir_.File("munged.log"),
-                    "--seed-file=" + dir_.File("munged.seed")};
-    StartMunged();
+    EXPECT_EQ(chmod(key.c_str(), 0600), 0);
+    return {"munged",
+            "--foreground",
+            "--force",
+            "--socket=" + dir_.File(name + ".socket"),
+            "--key-file=" + key,
+            "--pid-file=" + dir_.File(name + "d.pid"),
+            "--log-file=" + dir_.File(name + "d.log"),
+            "--seed-file=" + dir_.File(name + "d.seed")};
   }
 
   void StartMunged() {
@@ -62,14 +78,19 @@ class AuthTest : public ::testing::Test {
     ASSERT_TRUE(MungeWorks(socket_)) << munged_->Stderr();
   }
 
-  // rdzvd on a free loopback port with `auth` ("munge" or "token").
-  void StartRdzvd(const std::string& auth) {
+  // rdzvd on a free loopback port with `auth` ("munge" or "token") and `extra` flags.
+  void StartRdzvd(const std::string& auth, const std::vector<std::string>& extra = {}) {
     for (int attempt = 0; attempt < 5; ++attempt) {
       const int port = testing::FreeLoopbackPort();
-      rdzvd_.emplace(
-          SubprocessOptions{.argv = {RDZVD_BIN, "--auth", auth, "--munge-socket", socket_,
-                                     "--listen", absl::StrCat("127.0.0.1:", port)},
-                            .unset_env_prefixes = {"RDZV_", "SLURM_"}});
+      std::vector<std::string> argv = {RDZVD_BIN,
+                                       "--auth",
+                                       auth,
+                                       "--munge-socket",
+                                       socket_,
+                                       "--listen",
+                                       absl::StrCat("127.0.0.1:", port)};
+      argv.insert(argv.end(), extra.begin(), extra.end());
+      rdzvd_.emplace(SubprocessOptions{.argv = argv, .unset_env_prefixes = {"RDZV_", "SLURM_"}});
       if (testing::WaitForLoopbackPort(port, kWait) && rdzvd_->Running()) {
         endpoint_ = absl::StrCat("127.0.0.1:", port);
         return;
@@ -79,16 +100,100 @@ class AuthTest : public ::testing::Test {
     FAIL() << "rdzvd did not start";
   }
 
-  // An agent of the job `job` (node `node` of 2) running as root; it prints its rank.
-  SubprocessOptions Agent(const std::string& job, int node, std::vector<std::string> auth) {
+  // An agent of the job `job` (node `node` of 2) running as root; its worker prints its rank
+  // (then runs `then`).
+  SubprocessOptions Agent(const std::string& job, int node, std::vector<std::string> auth,
+                          const std::string& then = "") {
     std::vector<std::string> argv = {
         RDZV_AGENT_BIN, "--rdzv-endpoint",  endpoint_,        "--rdzv-id", job, "--nnodes", "2",
         "--node-rank",  absl::StrCat(node), "--join-timeout", "30"};
+    return AgentWith(std::move(argv), std::move(auth), then);
+  }
+
+  // The same as `user`, which the rendezvous keeps apart from root's job of the same id.
+  SubprocessOptions AgentAs(const std::string& user, const std::string& job, int node,
+                            std::vector<std::string> auth) {
+    std::vector<std::string> argv = {
+        "runuser",   "-u", user,       "--", RDZV_AGENT_BIN, "--rdzv-endpoint",  endpoint_,
+        "--rdzv-id", job,  "--nnodes", "2",  "--node-rank",  absl::StrCat(node), "--join-timeout",
+        "30"};
+    SubprocessOptions o = AgentWith(std::move(argv), std::move(auth));
+    o.env = {{"RDZV_CONFIG", "/dev/null"}};
+    return o;
+  }
+
+  SubprocessOptions AgentWith(std::vector<std::string> argv, std::vector<std::string> auth,
+                              const std::string& then = "") {
     argv.insert(argv.end(), auth.begin(), auth.end());
-    for (const char* w : {"--", "sh", "-c", "sleep 2; echo rank=$RANK of $WORLD_SIZE"}) {
+    for (const std::string& w : {std::string("--"), std::string("sh"), std::string("-c"),
+                                 absl::StrCat("sleep 2; echo rank=$RANK of $WORLD_SIZE; ", then)}) {
       argv.push_back(w);
     }
     return {.argv = argv, .unset_env_prefixes = {"RDZV_", "SLURM_"}};
+  }
+
+  // Agent `node` of a 2-node Slurm step of job `slurm_job` (step 0), on this host (both nodes
+  // are 127.0.0.1): node 0 hosts the rendezvous, node 1 looks for it on the job's candidate
+  // ports. Run as `user` ("" for root); its one worker prints its rank.
+  SubprocessOptions SlurmAgent(const std::string& slurm_job, int node,
+                               std::vector<std::string> flags, const std::string& user = "") {
+    std::vector<std::string> argv;
+    if (!user.empty()) argv = {"runuser", "-u", user, "--"};
+    argv.insert(argv.end(), {RDZV_AGENT_BIN, "--munge-socket", socket_, "--host-name",
+                             absl::StrCat("node", node)});
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    for (const char* w : {"--", "sh", "-c", "sleep 2; echo rank=$RANK of $WORLD_SIZE"}) {
+      argv.push_back(w);
+    }
+    const std::string n = absl::StrCat(node);
+    return {.argv = argv,
+            .env = {{"RDZV_CONFIG", "/dev/null"},
+                    {"SLURM_JOB_ID", slurm_job},
+                    {"SLURM_STEP_ID", "0"},
+                    {"SLURM_PROCID", n},
+                    {"SLURM_NODEID", n},
+                    {"SLURM_LOCALID", "0"},
+                    {"SLURM_STEP_NUM_NODES", "2"},
+                    {"SLURM_STEP_NUM_TASKS", "2"},
+                    {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
+                    {"SLURM_STEP_NODELIST", "127.0.0.1,127.0.0.1"}},
+            .unset_env_prefixes = {"RDZV_", "SLURM_"}};
+  }
+
+  // A Slurm job id whose step 0's first candidate ports are free on loopback, and that port.
+  static std::pair<std::string, int> FreeSlurmJob() {
+    std::mt19937 rng(std::random_device{}());
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      const std::string job = absl::StrCat(9'000'000 + rng() % 1'000'000);
+      const int port = DerivedPort(job, "0");
+      bool free = true;
+      for (int p = port; p < port + 3 && free; ++p) free = PortFree(p);
+      if (free) return {job, port};
+    }
+    ADD_FAILURE() << "no Slurm job id with free candidate ports";
+    return {"0", 0};
+  }
+
+  static bool PortFree(int port) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool ok = bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(fd);
+    return ok;
+  }
+
+  // rdzvctl at this test's rdzvd as `user`.
+  Subprocess Ctl(const std::string& user, std::vector<std::string> args) {
+    std::vector<std::string> argv = {
+        "runuser",        "-u",   user, "--", RDZVCTL_BIN, "--rdzv-endpoint", endpoint_,
+        "--munge-socket", socket_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return Subprocess({.argv = argv,
+                       .env = {{"RDZV_CONFIG", "/dev/null"}},
+                       .unset_env_prefixes = {"RDZV_", "SLURM_"}});
   }
 
   // auth_probe as nobody.
@@ -178,8 +283,17 @@ TEST_F(AuthTest, AnotherUserCannotSeeStopOrJoinAJob) {
   Subprocess report = Probe("munge:" + socket_, "report", "victim", "n1/agent");
   EXPECT_EQ(report.Wait(kWait), 1) << report.Stdout();
   EXPECT_THAT(report.Stdout(), HasSubstr("has no agent"));
-  Subprocess leave = Probe("munge:" + socket_, "leave", "victim");
-  leave.Wait(kWait);
+  Subprocess leave = Probe("munge:" + socket_, "leave", "victim", "n1/agent");
+  EXPECT_EQ(leave.Wait(kWait), 1) << leave.Stdout();
+  EXPECT_THAT(leave.Stdout(), HasSubstr("5: you have no job victim here"));  // NOT_FOUND
+
+  // A credential of the caller's own, but made for another method or another job.
+  for (const char* action : {"crossmethod", "crossjob"}) {
+    Subprocess cross = Probe("munge:" + socket_, action, "victim", "n1/agent");
+    EXPECT_EQ(cross.Wait(kWait), 1) << cross.Stdout();
+    EXPECT_THAT(cross.Stdout(), HasSubstr("16: the MUNGE credential was made for another call"))
+        << action;
+  }
 
   // Joining the same id makes the intruder's own job: it does not fill the victim's round.
   Subprocess join = Probe("munge:" + socket_, "join", "victim");
@@ -190,22 +304,96 @@ TEST_F(AuthTest, AnotherUserCannotSeeStopOrJoinAJob) {
   ExpectRanks(node0, node1);
 }
 
-TEST_F(AuthTest, CallsWithoutAValidCredentialAreRefusedWithTheReason) {
+TEST_F(AuthTest, CallsWithoutAValidCredentialAreRefusedWhileTheJobRuns) {
   StartRdzvd("munge");
+  const std::vector<std::string> auth = {"--munge-socket", socket_};
+  Subprocess node0(Agent("victim", 0, auth));
+  ASSERT_TRUE(WaitForJob("victim")) << node0.Stderr() << rdzvd_->Stderr();
+
   Subprocess none = Probe("none", "status", "");
   EXPECT_EQ(none.Wait(kWait), 1);
   EXPECT_THAT(none.Stdout(), HasSubstr("16: "));  // UNAUTHENTICATED
   EXPECT_THAT(none.Stdout(), HasSubstr("is munged running"));
 
-  Subprocess replay = Probe("munge:" + socket_, "replay", "some-job");
+  Subprocess replay = Probe("munge:" + socket_, "replay", "victim");
   EXPECT_EQ(replay.Wait(kWait), 1) << replay.Stdout();
   EXPECT_THAT(replay.Stdout(), HasSubstr("replayed"));
 
   // An agent without a credential gets one line saying what to check, and exits non-zero.
-  Subprocess agent(Agent("nocred", 0, {"--auth", "none"}));
+  Subprocess agent(AgentAs("nobody", "victim", 1, {"--auth", "none"}));
   EXPECT_NE(agent.Wait(kWait), 0);
   EXPECT_THAT(agent.Stderr(), HasSubstr("needs a MUNGE credential"));
   EXPECT_THAT(agent.Stdout() + agent.Stderr(), Not(HasSubstr("rank=")));
+
+  // A munged with another key vouches for nothing here: the call and the agent are refused with
+  // the line that says to check the key.
+  Subprocess other_munged({.argv = MungedArgv("other")});
+  const std::string other_socket = dir_.File("other.socket");
+  for (int i = 0; i < 100 && !MungeWorks(other_socket); ++i) usleep(50'000);
+  ASSERT_TRUE(MungeWorks(other_socket)) << other_munged.Stderr();
+  Subprocess foreign = Probe("munge:" + other_socket, "report", "victim", "n1/agent");
+  EXPECT_EQ(foreign.Wait(kWait), 1) << foreign.Stdout();
+  EXPECT_THAT(foreign.Stdout(), HasSubstr("share one munge key"));
+  Subprocess foreign_agent(AgentAs("nobody", "victim", 1, {"--munge-socket", other_socket}));
+  EXPECT_NE(foreign_agent.Wait(kWait), 0);
+  EXPECT_THAT(LineWith(foreign_agent.Stderr(), "invalid MUNGE credential"),
+              HasSubstr("share one munge key"));
+
+  Subprocess node1(Agent("victim", 1, auth));
+  ExpectRanks(node0, node1);
+}
+
+// Another user who starts a job of the same id first makes only a job of their own: it runs
+// alone, and the owner's job later fills with the owner's agents.
+TEST_F(AuthTest, SquattingAFutureJobIdMakesOnlyTheSquattersOwnJob) {
+  StartRdzvd("munge");
+  Subprocess squatter(
+      {.argv = {"runuser", "-u", "nobody", "--", RDZV_AGENT_BIN, "--rdzv-endpoint", endpoint_,
+                "--rdzv-id", "future", "--nnodes", "1", "--munge-socket", socket_, "--", "sh", "-c",
+                "echo squatter rank=$RANK of $WORLD_SIZE; sleep 4"},
+       .env = {{"RDZV_CONFIG", "/dev/null"}},
+       .unset_env_prefixes = {"RDZV_", "SLURM_"}});
+  ASSERT_TRUE(squatter.WaitForOutput("squatter rank=0 of 1", kWait)) << squatter.Stderr();
+
+  const std::vector<std::string> auth = {"--munge-socket", socket_};
+  Subprocess node0(Agent("future", 0, auth));
+  Subprocess node1(Agent("future", 1, auth));
+  ExpectRanks(node0, node1);
+  EXPECT_EQ(squatter.Wait(kWait), 0) << squatter.Stderr();
+  EXPECT_THAT(squatter.Stdout(), Not(HasSubstr("of 2")));
+  EXPECT_THAT(node0.Stdout() + node1.Stdout(), Not(HasSubstr("of 1")));
+}
+
+// rdzvd with TLS: a client that trusts another CA gives up at once with one line, while the
+// job of clients with the right CA runs.
+TEST_F(AuthTest, AClientTrustingAnotherCaIsRefusedWhileTheJobRuns) {
+  Subprocess openssl(
+      {.argv = {"bash", "-c",
+                absl::StrCat("set -e; cd ", dir_.path(),
+                             "; ec='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes';"
+                             " openssl req -x509 $ec -keyout ca.key -out ca.pem -days 2"
+                             " -subj /CN=rdzv-test-ca;"
+                             " openssl req -x509 $ec -keyout other-ca.key -out other-ca.pem"
+                             " -days 2 -subj /CN=rdzv-other-ca;"
+                             " openssl req $ec -keyout tls.key -out tls.csr -subj /CN=localhost;"
+                             " printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext;"
+                             " openssl x509 -req -in tls.csr -CA ca.pem -CAkey ca.key"
+                             " -CAcreateserial -out tls.pem -days 2 -extfile san.ext;"
+                             " chmod 600 tls.key; chmod 644 ca.pem other-ca.pem")}});
+  ASSERT_EQ(openssl.Wait(kWait), 0) << openssl.Stderr();
+  StartRdzvd("munge", {"--tls-cert", dir_.File("tls.pem"), "--tls-key", dir_.File("tls.key")});
+  const std::vector<std::string> auth = {"--munge-socket", socket_, "--tls-ca",
+                                         dir_.File("ca.pem")};
+  Subprocess node0(Agent("victim", 0, auth));
+
+  Subprocess intruder(AgentAs("nobody", "victim", 1,
+                              {"--munge-socket", socket_, "--tls-ca", dir_.File("other-ca.pem")}));
+  EXPECT_NE(intruder.Wait(kWait), 0);
+  EXPECT_THAT(LineWith(intruder.Stderr(), "TLS verification failed"), HasSubstr("--tls-ca"));
+  EXPECT_THAT(intruder.Stdout(), Not(HasSubstr("rank=")));
+
+  Subprocess node1(Agent("victim", 1, auth));
+  ExpectRanks(node0, node1);
 }
 
 TEST_F(AuthTest, JobTokensKeepJobsApart) {
@@ -226,6 +414,148 @@ TEST_F(AuthTest, JobTokensKeepJobsApart) {
 
   Subprocess node1(Agent("shared-id", 1, {"--rdzv-token-file", mine}));
   ExpectRanks(node0, node1);
+}
+
+// A server hosted by an agent of another job (or a wrong token's holder) on the job's port: it
+// refuses the wrong token with one line, and the job's own agents run.
+TEST_F(AuthTest, AWrongTokenIsRefusedByTheAgentHostedServer) {
+  const auto [slurm_job, port] = FreeSlurmJob();
+  const std::string mine = TokenFile("job.token", "victim-token-0123456789abcdef", 0);
+  Subprocess node0(SlurmAgent(slurm_job, 0, {"--rdzv-token-file", mine}));
+  ASSERT_TRUE(testing::WaitForLoopbackPort(port, kWait)) << node0.Stderr();
+
+  const std::string theirs = TokenFile("other.token", "intruder-token-0123456789abc", 65534);
+  Subprocess join(
+      {.argv = {"runuser", "-u", "nobody", "--", AUTH_PROBE_BIN, absl::StrCat("127.0.0.1:", port),
+                "token:" + theirs, "join", absl::StrCat("slurm-", slurm_job, ".0")}});
+  EXPECT_EQ(join.Wait(kWait), 1) << join.Stdout();
+  EXPECT_THAT(join.Stdout(), HasSubstr("7: wrong job token"));  // PERMISSION_DENIED
+
+  // An agent with the wrong token finds no server of its job, and says why.
+  Subprocess intruder(
+      SlurmAgent(slurm_job, 1, {"--rdzv-token-file", theirs, "--join-timeout", "3"}, "nobody"));
+  EXPECT_EQ(intruder.Wait(kWait), 1) << intruder.Stderr();
+  EXPECT_THAT(LineWith(intruder.Stderr(), "Another user's process"), HasSubstr("wrong job token"));
+
+  Subprocess node1(SlurmAgent(slurm_job, 1, {"--rdzv-token-file", mine}));
+  ExpectRanks(node0, node1);
+}
+
+// Another user's fake server on the port where an agent looks for its job's server first: the
+// agent does not believe it (its MUNGE proof comes from another uid) and goes on to the real
+// one; alone with the fake, it gives up after its join timeout with one line.
+TEST_F(AuthTest, AFakeServerOnTheJobsPortIsSkipped) {
+  const auto [slurm_job, port] = FreeSlurmJob();
+  const std::string job = absl::StrCat("slurm-", slurm_job, ".0");
+  const std::string fake_at = absl::StrCat("127.0.0.1:", port);
+  Subprocess fake({.argv = {"runuser", "-u", "nobody", "--", AUTH_PROBE_BIN, fake_at,
+                            "munge:" + socket_, "serve", job}});
+  ASSERT_TRUE(fake.WaitForOutput("serving", kWait)) << fake.Stdout() << fake.Stderr();
+
+  Subprocess lone(SlurmAgent(slurm_job, 1, {"--join-timeout", "3"}));
+  EXPECT_EQ(lone.Wait(kWait), 1) << lone.Stderr();
+  const std::string line = LineWith(lone.Stderr(), "Another user's process");
+  EXPECT_THAT(line, HasSubstr(absl::StrCat("the server at ", fake_at, " did not prove")));
+  EXPECT_THAT(line, HasSubstr("runs as uid 65534"));
+  EXPECT_THAT(lone.Stdout(), Not(HasSubstr("rank=")));
+
+  // Node 0 finds the port taken and hosts the job's server on the next one.
+  Subprocess node0(SlurmAgent(slurm_job, 0, {}));
+  Subprocess node1(SlurmAgent(slurm_job, 1, {}));
+  ExpectRanks(node0, node1);
+  // Said once, however often the candidates were gone through.
+  const std::vector<std::string> said = absl::StrSplit(node1.Stderr(), "did not prove");
+  EXPECT_EQ(said.size(), 2u) << node1.Stderr();
+}
+
+// rdzvctl and librdzv (C++ and C) told which uid rdzvd runs as refuse another user's server on
+// rdzvd's port, whose answer carries a MUNGE proof of that other uid.
+TEST_F(AuthTest, RdzvctlAndLibrdzvRefuseAServerOfAnotherUid) {
+  const int port = testing::FreeLoopbackPort();
+  endpoint_ = absl::StrCat("127.0.0.1:", port);
+  Subprocess fake({.argv = {"runuser", "-u", "nobody", "--", AUTH_PROBE_BIN, endpoint_,
+                            "munge:" + socket_, "serve", "planted"}});
+  ASSERT_TRUE(fake.WaitForOutput("serving", kWait)) << fake.Stdout() << fake.Stderr();
+
+  Subprocess ctl({.argv = {RDZVCTL_BIN, "--rdzv-endpoint", endpoint_, "--munge-socket", socket_,
+                           "--server-uid", "0", "status"},
+                  .env = {{"RDZV_CONFIG", "/dev/null"}},
+                  .unset_env_prefixes = {"RDZV_", "SLURM_"}});
+  EXPECT_EQ(ctl.Wait(kWait), 1);
+  EXPECT_THAT(ctl.Stderr(), HasSubstr("did not prove that it is rdzvd: it runs as uid 65534"));
+  EXPECT_THAT(ctl.Stdout(), Not(HasSubstr("planted")));
+
+  ClientOptions options;
+  options.endpoint = endpoint_;
+  options.auth.mode = ClientAuth::Mode::kMunge;
+  options.auth.munge_socket = socket_;
+  options.auth.server_uid = 0;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<std::vector<JobStatusView>> jobs = (*client)->Status("");
+  ASSERT_FALSE(jobs.ok());
+  EXPECT_EQ(jobs.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(jobs.status().message(), HasSubstr("uid 65534"));
+
+  setenv("RDZV_SERVER_UID", "0", 1);
+  rdzv_client* c = nullptr;
+  const rdzv_code created =
+      rdzv_client_create(endpoint_.c_str(), 10, RDZV_AUTH_MUNGE, nullptr, socket_.c_str(), &c);
+  unsetenv("RDZV_SERVER_UID");
+  ASSERT_EQ(created, RDZV_OK) << rdzv_last_error();
+  rdzv_job_status status;
+  EXPECT_EQ(rdzv_status(c, "planted", &status), RDZV_FAILED_PRECONDITION);
+  EXPECT_THAT(rdzv_last_error(), HasSubstr("uid 65534"));
+  rdzv_client_destroy(c);
+}
+
+// A server that proves itself (here: a process of the job's own user) but ends the job with exit
+// code 0, or 256 (which a process would show as 0): every agent still exits non-zero.
+TEST_F(AuthTest, AnAbortSayingExitCodeZeroStillEndsTheAgentNonZero) {
+  for (const char* code : {"0", "256"}) {
+    const int port = testing::FreeLoopbackPort();
+    Subprocess fake({.argv = {AUTH_PROBE_BIN, absl::StrCat("127.0.0.1:", port), "munge:" + socket_,
+                              "serve", "ends", code}});
+    ASSERT_TRUE(fake.WaitForOutput("serving", kWait)) << fake.Stdout() << fake.Stderr();
+    Subprocess agent({.argv = {RDZV_AGENT_BIN, "--rdzv-endpoint", absl::StrCat("127.0.0.1:", port),
+                               "--rdzv-id", "ends", "--nnodes", "1", "--munge-socket", socket_,
+                               "--", "sh", "-c", "echo started; sleep 30"},
+                      .unset_env_prefixes = {"RDZV_", "SLURM_"}});
+    EXPECT_EQ(agent.Wait(kWait), 1) << code << ": " << agent.Stderr();
+    EXPECT_THAT(agent.Stdout(), HasSubstr("started"));
+    EXPECT_THAT(agent.Stderr(), HasSubstr("the fake server ended the job"));
+  }
+}
+
+// --admin-group: its members see and may abort every user's job; others see only their own, and
+// another user's abort is refused as if the job did not exist, which then runs to its end.
+TEST_F(AuthTest, OnlyAdminGroupMembersSeeAndAbortOtherUsersJobs) {
+  StartRdzvd("munge", {"--admin-group", "nogroup"});  // nobody's group; daemon is not in it
+  const std::vector<std::string> auth = {"--munge-socket", socket_};
+  Subprocess node0(Agent("kept", 0, auth));
+  ASSERT_TRUE(WaitForJob("kept")) << node0.Stderr();
+
+  Subprocess status = Ctl("daemon", {"--json", "status"});
+  EXPECT_EQ(status.Wait(kWait), 0) << status.Stderr();
+  EXPECT_THAT(status.Stdout(), Not(HasSubstr("kept")));
+  Subprocess abort = Ctl("daemon", {"abort", "kept", "--reason", "mine now"});
+  EXPECT_EQ(abort.Wait(kWait), 1);
+  EXPECT_THAT(abort.Stderr(), HasSubstr("rdzvd has no job kept"));
+  Subprocess node1(Agent("kept", 1, auth));
+  ExpectRanks(node0, node1);
+
+  Subprocess long0(Agent("stopped", 0, auth, "sleep 60"));
+  Subprocess long1(Agent("stopped", 1, auth, "sleep 60"));
+  ASSERT_TRUE(long0.WaitForOutput("rank=", kWait)) << long0.Stderr();
+  Subprocess admin_status = Ctl("nobody", {"--json", "status"});
+  EXPECT_EQ(admin_status.Wait(kWait), 0) << admin_status.Stderr();
+  EXPECT_THAT(admin_status.Stdout(), HasSubstr("stopped"));
+  Subprocess admin_abort = Ctl("nobody", {"abort", "stopped", "--reason", "node maintenance"});
+  EXPECT_EQ(admin_abort.Wait(kWait), 0) << admin_abort.Stderr();
+  for (Subprocess* agent : {&long0, &long1}) {
+    EXPECT_NE(agent->Wait(kWait), 0);
+    EXPECT_THAT(agent->Stderr(), HasSubstr("node maintenance"));
+  }
 }
 
 TEST_F(AuthTest, UnsafeSettingsAreRefusedBeforeAnythingStarts) {

@@ -2,8 +2,9 @@
 """rdzvd's metrics as a real Prometheus sees them.
 
 RdzvdDuringRealJobs: a real rdzvd with --metrics-listen on loopback, scraped every second by a
-real Prometheus while real rdzv-agents run two jobs through it (one succeeds, one has a worker
-fail); the test reads the jobs, agents, joins, rounds, durations and aborts back through
+real Prometheus while real rdzv-agents run three jobs through it (one succeeds, one has a worker
+fail, one restarts after a failure) and rdzvctl makes a call over a limit; the test reads the
+jobs, agents, joins, rounds, durations, aborts, restarts and refused calls back through
 Prometheus's query API.
 
 metrics_demo_server serves a Metrics registry through MetricsHttpServer and counts a join every
@@ -13,7 +14,7 @@ Prometheus cannot parse marks the target down, so these tests also check the tex
 
 Inputs (ctest sets them; see tests/CMakeLists.txt):
   METRICS_DEMO_SERVER  the metrics_demo_server binary
-  RDZVD_BIN, RDZV_AGENT_BIN  rdzvd and rdzv-agent
+  RDZVD_BIN, RDZV_AGENT_BIN, RDZVCTL_BIN  rdzvd, rdzv-agent and rdzvctl
   PROMETHEUS_BIN       Prometheus (default /usr/bin/prometheus)
 
   METRICS_DEMO_SERVER=build/release/tests/metrics_demo_server \\
@@ -34,6 +35,7 @@ import prometheus  # noqa: E402
 from rdzvd_process import Rdzvd  # noqa: E402
 
 DEMO = os.environ.get("METRICS_DEMO_SERVER", "")
+RDZVCTL = os.environ.get("RDZVCTL_BIN", "")
 
 
 def _die_with_parent():
@@ -157,6 +159,33 @@ class RdzvdDuringRealJobs(unittest.TestCase):
                 self.assertGreater(prom.query("process_open_fds")[0].value, 3)
                 self.assertEqual(prom.query('rdzv_refused_calls_total{reason="invalid"}')[0].value,
                                  0)
+                self.assertEqual(prom.query("rdzv_restarts_total")[0].value, 0)
+                self.assertEqual(prom.query('rdzv_refused_calls_total{reason="limit"}')[0].value,
+                                 0)
+
+                # A job under --max-restarts 1 whose rank 1 fails in its first run: every agent
+                # starts its workers again, and the second run succeeds.
+                worker = ('if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then '
+                          '[ "$RANK" = 1 ] && exit 3; sleep 30; fi')
+                again = [rdzvd.agent("again", node, 2, worker, args=("--max-restarts", "1"))
+                         for node in (0, 1)]
+                for process in again:
+                    self.assertEqual(process.wait(timeout=60), 0, Rdzvd.output(process))
+                prom.wait_for("rdzv_restarts_total", lambda s: s and s[0].value == 1)
+                self.assertEqual(prom.query('rdzv_aborts_total{cause="worker_failed"}')[0].value,
+                                 2)
+                self.assertEqual(prom.query("rdzv_rounds_completed_total")[0].value, 4)
+
+                # A call over one of rdzvd's limits (a job id of 300 bytes) is refused, and
+                # counted by its reason.
+                refused = subprocess.run(
+                    [RDZVCTL, "--rdzv-endpoint", rdzvd.endpoint, "status", "j" * 300],
+                    capture_output=True, text=True, timeout=60,
+                    env=dict(os.environ, RDZV_CONFIG=os.devnull))
+                self.assertEqual(refused.returncode, 1, refused.stderr)
+                self.assertIn("the job id is 300 bytes", refused.stderr)
+                prom.wait_for('rdzv_refused_calls_total{reason="limit"}',
+                              lambda s: s and s[0].value == 1)
             self.assertEqual(rdzvd.stop(), 0, rdzvd.log())
             rdzvd_pid = rdzvd.pid
         self.assertEqual(processes_mentioning(prom_dir), [])

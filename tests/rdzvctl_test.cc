@@ -42,6 +42,28 @@ TEST(CtlOptionsTest, CommandsWordsAndOptionsInAnyOrder) {
   EXPECT_EQ(o->command, CtlCommand::kHealth);
 }
 
+TEST(CtlOptionsTest, InAWorkerTheJobIsItsOwn) {
+  const EnvList worker = {{"RDZV_ENDPOINT", "n1:20417"}, {"RDZV_RUN_ID", "slurm-7.0"}};
+  absl::StatusOr<CtlOptions> o = Parse({"status"}, worker);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->job, "slurm-7.0");
+  EXPECT_EQ(o->endpoint, "n1:20417");
+  o = Parse({"watch", "--count", "2"}, worker);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->job, "slurm-7.0");
+  // A job named, or --all, wins; abort always names its job.
+  o = Parse({"status", "other"}, worker);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->job, "other");
+  o = Parse({"status", "--all"}, worker);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->job, "");
+  EXPECT_FALSE(Parse({"abort", "--reason", "x"}, worker).ok());
+  o = Parse({"status", "--all", "other"}, worker);
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().message(), "--all shows every job; drop it or the job \"other\"");
+}
+
 TEST(CtlOptionsTest, MistakesAreOneLineErrorsSayingWhatToDo) {
   const struct {
     std::vector<std::string> args;
@@ -90,6 +112,33 @@ TEST(StatusFormatTest, MissingNodesAsAHostlist) {
   EXPECT_EQ(MissingNodes(Job("j", "running", 2, {{"a", 0}, {"b", 1}}), {}), "");
 }
 
+TEST(StatusFormatTest, MissingNodesNamedFromTheJobsNodeList) {
+  v1::JobStatus filling = Job("j", "filling", 4, {{"n1", 0}, {"n4", 3}});
+  filling.set_node_list("n[1-4]");
+  EXPECT_EQ(MissingNodes(filling, {}), "n[2-3]");
+  // --nodelist wins over the job's list.
+  EXPECT_EQ(MissingNodes(filling, {"n1", "n4", "n9"}), "n9");
+  // One agent per task: every node has one, more are due.
+  v1::JobStatus tasks = Job("t", "filling", 4, {{"n1", 0}, {"n1", 0}, {"n2", 1}});
+  tasks.set_node_list("n[1-2]");
+  EXPECT_EQ(MissingNodes(tasks, {}), "1 more");
+  v1::JobStatus partly = Job("t", "filling", 4, {{"n1", 0}, {"n1", 0}});
+  partly.set_node_list("n[1-2]");
+  EXPECT_EQ(MissingNodes(partly, {}), "n2");
+  // Back to indices when the list cannot be trusted to name the agents: an agent under another
+  // name (--host-name), or a list that does not parse.
+  v1::JobStatus renamed = Job("j", "filling", 3, {{"login7", 0}});
+  renamed.set_node_list("n[1-3]");
+  EXPECT_EQ(MissingNodes(renamed, {}), "[1-2]");
+  v1::JobStatus garbled = Job("j", "filling", 2, {{"n1", 0}});
+  garbled.set_node_list("n[1-");
+  EXPECT_EQ(MissingNodes(garbled, {}), "[1]");
+  // Past filling nobody is missing.
+  v1::JobStatus running = Job("j", "running", 2, {{"n1", 0}, {"n2", 1}});
+  running.set_node_list("n[1-2]");
+  EXPECT_EQ(MissingNodes(running, {}), "");
+}
+
 TEST(StatusFormatTest, TableHasOneLinePerJobWithItsFailure) {
   v1::StatusResponse status;
   *status.add_jobs() = Job("train", "filling", 4, {{"n0", 0}, {"n1", 1}});
@@ -100,6 +149,9 @@ TEST(StatusFormatTest, TableHasOneLinePerJobWithItsFailure) {
   const std::string table = FormatStatusTable(status, {});
   EXPECT_THAT(table, HasSubstr("JOB    STATE    ROUND  AGENTS  WORLD  HOSTS   MISSING  FAILURE\n"));
   EXPECT_THAT(table, HasSubstr("train  filling  1      2/4     -      n[0-1]  [2-3]    -\n"));
+  status.mutable_jobs(0)->set_node_list("n[0-3]");
+  EXPECT_THAT(FormatStatusTable(status, {}),
+              HasSubstr("train  filling  1      2/4     -      n[0-1]  n[2-3]   -\n"));
   EXPECT_THAT(table, HasSubstr("bad    ended    1      2/2     4      n[5-6]  -        rank 3"));
   EXPECT_EQ(FormatStatusTable(v1::StatusResponse(), {}), "no jobs\n");
 }

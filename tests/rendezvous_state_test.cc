@@ -988,6 +988,36 @@ TEST_F(RendezvousStateTest, StatusShowsEachJob) {
   EXPECT_TRUE(state_.Status("nope").empty());
 }
 
+TEST_F(RendezvousStateTest, StatusKeepsTheFirstNodeListGivenOverRounds) {
+  std::vector<JoinSpec> specs = {Spec("j", "n0", 0, 3), Spec("j", "n1", 1, 3),
+                                 Spec("j", "n2", 2, 3)};
+  specs[1].node_list = "n[0-2]";  // the first agent knows none
+  specs[2].node_list = "x[1-3]";
+  for (JoinSpec& s : specs) s.max_restarts = 1;
+  EXPECT_TRUE(IsEmpty(Join(0, 1, specs[0])));
+  EXPECT_EQ(state_.Status("j").at(0).node_list, "");
+  EXPECT_TRUE(IsEmpty(Join(0, 2, specs[1])));
+  EXPECT_EQ(state_.Status("j").at(0).node_list, "n[0-2]");
+  ASSERT_EQ(EventsOf<AssignmentEvent>(Join(0, 3, specs[2])).size(), 3u);
+  EXPECT_EQ(state_.Status("j").at(0).node_list, "n[0-2]");
+
+  // A restart opens round 2 with agents that bring another list: the job keeps its first.
+  FailureInfo failure;
+  failure.host = "n1";
+  Decisions d;
+  ASSERT_TRUE(state_.ReportFailure(kSecond, "j", "n1/agent", failure, d).ok());
+  for (JoinSpec& s : specs) {
+    s.restart_count = 1;
+    s.node_list = "y[1-3]";
+  }
+  // The first agent back opens round 2 (closing the old streams); the last completes it.
+  Join(2 * kSecond, 11, specs[0]);
+  Join(2 * kSecond, 12, specs[1]);
+  EXPECT_EQ(EventsOf<AssignmentEvent>(Join(2 * kSecond, 13, specs[2])).size(), 3u);
+  EXPECT_EQ(state_.Status("j").at(0).round, 2);
+  EXPECT_EQ(state_.Status("j").at(0).node_list, "n[0-2]");
+}
+
 TEST_F(RunningJobTest, StatusShowsDetachedMembersOfAnEndedJob) {
   Closed(5 * kSecond, 2);
   const std::vector<JobStatusView> views = state_.Status("j");

@@ -4,8 +4,10 @@
 // and a failure's huge stderr reaches the other agents cut to a fixed size.
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -240,6 +242,34 @@ TEST_F(ServerLimitsTest, HugeStderrReachesTheOtherAgentsCut) {
   b.context->TryCancel();
   Refusal(a);
   Refusal(b);
+}
+
+TEST_F(ServerLimitsTest, NodeListIsBoundedAndTheJobShowsTheFirstOne) {
+  Start();
+  v1::JoinRequest over = JoinOf("j", "a0", 2);
+  over.set_node_list(std::string(kMaxNodeListBytes + 1, 'n'));
+  Joined refused = Join(over);
+  const grpc::Status s = Refusal(refused);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "the node list is 16385 bytes"))
+      << s.error_message();
+
+  v1::JoinRequest first = JoinOf("j", "a0", 2);
+  first.set_node_list("n[1-2]");
+  Joined waiting = Join(first);
+  v1::StatusRequest request;
+  request.set_job_id("j");
+  v1::StatusResponse status;
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (status.jobs_size() == 0 && std::chrono::steady_clock::now() < deadline) {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(Stub()->GetStatus(&ctx, request, &status).ok());
+    if (status.jobs_size() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(status.jobs_size(), 1);
+  EXPECT_EQ(status.jobs(0).node_list(), "n[1-2]");
+  waiting.context->TryCancel();
+  Refusal(waiting);
 }
 
 // With authentication the refusal names the user whose cap it is; without it, every caller is

@@ -169,6 +169,31 @@ TEST(WorkerVariablesTest, OmpNumThreadsOnlyWhenTheNodeRunsSeveralWorkers) {
   }
 }
 
+TEST(WorkerVariablesTest, HowTheAgentReachesTheRendezvousIsPassedOn) {
+  WorkerContext ctx = SecondNode();
+  Vars got = ToMap(WorkerVariables(ctx, 0));
+  EXPECT_EQ(got["RDZV_ENDPOINT"], "head:29400");
+  EXPECT_EQ(got["RDZV_RUN_ID"], "job-42");
+  for (const char* name :
+       {"RDZV_TOKEN_FILE", "RDZV_MUNGE_SOCKET", "RDZV_TLS_CA", "RDZV_TLS_SERVER_NAME"}) {
+    EXPECT_FALSE(got.contains(name)) << name;
+  }
+  ctx.token_file = "/home/u/.rdzv/token";
+  ctx.munge_socket = "/run/munge2/munge.socket";
+  ctx.tls_ca = "/etc/rdzv/ca.pem";
+  ctx.tls_server_name = "head.cluster";
+  got = ToMap(WorkerVariables(ctx, 1));
+  EXPECT_EQ(got["RDZV_TOKEN_FILE"], "/home/u/.rdzv/token");
+  EXPECT_EQ(got["RDZV_MUNGE_SOCKET"], "/run/munge2/munge.socket");
+  EXPECT_EQ(got["RDZV_TLS_CA"], "/etc/rdzv/ca.pem");
+  EXPECT_EQ(got["RDZV_TLS_SERVER_NAME"], "head.cluster");
+  // Without a server (--standalone) there is nothing to reach.
+  ctx.rdzv_endpoint.clear();
+  got = ToMap(WorkerVariables(ctx, 0));
+  EXPECT_FALSE(got.contains("RDZV_ENDPOINT"));
+  EXPECT_FALSE(got.contains("RDZV_TOKEN_FILE"));
+}
+
 struct MergeCase {
   std::string name;
   EnvList base;

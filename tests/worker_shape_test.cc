@@ -1,7 +1,10 @@
 #include "client/worker_shape.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -123,6 +126,13 @@ TEST(ShapeWorkerTest, OneGpuPerTaskDeviceView) {
       {"renumbered by cgroups: no view", "0", {"0", "1", "2", "3"}, 2, "0", true},
       {"node GPUs unknown", "2", {}, 2, "2", true},
       {"too few node GPUs", "1", {"0", "1"}, 3, "1", true},
+      // The step holds GPUs 1-3 of the node. Without cgroups its tasks see the node's numbers;
+      // confined with step cgroups they see 0-2, and "2" is then the node's GPU 3.
+      {"node numbering, step without GPU 0", "2", {"1", "2", "3"}, 1, "1,2,3", false},
+      {"node numbering past the step's count", "3", {"1", "2", "3"}, 2, "1,2,3", false},
+      {"renumbered by step cgroups: no view", "2", {"1", "2", "3"}, 2, "2", true},
+      {"renumbered, own not a step GPU", "1", {"2", "3"}, 1, "1", true},
+      {"both numberings name the GPU, not the others", "1", {"0", "1", "3"}, 1, "1", true},
   };
   for (const auto& c : cases) {
     WorkerShape shape;
@@ -173,6 +183,101 @@ TEST(ResolveWorkerShapeTest, FromTheEnvironment) {
   EXPECT_FALSE(ResolveWorkerShape(true, false, batch, env).slurm_tasks.has_value());
   const EnvLookup several = EnvFromList({{"CUDA_VISIBLE_DEVICES", "0,1"}});
   EXPECT_EQ(ResolveWorkerShape(true, false, step, several).task_device, "");
+}
+
+// What srun --ntasks-per-node=4 --gpus-per-task=1 gives the task with local id `local_id` on
+// node n1 (Slurm binds per task: SLURM_STEP_GPUS names the task's GPU only).
+SlurmEnv FourTasksOnANode(int local_id) {
+  SlurmEnv s;
+  s.job_id = "42";
+  s.step_id = "0";
+  s.proc_id = local_id;
+  s.local_id = local_id;
+  s.node_id = 0;
+  s.num_nodes = 1;
+  s.num_tasks = 4;
+  s.nodes = {"n1"};
+  s.node_name = "n1";
+  s.tasks_per_node = {4};
+  return s;
+}
+
+TEST(ResolveWorkerShapeTest, GpusBoundPerTaskAreSharedOnTheNode) {
+  const EnvLookup own_only = EnvFromList(
+      {{"CUDA_VISIBLE_DEVICES", "6"}, {"SLURM_STEP_GPUS", "6"}, {"TMPDIR", "/scratch/job42"}});
+  WorkerShape shape = ResolveWorkerShape(true, false, FourTasksOnANode(2), own_only);
+  EXPECT_EQ(shape.task_device, "6");
+  EXPECT_EQ(shape.gpu_exchange_dir, "/scratch/job42/rdzv-gpus-42.0-n1");
+  EXPECT_EQ(shape.local_id, 2);
+  // Without TMPDIR, under /tmp.
+  shape =
+      ResolveWorkerShape(true, false, FourTasksOnANode(2),
+                         EnvFromList({{"CUDA_VISIBLE_DEVICES", "6"}, {"SLURM_STEP_GPUS", "6"}}));
+  EXPECT_EQ(shape.gpu_exchange_dir, "/tmp/rdzv-gpus-42.0-n1");
+  // Nothing to share: the step's GPUs are all named, the task's GPU is renumbered (cgroups), or
+  // the task is alone on its node.
+  EXPECT_EQ(ResolveWorkerShape(
+                true, false, FourTasksOnANode(2),
+                EnvFromList({{"CUDA_VISIBLE_DEVICES", "6"}, {"SLURM_STEP_GPUS", "4,5,6,7"}}))
+                .gpu_exchange_dir,
+            "");
+  EXPECT_EQ(
+      ResolveWorkerShape(true, false, FourTasksOnANode(2),
+                         EnvFromList({{"CUDA_VISIBLE_DEVICES", "0"}, {"SLURM_STEP_GPUS", "6"}}))
+          .gpu_exchange_dir,
+      "");
+  SlurmEnv alone = FourTasksOnANode(0);
+  alone.tasks_per_node = {1};
+  alone.num_tasks = 1;
+  EXPECT_EQ(ResolveWorkerShape(true, false, alone, own_only).gpu_exchange_dir, "");
+}
+
+// Records what it was asked to spawn; spawns nothing.
+class RecordingLauncher : public ProcessLauncher {
+ public:
+  explicit RecordingLauncher(std::vector<ProcessSpec>* spawned) : spawned_(spawned) {}
+  absl::StatusOr<SpawnedProcess> Spawn(const ProcessSpec& spec) override {
+    spawned_->push_back(spec);
+    return SpawnedProcess{};
+  }
+  absl::Status SignalGroup(pid_t, int) override { return absl::OkStatus(); }
+  std::vector<ProcessExit> Reap() override { return {}; }
+
+ private:
+  std::vector<ProcessSpec>* spawned_;
+};
+
+TEST(ShapingLauncherTest, TasksThatSeeOnlyTheirOwnGpuGetTheNodesInLocalRankOrder) {
+  std::string base = (std::filesystem::temp_directory_path() / "shaping-XXXXXX");
+  ASSERT_NE(mkdtemp(base.data()), nullptr);
+  const std::string dir = base + "/rdzv-gpus-42.0-n1";
+  // Four agents of one node, as srun starts them: each shares its GPU before joining.
+  std::vector<ProcessSpec> spawned;
+  std::vector<std::unique_ptr<ProcessLauncher>> launchers;
+  for (int local = 0; local < 4; ++local) {
+    WorkerShape shape;
+    shape.task_device = absl::StrCat(4 + local);
+    shape.node_devices = {shape.task_device};
+    shape.gpu_exchange_dir = dir;
+    shape.local_id = local;
+    launchers.push_back(NewShapingLauncher(shape, std::make_unique<RecordingLauncher>(&spawned)));
+  }
+  // The round completes; each starts its worker.
+  for (int local = 0; local < 4; ++local) {
+    ProcessSpec worker = Worker(local, local, 0, 4, 1, 4);
+    for (std::string& e : worker.env) {
+      if (e.rfind("CUDA_VISIBLE_DEVICES=", 0) == 0) e = absl::StrCat(e.substr(0, 21), 4 + local);
+    }
+    ASSERT_TRUE(launchers[local]->Spawn(worker).ok());
+  }
+  ASSERT_EQ(spawned.size(), 4u);
+  EXPECT_EQ(Value(spawned[0], "CUDA_VISIBLE_DEVICES"), "4");  // device 0 is its own already
+  for (int local = 1; local < 4; ++local) {
+    EXPECT_EQ(Value(spawned[local], "CUDA_VISIBLE_DEVICES"), "4,5,6,7") << local;
+  }
+  launchers.clear();
+  EXPECT_FALSE(std::filesystem::exists(dir));
+  std::filesystem::remove_all(base);
 }
 
 }  // namespace

@@ -68,6 +68,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "common/auth.h"
 #include "common/env.h"
 #include "common/flags.h"
 #include "common/process_env.h"
@@ -672,6 +673,11 @@ struct Options {
   std::vector<std::string> rdzvd_args;
   std::string auth = "none";      // rdzvd's --auth and the agents' credential; "omit": pass none
   int64_t metrics_scrape_ms = 0;  // 0: rdzvd serves no metrics
+  // --compare: each N and repetition runs once per variant, the variants taking turns, so that
+  // both see the same machine. "" runs the one configuration above.
+  std::string compare;
+  std::string variant;  // this configuration's name in --compare's output
+  int64_t credential_cost = 0;
   std::string self;
   std::string log_dir;
   int64_t soak = 0;
@@ -697,7 +703,11 @@ absl::Status StartRdzvd(const Options& o, Child& rdzvd, int& port, const std::st
       argv.push_back(absl::StrCat("--metrics-listen=127.0.0.1:", *metrics_port));
     }
     if (absl::Status s = rdzvd.Start(argv, false, log); !s.ok()) return s;
-    if (*metrics_port != 0) ScrapeMetrics(*metrics_port, o.metrics_scrape_ms);
+    if (*metrics_port != 0) {
+      ScrapeMetrics(*metrics_port, o.metrics_scrape_ms);
+    } else {
+      StopScrapingMetrics();  // a --compare variant without metrics
+    }
     const int64_t deadline = NowNs() + 10'000'000'000;
     while (NowNs() < deadline) {
       if (CanConnect(*p)) {
@@ -967,7 +977,103 @@ double Median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
+// Prints the medians of one configuration's repetitions at N. With `base` (--compare's first
+// variant), also the rendezvous against the base's floor and rdzvd's CPU against the base's.
+void PrintScaleSummary(int64_t n, const std::string& variant,
+                       const std::vector<ScaleResult>& results,
+                       const std::vector<ScaleResult>* base) {
+  auto med = [](const std::vector<ScaleResult>& rs, auto field) {
+    std::vector<double> v;
+    for (const ScaleResult& r : rs) v.push_back(field(r));
+    return Median(v);
+  };
+  int64_t errors = 0;
+  bool correct = true;
+  for (const ScaleResult& r : results) {
+    errors += r.errors;
+    correct = correct && r.correct;
+  }
+  auto join_wall = [](const ScaleResult& r) { return r.join_wall_s; };
+  auto floor_wall = [](const ScaleResult& r) { return r.floor_wall_s; };
+  auto cpu_join = [](const ScaleResult& r) { return r.cpu_join_s; };
+  const double wall = med(results, join_wall);
+  const double floor = med(results, floor_wall);
+  const double cpu = med(results, cpu_join);
+  if (!variant.empty()) std::printf("%-12s ", variant.c_str());
+  std::printf("%7ld %5ld %9.3f %8.1f %8.1f %9.3f %6.2f %7.2f %8.3f %8.1f %8.1f %9.1f %6ld %7s\n",
+              static_cast<long>(n), static_cast<long>(results.front().procs), wall,
+              med(results, [](const ScaleResult& r) { return r.join_p50_ms; }),
+              med(results, [](const ScaleResult& r) { return r.join_p99_ms; }), floor,
+              med(results,
+                  [](const ScaleResult& r) {
+                    return r.floor_wall_s > 0 ? r.join_wall_s / r.floor_wall_s : 0.0;
+                  }),
+              cpu, 1000.0 * cpu / static_cast<double>(n),
+              med(results, [](const ScaleResult& r) { return r.rss_attached_mib; }),
+              med(results, [](const ScaleResult& r) { return r.hwm_mib; }),
+              1000.0 * med(results, [](const ScaleResult& r) { return r.abort_s; }),
+              static_cast<long>(errors), correct ? "yes" : "NO");
+  std::vector<std::string> per_proc;
+  for (double ms : results.back().abort_per_proc_ms) {
+    per_proc.push_back(absl::StrFormat("%.1f", ms));
+  }
+  std::printf(
+      "        floor: p50 %.1f ms, p99 %.1f ms, rdzvd cpu %.2f s; client cpu: rendezvous %.2f s, "
+      "floor %.2f s\n        rdzvd idle with N attached: %.1f%% of a core; abort per process "
+      "(ms): %s\n",
+      med(results, [](const ScaleResult& r) { return r.floor_p50_ms; }),
+      med(results, [](const ScaleResult& r) { return r.floor_p99_ms; }),
+      med(results, [](const ScaleResult& r) { return r.cpu_floor_s; }),
+      med(results, [](const ScaleResult& r) { return r.client_cpu_join_s; }),
+      med(results, [](const ScaleResult& r) { return r.client_cpu_floor_s; }),
+      med(results, [](const ScaleResult& r) { return r.idle_cpu_pct; }),
+      absl::StrJoin(per_proc, " ").c_str());
+  if (base != nullptr && base != &results) {
+    const double base_floor = med(*base, floor_wall);
+    const double base_cpu = med(*base, cpu_join);
+    std::printf(
+        "        against %s: rendezvous %.2fx its floor, %.2fx its rendezvous; rdzvd cpu %+.3f "
+        "ms/agent (%.2fx)\n",
+        "the first variant", base_floor > 0 ? wall / base_floor : 0.0,
+        med(*base, join_wall) > 0 ? wall / med(*base, join_wall) : 0.0,
+        1000.0 * (cpu - base_cpu) / static_cast<double>(n), base_cpu > 0 ? cpu / base_cpu : 0.0);
+  }
+  std::fflush(stdout);
+}
+
+// The configurations a run measures: one, or --compare's two, each a copy of `o` with its name.
+absl::StatusOr<std::vector<Options>> ScaleVariants(const Options& o) {
+  std::vector<Options> variants;
+  auto add = [&](const std::string& name, const std::string& auth, int64_t scrape_ms) {
+    Options v = o;
+    v.variant = name;
+    v.auth = auth;
+    v.metrics_scrape_ms = scrape_ms;
+    variants.push_back(std::move(v));
+  };
+  if (o.compare.empty()) {
+    add("", o.auth, o.metrics_scrape_ms);
+  } else if (o.compare == "auth") {
+    // rdzvd's --auth none against MUNGE: every call of the rendezvous (and of the floor) carries
+    // a fresh credential that rdzvd's munged decodes.
+    add("auth=none", "none", o.metrics_scrape_ms);
+    add("auth=munge", "munge", o.metrics_scrape_ms);
+  } else if (o.compare == "metrics") {
+    add("metrics=off", o.auth, 0);
+    add("metrics=on", o.auth, o.metrics_scrape_ms > 0 ? o.metrics_scrape_ms : 1000);
+  } else {
+    return absl::InvalidArgumentError("--compare takes auth or metrics");
+  }
+  return variants;
+}
+
 int RunScale(const Options& o) {
+  absl::StatusOr<std::vector<Options>> variants = ScaleVariants(o);
+  if (!variants.ok()) {
+    std::fprintf(stderr, "rdzv-bench: %s\n", std::string(variants.status().message()).c_str());
+    return 2;
+  }
+  const bool comparing = variants->size() > 1;
   std::FILE* csv = nullptr;
   if (!o.csv.empty()) {
     csv = std::fopen(o.csv.c_str(), "w");
@@ -979,77 +1085,46 @@ int RunScale(const Options& o) {
                  "n,rep,procs,join_wall_s,join_p50_ms,join_p99_ms,floor_wall_s,floor_p50_ms,"
                  "floor_p99_ms,ratio,rdzvd_cpu_join_s,rdzvd_cpu_floor_s,cpu_ms_per_agent,"
                  "rss_attached_mib,hwm_mib,abort_s,errors,correct,client_cpu_join_s,"
-                 "client_cpu_floor_s\n");
+                 "client_cpu_floor_s,idle_cpu_pct,variant\n");
   }
+  if (comparing) std::printf("%-12s ", "variant");
   std::printf("%7s %5s %9s %8s %8s %9s %6s %7s %8s %8s %8s %9s %6s %7s\n", "N", "procs", "rdzv_s",
               "p50_ms", "p99_ms", "floor_s", "ratio", "cpu_s", "ms/agent", "rss_MiB", "hwm_MiB",
               "abort_ms", "errors", "correct");
   std::fflush(stdout);
   int64_t total_errors = 0;
   for (int64_t n : o.agents) {
-    std::vector<ScaleResult> results;
+    // results[v]: the repetitions of variant v, which take turns with the others.
+    std::vector<std::vector<ScaleResult>> results(variants->size());
     for (int64_t rep = 0; rep < o.reps; ++rep) {
-      results.push_back(ScaleRun(o, n, rep).Run());
-      const ScaleResult& r = results.back();
-      total_errors += r.errors + (r.correct ? 0 : 1);
-      for (size_t i = 0; i < r.messages.size() && i < 5; ++i) {
-        std::fprintf(stderr, "rdzv-bench: N=%ld rep %ld: %s\n", static_cast<long>(n),
-                     static_cast<long>(rep), r.messages[i].c_str());
-      }
-      if (csv != nullptr) {
-        std::fprintf(csv,
-                     "%ld,%ld,%ld,%.4f,%.2f,%.2f,%.4f,%.2f,%.2f,%.3f,%.3f,%.3f,%.4f,%.1f,%.1f,"
-                     "%.4f,%ld,%d,%.3f,%.3f\n",
-                     static_cast<long>(r.n), static_cast<long>(r.rep), static_cast<long>(r.procs),
-                     r.join_wall_s, r.join_p50_ms, r.join_p99_ms, r.floor_wall_s, r.floor_p50_ms,
-                     r.floor_p99_ms, r.floor_wall_s > 0 ? r.join_wall_s / r.floor_wall_s : 0.0,
-                     r.cpu_join_s, r.cpu_floor_s, 1000.0 * r.cpu_join_s / static_cast<double>(n),
-                     r.rss_attached_mib, r.hwm_mib, r.abort_s, static_cast<long>(r.errors),
-                     r.correct ? 1 : 0, r.client_cpu_join_s, r.client_cpu_floor_s);
-        std::fflush(csv);
+      for (size_t v = 0; v < variants->size(); ++v) {
+        results[v].push_back(ScaleRun((*variants)[v], n, rep).Run());
+        const ScaleResult& r = results[v].back();
+        total_errors += r.errors + (r.correct ? 0 : 1);
+        for (size_t i = 0; i < r.messages.size() && i < 5; ++i) {
+          std::fprintf(stderr, "rdzv-bench: %sN=%ld rep %ld: %s\n",
+                       comparing ? ((*variants)[v].variant + " ").c_str() : "",
+                       static_cast<long>(n), static_cast<long>(rep), r.messages[i].c_str());
+        }
+        if (csv != nullptr) {
+          std::fprintf(csv,
+                       "%ld,%ld,%ld,%.4f,%.2f,%.2f,%.4f,%.2f,%.2f,%.3f,%.3f,%.3f,%.4f,%.1f,%.1f,"
+                       "%.4f,%ld,%d,%.3f,%.3f,%.1f,%s\n",
+                       static_cast<long>(r.n), static_cast<long>(r.rep), static_cast<long>(r.procs),
+                       r.join_wall_s, r.join_p50_ms, r.join_p99_ms, r.floor_wall_s, r.floor_p50_ms,
+                       r.floor_p99_ms, r.floor_wall_s > 0 ? r.join_wall_s / r.floor_wall_s : 0.0,
+                       r.cpu_join_s, r.cpu_floor_s, 1000.0 * r.cpu_join_s / static_cast<double>(n),
+                       r.rss_attached_mib, r.hwm_mib, r.abort_s, static_cast<long>(r.errors),
+                       r.correct ? 1 : 0, r.client_cpu_join_s, r.client_cpu_floor_s, r.idle_cpu_pct,
+                       (*variants)[v].variant.c_str());
+          std::fflush(csv);
+        }
       }
     }
-    auto med = [&](auto field) {
-      std::vector<double> v;
-      for (const ScaleResult& r : results) v.push_back(field(r));
-      return Median(v);
-    };
-    int64_t errors = 0;
-    bool correct = true;
-    for (const ScaleResult& r : results) {
-      errors += r.errors;
-      correct = correct && r.correct;
+    for (size_t v = 0; v < variants->size(); ++v) {
+      PrintScaleSummary(n, comparing ? (*variants)[v].variant : "", results[v],
+                        comparing ? &results[0] : nullptr);
     }
-    const double wall = med([](const ScaleResult& r) { return r.join_wall_s; });
-    const double floor = med([](const ScaleResult& r) { return r.floor_wall_s; });
-    const double cpu = med([](const ScaleResult& r) { return r.cpu_join_s; });
-    std::printf("%7ld %5ld %9.3f %8.1f %8.1f %9.3f %6.2f %7.2f %8.3f %8.1f %8.1f %9.1f %6ld %7s\n",
-                static_cast<long>(n), static_cast<long>(results.front().procs), wall,
-                med([](const ScaleResult& r) { return r.join_p50_ms; }),
-                med([](const ScaleResult& r) { return r.join_p99_ms; }), floor,
-                med([](const ScaleResult& r) {
-                  return r.floor_wall_s > 0 ? r.join_wall_s / r.floor_wall_s : 0.0;
-                }),
-                cpu, 1000.0 * cpu / static_cast<double>(n),
-                med([](const ScaleResult& r) { return r.rss_attached_mib; }),
-                med([](const ScaleResult& r) { return r.hwm_mib; }),
-                1000.0 * med([](const ScaleResult& r) { return r.abort_s; }),
-                static_cast<long>(errors), correct ? "yes" : "NO");
-    std::vector<std::string> per_proc;
-    for (double ms : results.back().abort_per_proc_ms)
-      per_proc.push_back(absl::StrFormat("%.1f", ms));
-    std::printf(
-        "        floor: p50 %.1f ms, p99 %.1f ms, rdzvd cpu %.2f s; client cpu: rendezvous %.2f s, "
-        "floor %.2f s\n        rdzvd idle with N attached: %.1f%% of a core; abort per process "
-        "(ms): %s\n",
-        med([](const ScaleResult& r) { return r.floor_p50_ms; }),
-        med([](const ScaleResult& r) { return r.floor_p99_ms; }),
-        med([](const ScaleResult& r) { return r.cpu_floor_s; }),
-        med([](const ScaleResult& r) { return r.client_cpu_join_s; }),
-        med([](const ScaleResult& r) { return r.client_cpu_floor_s; }),
-        med([](const ScaleResult& r) { return r.idle_cpu_pct; }),
-        absl::StrJoin(per_proc, " ").c_str());
-    std::fflush(stdout);
   }
   if (csv != nullptr) std::fclose(csv);
   if (total_errors > 0) {
@@ -1297,6 +1372,55 @@ int RunSoak(const Options& o) {
   return failures > 0 || grew || jobs_left > 0 ? 1 : 0;
 }
 
+// --credential-cost K: what authenticating one call costs, measured call by call on one thread:
+// K MUNGE encodes (the client's side) and K decodes (rdzvd's side) through the local munged,
+// and K token checks (digest and constant-time compare, rdzvd's side of --auth token).
+int RunCredentialCost(const Options& o) {
+  const std::string payload = CallPayload("/rdzv.v1.Rendezvous/Join", "slurm-123456.0");
+  std::vector<std::string> credentials;
+  credentials.reserve(static_cast<size_t>(o.credential_cost));
+  auto timed = [&](const char* what, auto&& one) -> bool {
+    const int64_t cpu0 = CpuNs();
+    const int64_t t0 = NowNs();
+    for (int64_t i = 0; i < o.credential_cost; ++i) {
+      if (absl::Status s = one(); !s.ok()) {
+        std::fprintf(stderr, "rdzv-bench: %s %ld: %s\n", what, static_cast<long>(i),
+                     s.ToString().c_str());
+        return false;
+      }
+    }
+    const double k = static_cast<double>(o.credential_cost);
+    std::printf("%-14s %9.1f us/call wall %9.1f us/call cpu (this process)\n", what,
+                static_cast<double>(NowNs() - t0) / 1e3 / k,
+                static_cast<double>(CpuNs() - cpu0) / 1e3 / k);
+    return true;
+  };
+  const bool munge_ok = timed("munge encode",
+                              [&]() -> absl::Status {
+                                absl::StatusOr<std::string> c = MungeEncode(payload, "");
+                                if (!c.ok()) return c.status();
+                                credentials.push_back(*std::move(c));
+                                return absl::OkStatus();
+                              }) &&
+                        timed("munge decode", [&, i = size_t{0}]() mutable -> absl::Status {
+                          absl::StatusOr<MungeIdentity> id = MungeDecode(credentials[i++], "");
+                          if (!id.ok()) return id.status();
+                          return id->payload == payload
+                                     ? absl::OkStatus()
+                                     : absl::InternalError("the payload came back changed");
+                        });
+  const std::string token(64, 'k');
+  const std::string digest = TokenDigest(token);
+  const bool token_ok = timed("token check", [&]() -> absl::Status {
+    return ConstantTimeEquals(TokenDigest(token), digest) ? absl::OkStatus()
+                                                          : absl::InternalError("no match");
+  });
+  if (!credentials.empty()) {
+    std::printf("credential size: %zu bytes of metadata per call\n", credentials.front().size());
+  }
+  return munge_ok && token_ok ? 0 : 1;
+}
+
 absl::Status ParseList(absl::string_view v, std::vector<int64_t>& out) {
   out.clear();
   for (absl::string_view s : absl::StrSplit(v, ',', absl::SkipEmpty())) {
@@ -1323,6 +1447,8 @@ constexpr char kUsage[] =
 Usage: rdzv-bench [--agents 1,100,1000,4000,10000] [--reps R] [--csv FILE] [--check]
        rdzv-bench --launch [--launch-reps K] [--launch-nodes 8,32] [--csv FILE]
        rdzv-bench --soak 1000
+       rdzv-bench --compare auth|metrics [--agents 1000,10000] [--reps R]
+       rdzv-bench --credential-cost 10000
 Scale mode prints, per agent count N: rendezvous wall time and join latency, the floor (N
 fresh channels, one empty call each) and the ratio, rdzvd's CPU time and memory, the time for
 an abort to reach every agent, errors and whether every assignment was right.)";
@@ -1404,6 +1530,21 @@ int Main(int argc, char** argv) {
   p.Add({"metrics-scrape-ms", "", "MS",
          "rdzvd serves its metrics and the bench scrapes them every MS ms (default 0: off)",
          [&](absl::string_view v) { return ParseCount(v, o.metrics_scrape_ms, 0); }});
+  p.Add({"compare", "", "auth|metrics",
+         "run every N and repetition twice, the two taking turns: with --auth none and with\n"
+         "MUNGE (auth), or with rdzvd's metrics off and on, scraped every --metrics-scrape-ms\n"
+         "(default 1000) (metrics); the second is also shown against the first's floor",
+         [&](absl::string_view v) {
+           if (v != "auth" && v != "metrics") {
+             return absl::InvalidArgumentError("expected auth or metrics");
+           }
+           o.compare = std::string(v);
+           return absl::OkStatus();
+         }});
+  p.Add({"credential-cost", "", "K",
+         "time K MUNGE encodes, K decodes and K token checks, one call at a time, and print the "
+         "cost of each",
+         [&](absl::string_view v) { return ParseCount(v, o.credential_cost, 1); }});
   p.Add({"launch", "", "", "time real rdzv-agent launches instead", on(o.launch)});
   p.Add({"launch-reps", "", "K", "runs per launch case (default 5)",
          [&](absl::string_view v) { return ParseCount(v, o.launch_reps, 1); }});
@@ -1443,7 +1584,10 @@ int Main(int argc, char** argv) {
   o.log_dir = dir;
   // A worker that dies must not take us down with SIGPIPE; its silence is reported instead.
   signal(SIGPIPE, SIG_IGN);
-  const int code = o.soak > 0 ? RunSoak(o) : o.launch ? RunLaunch(o) : RunScale(o);
+  const int code = o.credential_cost > 0 ? RunCredentialCost(o)
+                   : o.soak > 0          ? RunSoak(o)
+                   : o.launch            ? RunLaunch(o)
+                                         : RunScale(o);
   // Logs are kept only when something went wrong.
   if (code == 0) std::filesystem::remove_all(o.log_dir, ec);
   return code == kErrorsSeen ? 0 : code;

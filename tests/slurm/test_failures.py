@@ -276,13 +276,13 @@ class RequeueTemplateTest(FailureCase):
     def test_checkpoint_requeue_resume(self):
         checkpoints = self.out_dir("checkpoints")
         output_file = os.path.join(self.tmp, "slurm-%j.out")
-        # No GPUs and 8 CPUs per node here: ask for none and one; two workers per node through
-        # the agent's variable.
+        # The cluster's nodes have 4 fake GPUs and 8 CPUs: ask for 2 GPUs and 1 CPU instead of
+        # the template's 8 and 32, so that the agent starts two workers per node, one per GPU.
         env = self.env(RDZV_AGENT=AGENT, PYTHON=sys.executable, TRAIN_SCRIPT=CHECKPOINT_DEMO,
-                       RDZV_NPROC_PER_NODE=2, CHECKPOINT_DIR=checkpoints)
+                       CHECKPOINT_DIR=checkpoints)
         batch = self.start(["sbatch", "--wait", "--parsable", f"--job-name={self.job_name}",
                             f"--chdir={self.tmp}", f"--output={output_file}", "--nodes=2",
-                            "--gpus-per-node=0", "--cpus-per-task=1", REQUEUE_TEMPLATE,
+                            "--gpus-per-node=2", "--cpus-per-task=1", REQUEUE_TEMPLATE,
                             "--steps", str(self.STEPS)], env)
         job_id = self.job_id()
         output_path = output_file.replace("%j", job_id)

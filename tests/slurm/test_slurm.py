@@ -7,6 +7,7 @@ environment every worker saw, the exit code, the output, and that no process is 
 Inputs (ctest sets them; see tests/CMakeLists.txt):
   RDZV_AGENT_BIN   the rdzv-agent binary
   RDZVD_BIN        the rdzvd binary
+  RDZVCTL_BIN      the rdzvctl binary (StatusTest)
   RDZV_SOURCE_DIR  the repository root (default: two levels above this file)
   RDZV_TORCH_PYTHON  a Python with torch for deploy/examples/train_ddp.py (default
                      /usr/bin/python3)
@@ -41,6 +42,7 @@ TRAIN_DDP = os.path.join(SOURCE_DIR, "deploy", "examples", "train_ddp.py")
 TORCH_PYTHON = os.environ.get("RDZV_TORCH_PYTHON") or "/usr/bin/python3"
 AGENT = os.environ.get("RDZV_AGENT_BIN", "")
 RDZVD = os.environ.get("RDZVD_BIN", "")
+RDZVCTL = os.environ.get("RDZVCTL_BIN", "")
 
 SLURM_CONF = ""  # set by setUpModule from `local-cluster.sh env`
 
@@ -90,8 +92,10 @@ def setUpModule():
     if env_out.returncode != 0 or not match:
         raise RuntimeError(f"{LOCAL_CLUSTER} env failed: {env_out.stderr.strip()}")
     SLURM_CONF = shlex.split(match.group(1))[0]
+    # base_env() drops RDZV_*, and with it the RDZV_SLURM_* that say which local cluster this is.
+    cluster = {k: v for k, v in os.environ.items() if k.startswith("RDZV_SLURM_")}
     status = subprocess.run([LOCAL_CLUSTER, "status"], capture_output=True, text=True,
-                            timeout=60, env=base_env())
+                            timeout=60, env=base_env(**cluster))
     if status.returncode != 0:
         raise RuntimeError(
             "the local Slurm cluster is not up (local-cluster.sh status: "
@@ -369,6 +373,44 @@ class HeadNodeServerTest(SlurmTestCase):
         self.assertEqual({e["RDZV_ENDPOINT"] for e in envs}, {endpoint})
 
 
+class StatusTest(SlurmTestCase):
+    """rdzvctl against the head-node rdzvd while a job fills: the node whose agent has not
+    joined is named, from the step's node list its agents gave rdzvd."""
+
+    def test_missing_node_is_named(self):
+        if not RDZVCTL or not os.access(RDZVCTL, os.X_OK):
+            self.fail(f"RDZVCTL_BIN={RDZVCTL!r} is not an executable; build rdzvctl and set it "
+                      "(ctest does)")
+        endpoint = self.start_rdzvd()
+        go = os.path.join(self.tmp, "go")
+        out_dir = self.out_dir()
+        # The third node's task starts its agent only once the test lets it.
+        hold = f'if [ "$SLURM_NODEID" = 2 ]; then while [ ! -e {go} ]; do sleep 0.1; done; fi'
+        proc = self.start(["srun", f"--job-name={self.job_name}", "-N3", "--ntasks-per-node=1",
+                           "bash", "-c", hold + '; exec "$@"', "hold", AGENT, "--",
+                           sys.executable, self.worker, out_dir],
+                          base_env(RDZV_ENDPOINT=endpoint))
+
+        def filling_row():
+            done = subprocess.run([RDZVCTL, "--rdzv-endpoint", endpoint, "status"],
+                                  capture_output=True, text=True, timeout=60, env=base_env())
+            rows = [l.split() for l in done.stdout.splitlines() if l.startswith("slurm-")]
+            return rows[0] if rows and rows[0][3] == "2/3" else None
+
+        deadline = time.monotonic() + 60
+        row = filling_row()
+        while row is None and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            row = filling_row()
+        self.assertIsNotNone(row, "the job never showed two of its three agents")
+        # JOB STATE ROUND AGENTS WORLD HOSTS MISSING FAILURE
+        self.assertEqual(row[1:], ["filling", "1", "2/3", "-", "n[1-2]", "n3", "-"])
+        open(go, "w").close()
+        code, out, err, _ = self.finish(proc, 120)
+        self.assertEqual(code, 0, f"stdout:\n{out}\nstderr:\n{err}")
+        self.check_per_node(self.records(out_dir, 3), nodes=3, nproc=1)
+
+
 class ConcurrentJobsTest(SlurmTestCase):
     """Two 3-node jobs at the same time on the same nodes keep to themselves."""
 
@@ -455,13 +497,13 @@ class SbatchTemplateTest(SlurmTestCase):
         return base_env(RDZV_AGENT=AGENT, **extra)
 
     def test_per_node_template_trains(self):
-        # This cluster has no GPUs: ask for none instead of the template's, and for 2 workers
-        # per node through the agent's variable (normally one per GPU).
+        # The cluster's nodes have 4 fake GPUs and 8 CPUs: ask for 2 GPUs and 1 CPU instead of
+        # the template's 8 and 32. The agent starts one worker per GPU it was given, as the
+        # template says; the workers train on the CPU (the GPUs are not real).
         code, job_id, output = self.sbatch(
             os.path.join(SOURCE_DIR, "deploy", "slurm", "ddp-per-node.sbatch"),
-            ["--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1"], ["--steps", "5"],
-            env=self.template_env(PYTHON=TORCH_PYTHON, TRAIN_SCRIPT=TRAIN_DDP,
-                                  RDZV_NPROC_PER_NODE=2))
+            ["--nodes=2", "--gpus-per-node=2", "--cpus-per-task=1"], ["--steps", "5"],
+            env=self.template_env(PYTHON=TORCH_PYTHON, TRAIN_SCRIPT=TRAIN_DDP))
         self.assertEqual(code, 0, output)
         for rank in range(4):
             self.assertRegex(

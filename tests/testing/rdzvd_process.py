@@ -37,8 +37,9 @@ class Rdzvd:
     Leaving the `with` block stops the agents (SIGKILL to their groups) and rdzvd (SIGTERM, then
     SIGKILL after 10 s), and waits for all of them."""
 
-    def __init__(self, env=None):
+    def __init__(self, env=None, auth=("--auth", "none")):
         self.env = env
+        self.auth = list(auth)
         self.port = 0
         self.metrics_port = 0
         self.returncode = None
@@ -54,8 +55,7 @@ class Rdzvd:
                 raise RuntimeError("RDZVD_BIN=%r / RDZV_AGENT_BIN=%r: build rdzvd and rdzv-agent "
                                    "and set them (ctest does)" % (RDZVD, AGENT))
         self._process = subprocess.Popen(
-            [RDZVD, "--auth", "none", "--listen", "127.0.0.1:0", "--metrics-listen",
-             "127.0.0.1:0"],
+            [RDZVD, *self.auth, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._stderr,
             env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
         try:
@@ -80,14 +80,16 @@ class Rdzvd:
     def endpoint(self):
         return "127.0.0.1:%d" % self.port
 
-    def agent(self, job, node, nnodes, worker):
+    def agent(self, job, node, nnodes, worker, args=(), env=None, cwd=None):
+        """An agent of JOB as node NODE of NNODES (host name nNODE) whose one worker runs the
+        shell command WORKER; ARGS go before `--`, ENV replaces the environment."""
         log = tempfile.TemporaryFile()
         self._agent_logs.append(log)
         process = subprocess.Popen(
             [AGENT, "--rdzv-endpoint", "127.0.0.1:%d" % self.port, "--rdzv-id", job,
              "--nnodes", str(nnodes), "--node-rank", str(node), "--host-name", "n%d" % node,
-             "--join-timeout", "60", "--", "bash", "-c", worker],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+             "--join-timeout", "60", *args, "--", "bash", "-c", worker],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
             start_new_session=True, preexec_fn=_die_with_parent)
         process.log = log
         self.agents.append(process)
