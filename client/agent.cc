@@ -8,27 +8,26 @@
 #include <asio/post.hpp>
 #include <asio/signal_set.hpp>
 #include <asio/steady_timer.hpp>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
+#include <limits>
 #include <optional>
-#include <random>
 #include <variant>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/agent_lifecycle.h"
+#include "client/agent_names.h"
 #include "client/agent_rendezvous.h"
 #include "client/local_endpoint.h"
-#include "client/server_locator.h"
+#include "client/remote_rendezvous.h"
 #include "client/watchdog_fifo.h"
 #include "client/worker_group.h"
-#include "common/auth.h"
+#include "client/worker_launches.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/process_env.h"
-#include "common/worker_env.h"
 
 namespace rdzv {
 namespace {
@@ -40,11 +39,7 @@ constexpr absl::Duration kLostPeerLinger = absl::Milliseconds(100);
 // How often the hosting agent looks whether the other agents have gone.
 constexpr std::chrono::milliseconds kAwaitPoll(50);
 
-std::string NewAgentId(const std::string& host) {
-  std::random_device rd;
-  return absl::StrFormat("%s:%d:%08x", host, getpid(), rd());
-}
-
+// For failure records, which the server compares across hosts.
 int64_t WallMicros() { return absl::ToUnixMicros(absl::Now()); }
 
 // `path` from the agent's working directory, which a worker may leave; "" stays "".
@@ -53,19 +48,6 @@ std::string AbsolutePath(const std::string& path) {
   std::error_code error;
   const std::filesystem::path absolute = std::filesystem::absolute(path, error);
   return error ? path : absolute.string();
-}
-
-// A private directory for the job's error files, removed when the agent ends.
-std::string MakeRunDir(const std::string& job_id) {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string safe = job_id;
-  for (char& ch : safe) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '.') ch = '_';
-  }
-  std::string pattern =
-      absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/rdzv-", safe, "-XXXXXX");
-  if (mkdtemp(pattern.data()) == nullptr) return "";
-  return pattern;
 }
 
 }  // namespace
@@ -98,6 +80,7 @@ class Agent::Impl {
   void Do(const agent_action::KillWorkers&) { workers_->Kill(); }
   void Do(const agent_action::AbortWorker& abort) { workers_->Abort(abort.rank); }
   void Do(const agent_action::AwaitStack& await);
+  void Do(const agent_action::AwaitEarlierHang& await);
   absl::Status OpenWatchdog();
   void Do(const agent_action::ForwardSignal& forward);
   void Do(const agent_action::ReportFailure& report);
@@ -106,15 +89,18 @@ class Agent::Impl {
   void Do(const agent_action::AwaitOthers& await);
   void Do(const agent_action::Log& log);
   void Do(const agent_action::Exit& exit);
-  void AwaitOthers(absl::Time until, bool logged);
+  // Polls until no other agent is attached to the hosted server or `until` (clock_) has passed.
+  void AwaitOthers(Micros until, bool logged);
 
   AgentConfig config_;
   std::unique_ptr<ProcessLauncher> launcher_;
+  const Clock clock_ = SteadyClock();
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
   asio::signal_set signals_{io_};
   asio::steady_timer await_timer_{io_};
   asio::steady_timer stack_timer_{io_};
+  asio::steady_timer earlier_hang_timer_{io_};
 
   ServerLocation location_;
   std::unique_ptr<AgentRendezvous> rendezvous_;
@@ -138,44 +124,14 @@ Agent::~Agent() = default;
 int Agent::Run() { return impl_->Run(); }
 
 absl::Status Agent::Impl::Prepare() {
-  const AgentRendezvous::Post post = [this](std::function<void()> task) {
-    asio::post(io_, std::move(task));
-  };
-  if (config_.mode == "standalone") {
-    rendezvous_ = NewLocalRendezvous(SteadyClock(), post);
-  } else {
-    ClientAuth auth = config_.auth;
-    if (!config_.token_file.empty()) {
-      absl::StatusOr<std::string> token = ReadTokenFile(config_.token_file);
-      if (!token.ok()) return token.status();
-      auth.token = *std::move(token);
-    }
-    absl::StatusOr<ClientAuth> resolved = ResolveClientAuth(std::move(auth));
-    if (!resolved.ok()) return resolved.status();
-    if (config_.mode == "slurm step per node") {
-      spdlog::info(
-          "one step per node: this step joins job {} as node {} of {}, at the rendezvous on the "
-          "allocation's first node {}; it waits up to --join-timeout for the other steps",
-          config_.join.job_id, config_.join.agent.node_index, config_.join.max_agents,
-          config_.rdzv_host);
-    }
-    absl::StatusOr<ServerLocation> location = LocateServer(config_, *resolved);
-    if (!location.ok()) return location.status();
-    location_ = *std::move(location);
-    ClientOptions options;
-    options.auth = *std::move(resolved);
-    options.tls = config_.tls;
-    options.endpoint = location_.endpoints.front();
-    options.alternate_endpoints.assign(location_.endpoints.begin() + 1, location_.endpoints.end());
-    options.join_timeout = config_.join_timeout;
-    absl::StatusOr<std::unique_ptr<AgentRendezvous>> remote =
-        NewRemoteRendezvous(std::move(options), post);
-    if (!remote.ok()) return remote.status();
-    rendezvous_ = *std::move(remote);
-  }
+  absl::StatusOr<ConnectedRendezvous> connected = ConnectRendezvous(
+      config_, [this](std::function<void()> task) { asio::post(io_, std::move(task)); });
+  if (!connected.ok()) return connected.status();
+  location_ = std::move(connected->location);
+  rendezvous_ = std::move(connected->rendezvous);
 
   spec_ = config_.join;
-  spec_.agent.agent_id = NewAgentId(spec_.agent.host);
+  spec_.agent.agent_id = NewAgentId(spec_.agent.host, getpid());
   absl::StatusOr<ReservedPort> port = PrepareLocalEndpoint(spec_, location_.server_host);
   if (!port.ok()) return port.status();
   master_port_ = *std::move(port);
@@ -198,19 +154,9 @@ absl::Status Agent::Impl::Prepare() {
   workers_ = std::make_unique<WorkerGroup>(io_, *launcher_, config_.output, config_.term_timeout,
                                            std::move(callbacks));
 
-  LifecycleOptions options;
-  options.job_id = spec_.job_id;
-  options.host = spec_.agent.host;
-  options.nproc = spec_.agent.nproc;
-  options.max_restarts = spec_.max_restarts.value_or(0);
-  options.elastic = spec_.min_agents < spec_.max_agents;
-  options.per_task = spec_.agent.order >= 0;
-  options.hosts_server = location_.embedded != nullptr;
-  options.endpoint = location_.endpoints.empty() ? "" : location_.endpoints.front();
-  options.join_timeout = config_.join_timeout;
-  options.reconnect_timeout = config_.reconnect_timeout;
-  options.term_timeout = config_.term_timeout;
-  lifecycle_ = std::make_unique<AgentLifecycle>(std::move(options));
+  lifecycle_ = std::make_unique<AgentLifecycle>(
+      LifecycleOptionsFor(config_, location_.embedded != nullptr,
+                          location_.endpoints.empty() ? "" : location_.endpoints.front()));
   return absl::OkStatus();
 }
 
@@ -218,6 +164,14 @@ absl::Status Agent::Impl::OpenWatchdog() {
   if (run_dir_.empty()) return absl::OkStatus();
   // A timer file of the user's own has a server of their own: the workers keep it.
   if (const char* own = std::getenv("TORCHELASTIC_TIMER_FILE"); own != nullptr && *own != '\0') {
+    // Heartbeats go to that file too, where rdzv-agent cannot see them.
+    if (config_.hang.heartbeat_timeout > absl::ZeroDuration() || config_.hang.auto_timeout) {
+      spdlog::warn(
+          "TORCHELASTIC_TIMER_FILE={} is set: the workers keep that timer server, so their "
+          "heartbeats are not watched and --hang-timeout has no effect; unset it to have "
+          "rdzv-agent watch timers and heartbeats",
+          own);
+    }
     return absl::OkStatus();
   }
   absl::StatusOr<std::unique_ptr<WatchdogFifo>> fifo =
@@ -298,7 +252,11 @@ void Agent::Impl::Do(const agent_action::Join& join) {
     Handle(lifecycle_->Progress(generation, p));
   };
   events.on_abort = [this, generation](const AbortEvent& a) {
-    Handle(lifecycle_->Aborted(generation, a));
+    // This node's culprit may be overdue and not yet found: the agents check at different
+    // moments, and once the workers stop, so does the watchdog.
+    std::optional<WorkerHang> overdue;
+    if (watchdog_) overdue = watchdog_->CheckNow();
+    Handle(lifecycle_->Aborted(generation, a, overdue));
   };
   events.on_lost = [this, generation](const absl::Status& s) {
     Handle(lifecycle_->ServerLost(generation, s));
@@ -316,17 +274,20 @@ void Agent::Impl::Do(const agent_action::StartWorkers& start) {
   // guards remove it should the agent be killed, and before the first workers there are none.
   if (!run_dir_made_) {
     run_dir_made_ = true;
-    run_dir_ = MakeRunDir(spec_.job_id);
+    const char* tmp = std::getenv("TMPDIR");
+    if (absl::StatusOr<std::string> dir = MakeRunDir(tmp != nullptr ? tmp : "", spec_.job_id);
+        dir.ok()) {
+      run_dir_ = *std::move(dir);
+    } else {
+      spdlog::warn("{}; the workers run without torch error files and the hang watchdog",
+                   dir.status().message());
+    }
     if (absl::Status s = OpenWatchdog(); !s.ok()) {
       Handle(lifecycle_->WorkersStartFailed(s, WallMicros()));
       return;
     }
   }
-  WorkerContext ctx;
-  ctx.assignment = start.assignment;
-  ctx.nproc = spec_.agent.nproc;
-  ctx.max_restarts = spec_.max_restarts.value_or(0);
-  ctx.run_id = spec_.job_id;
+  WorkerContext ctx = RoundContext(spec_, start.assignment);
   ctx.rdzv_endpoint = rendezvous_->endpoint();
   ctx.token_file = AbsolutePath(config_.token_file);
   ctx.munge_socket = config_.auth.munge_socket;
@@ -334,25 +295,10 @@ void Agent::Impl::Do(const agent_action::StartWorkers& start) {
   ctx.tls_server_name = config_.tls.server_name;
   ctx.error_file_dir = run_dir_;
   if (watchdog_) ctx.timer_file = watchdog_->path();
-  const EnvList base = ProcessEnvList();
-  std::vector<WorkerLaunch> launches;
-  for (int32_t i = 0; i < ctx.nproc; ++i) {
-    MergedEnv env = MergeWorkerEnv(base, WorkerVariables(ctx, i));
-    if (i == 0) {
-      for (const std::string& note : env.notes) spdlog::warn("{}", note);
-    }
-    WorkerLaunch launch;
-    launch.rank = start.assignment.slot.rank_offset + i;
-    launch.local_rank = start.assignment.slot.local_rank_offset + i;
-    launch.env = std::move(env.entries);
-    launch.error_file = ErrorFilePath(ctx, i);
-    launch.remove_if_orphaned = {launch.error_file};
-    if (watchdog_) launch.remove_if_orphaned.push_back(watchdog_->path());
-    launch.remove_if_orphaned.push_back(run_dir_);
-    launches.push_back(std::move(launch));
-  }
+  WorkerLaunches launches = BuildWorkerLaunches(ctx, ProcessEnvList());
+  for (const std::string& note : launches.notes) spdlog::warn("{}", note);
   first_local_rank_ = start.assignment.slot.local_rank_offset;
-  absl::Status s = workers_->Start(config_.command, launches);
+  absl::Status s = workers_->Start(config_.command, launches.launches);
   if (watchdog_) {
     watchdog_->StartRound(workers_->pids(), start.assignment.slot.rank_offset, first_local_rank_,
                           start.assignment.longest_heartbeat_interval);
@@ -374,6 +320,13 @@ void Agent::Impl::Do(const agent_action::AwaitStack& await) {
   });
 }
 
+void Agent::Impl::Do(const agent_action::AwaitEarlierHang& await) {
+  earlier_hang_timer_.expires_after(absl::ToChronoMicroseconds(await.limit));
+  earlier_hang_timer_.async_wait([this](const std::error_code& ec) {
+    if (!ec) Handle(lifecycle_->EarlierHangWaitOver());
+  });
+}
+
 void Agent::Impl::Do(const agent_action::ForwardSignal& forward) {
   const int forwarded = workers_->Signal(forward.signal);
   spdlog::info("forwarded {} to {} workers", SignalName(forward.signal), forwarded);
@@ -391,14 +344,15 @@ void Agent::Impl::Do(const agent_action::Leave&) {
 }
 
 void Agent::Impl::Do(const agent_action::AwaitOthers& await) {
-  const absl::Time until =
-      await.limit == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + await.limit;
+  const Micros until = await.limit == absl::InfiniteDuration()
+                           ? std::numeric_limits<Micros>::max()
+                           : clock_() + absl::ToInt64Microseconds(await.limit);
   AwaitOthers(until, false);
 }
 
-void Agent::Impl::AwaitOthers(absl::Time until, bool logged) {
+void Agent::Impl::AwaitOthers(Micros until, bool logged) {
   const size_t others = location_.embedded ? location_.embedded->open_streams() : 0;
-  if (others == 0 || absl::Now() >= until) {
+  if (others == 0 || clock_() >= until) {
     Handle(lifecycle_->OthersGone());
     return;
   }
@@ -435,6 +389,7 @@ void Agent::Impl::Do(const agent_action::Exit& exit) {
   signals_.cancel();
   await_timer_.cancel();
   stack_timer_.cancel();
+  earlier_hang_timer_.cancel();
   if (watchdog_) watchdog_->StopRound();
   work_.reset();
   io_.stop();

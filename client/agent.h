@@ -3,8 +3,10 @@
 // environment, forwards their output, and supervises them: the first failure anywhere in the
 // job stops every worker on every node, and the agent's exit code is that failure's.
 //
-// Signals, pipes and timers run on an Asio io_context on the calling thread; the blocking join
-// runs on a helper thread and reports back into that context. Run() is called once.
+// Signals, pipes and timers run on an Asio io_context on the calling thread, and so does every
+// decision (AgentLifecycle); the rendezvous reports into that context from threads of its own
+// (remote_rendezvous.cc joins on one, as rdzv::Client's join blocks). Run() blocks until the job
+// has ended and is called once. Not thread-safe.
 #ifndef RDZV_CLIENT_AGENT_H_
 #define RDZV_CLIENT_AGENT_H_
 

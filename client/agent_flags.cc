@@ -174,8 +174,17 @@ FlagParser MakeParser(AgentFlags& f) {
          [&f](absl::string_view v) {
            f.hang_timeout_auto = v == "auto";
            if (f.hang_timeout_auto) return absl::OkStatus();
-           if (DurationSetter(&f.hang_timeout)(v).ok()) return absl::OkStatus();
-           return absl::InvalidArgumentError("expected a duration such as 60s or 5m, or auto");
+           double seconds;
+           absl::Duration d;
+           if (!absl::SimpleAtod(v, &seconds) && !absl::ParseDuration(v, &d)) {
+             return absl::InvalidArgumentError(
+                 "expected a duration such as 60s or 5m, auto to learn it, or 0 for none");
+           }
+           // A duration, but out of range.
+           if (absl::Status s = DurationSetter(&f.hang_timeout)(v); !s.ok()) {
+             return absl::InvalidArgumentError(absl::StrCat(s.message(), ", or auto"));
+           }
+           return absl::OkStatus();
          }});
   p.Add({"hang-timeout-min", "RDZV_HANG_TIMEOUT_MIN", "DURATION",
          "with --hang-timeout auto: the learned timeout is never shorter than this (default\n"

@@ -4,7 +4,6 @@
 
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -21,6 +20,10 @@ constexpr absl::Duration kAwaitAfterFailure = absl::Seconds(5);
 // How much longer than the term timeout (after which a hung worker gets SIGKILL) an agent waits
 // for another node's hung worker's stack.
 constexpr absl::Duration kStackMargin = absl::Seconds(2);
+// How long an agent whose worker hung waits for another node's earlier hang: the other agent's
+// next check (100 ms at most) and its report's way through the server, with room for a loaded
+// machine. Well within the window in which the server lets an earlier hang take over.
+constexpr absl::Duration kEarlierHangWait = absl::Seconds(1);
 
 Log Info(std::string text) { return {Log::kInfo, std::move(text)}; }
 Log Warn(std::string text) { return {Log::kWarn, std::move(text)}; }
@@ -36,7 +39,35 @@ void Append(AgentActions& to, AgentActions more) {
   for (AgentAction& a : more) to.push_back(std::move(a));
 }
 
+// Whether `hang` began before the failure `abort` names, as the server compares them
+// (common/hang_verdict.h): only a worker's failure or another hang gives way to an earlier hang.
+bool HungBefore(const WorkerHang& hang, const AbortEvent& abort) {
+  const std::optional<FailureInfo>& f = abort.first_failure;
+  if (!f || (f->cause != AbortCause::kWorkerFailed && f->cause != AbortCause::kWorkerHung)) {
+    return false;
+  }
+  return hang.since_us < f->time_us;
+}
+
 }  // namespace
+
+LifecycleOptions LifecycleOptionsFor(const AgentConfig& config, bool hosts_server,
+                                     std::string endpoint) {
+  const JoinSpec& join = config.join;
+  LifecycleOptions o;
+  o.job_id = join.job_id;
+  o.host = join.agent.host;
+  o.nproc = join.agent.nproc;
+  o.max_restarts = join.max_restarts.value_or(0);
+  o.elastic = join.min_agents < join.max_agents;
+  o.per_task = join.agent.order >= 0;
+  o.hosts_server = hosts_server;
+  o.endpoint = std::move(endpoint);
+  o.join_timeout = config.join_timeout;
+  o.reconnect_timeout = config.reconnect_timeout;
+  o.term_timeout = config.term_timeout;
+  return o;
+}
 
 AgentLifecycle::AgentLifecycle(LifecycleOptions options) : options_(std::move(options)) {}
 
@@ -119,8 +150,13 @@ AgentActions AgentLifecycle::Progress(int32_t generation, const ProgressEvent& p
       p.joined > static_cast<int32_t>(p.joined_hosts.size()) ? ",..." : "", missing))};
 }
 
-AgentActions AgentLifecycle::Aborted(int32_t generation, const AbortEvent& abort) {
+AgentActions AgentLifecycle::Aborted(int32_t generation, const AbortEvent& abort,
+                                     const std::optional<WorkerHang>& overdue) {
   if (generation != generation_ || phase_ == Phase::kDone) return {};
+  if (phase_ == Phase::kRunning && overdue && HungBefore(*overdue, abort)) {
+    // The server's answer to the report names whichever hang began first.
+    return WorkerHung(*overdue);
+  }
   const bool was_waiting = awaiting_stack_;
   AgentActions actions = NoteOutcome(abort);
   if (phase_ == Phase::kRunning) {
@@ -212,10 +248,11 @@ AgentActions AgentLifecycle::WorkerHung(const WorkerHang& hang) {
   f.exit_code = 128 + SIGABRT;
   f.hang_detail = hang.detail;
   own_hang_ = f;
+  awaiting_earlier_hang_ = true;
   AgentActions actions = {
       Warn(absl::StrFormat("rank %d hung: %s; sending it SIGABRT for its stack (SIGKILL after %s)",
                            hang.rank, hang.detail, absl::FormatDuration(options_.term_timeout))),
-      agent_action::AbortWorker{hang.rank}};
+      agent_action::AbortWorker{hang.rank}, agent_action::AwaitEarlierHang{kEarlierHangWait}};
   Append(actions, Fail(f));
   return actions;
 }
@@ -223,6 +260,12 @@ AgentActions AgentLifecycle::WorkerHung(const WorkerHang& hang) {
 AgentActions AgentLifecycle::StackWaitOver() {
   if (!awaiting_stack_) return {};
   awaiting_stack_ = false;
+  return MaybeFinish();
+}
+
+AgentActions AgentLifecycle::EarlierHangWaitOver() {
+  if (!awaiting_earlier_hang_) return {};
+  awaiting_earlier_hang_ = false;
   return MaybeFinish();
 }
 
@@ -320,7 +363,9 @@ AgentActions AgentLifecycle::MaybeFinish() {
   if (phase_ != Phase::kRunning && phase_ != Phase::kStopping) return {};
   // The workers first; and the server's answer to a failure report names the job's first
   // failure, which is what the root cause must show.
-  if (workers_live_ || reports_pending_ > 0 || awaiting_stack_) return {};
+  if (workers_live_ || reports_pending_ > 0 || awaiting_stack_ || awaiting_earlier_hang_) {
+    return {};
+  }
   if (outcome_ && MayRestart(*outcome_)) return Restart();
   AgentActions actions;
   if (outcome_) {
@@ -361,6 +406,7 @@ AgentActions AgentLifecycle::Restart() {
   outcome_.reset();
   own_hang_.reset();
   awaiting_stack_ = false;
+  awaiting_earlier_hang_ = false;
   restart_count_ = assignment_.restart_count + 1;
   Append(actions, JoinRound(std::nullopt));
   return actions;
@@ -392,12 +438,12 @@ std::string AgentLifecycle::RootCause(const AbortEvent& abort) const {
   if (const std::optional<FailureInfo>& f = abort.first_failure;
       f && f->cause == AbortCause::kWorkerHung) {
     if (!f->stderr_tail.empty()) {
-      block(absl::StrCat("last lines of rank ", f->rank, "'s stderr (its stack):"), f->stderr_tail);
+      block(absl::StrCat("rank ", f->rank, "'s stderr (its stack):"), f->stderr_tail);
     } else {
       absl::StrAppend(&text, "\n  (rank ", f->rank, "'s stack did not arrive)");
     }
   } else if (f && f->cause == AbortCause::kWorkerFailed) {
-    if (!f->error_message.empty() && !absl::StrContains(abort.reason, f->error_message)) {
+    if (!f->error_message.empty() && !DescribeFailureShowsMessage(*f)) {
       block(absl::StrCat("rank ", f->rank, "'s error:"), f->error_message);
     } else if (!f->stderr_tail.empty()) {
       block(absl::StrCat("last lines of rank ", f->rank, "'s stderr:"), f->stderr_tail);

@@ -3,7 +3,11 @@
 // signal, an abort from the rendezvous, the server lost) and carries out the actions it returns
 // (join, start or stop the workers, report a failure, leave, exit). A hung worker (found by the
 // watchdog) is a failure too: it is stopped with SIGABRT so that it prints its stack, reported
-// at once, and reported again with that stack once it has ended. Every policy lives here:
+// at once, and reported again with that stack once it has ended. As every agent checks its
+// workers at its own moments, the job's first hang may be found after a later one: an abort
+// that finds a worker of this agent's overdue since before the job's failure stops it as hung,
+// and an agent whose own worker hung waits a moment for another node's earlier hang, so that
+// the server's comparison names the hang that began first. Every policy lives here:
 // when the job has failed, what the root cause is, whether to restart, when to exit and with
 // which code.
 //
@@ -25,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/agent_options.h"
 #include "client/hang_watchdog.h"
 #include "client/worker_group.h"
 #include "common/rendezvous_types.h"
@@ -47,6 +52,11 @@ struct LifecycleOptions {
   absl::Duration reconnect_timeout = absl::ZeroDuration();
   absl::Duration term_timeout = absl::Seconds(3);
 };
+
+// The options of an agent configured by `config` (whose join names the job), with its server at
+// `endpoint`, hosted by this agent when `hosts_server`.
+LifecycleOptions LifecycleOptionsFor(const AgentConfig& config, bool hosts_server,
+                                     std::string endpoint);
 
 // What the agent must do.
 namespace agent_action {
@@ -74,6 +84,12 @@ struct AbortWorker {
 // Another node's worker hung and its stack is on its way: wait for the abort that carries it,
 // or `limit`, then call StackWaitOver.
 struct AwaitStack {
+  absl::Duration limit;
+};
+// This agent's worker hung and names the job's abort so far, but another node's worker may have
+// hung earlier and be found a moment later (every agent checks its workers every 100 ms, at its
+// own moments): wait `limit` for an abort that names it, then call EarlierHangWaitOver.
+struct AwaitEarlierHang {
   absl::Duration limit;
 };
 struct ForwardSignal {
@@ -106,9 +122,9 @@ struct Exit {
 using AgentAction =
     std::variant<agent_action::Join, agent_action::StartWorkers, agent_action::StopWorkers,
                  agent_action::KillWorkers, agent_action::AbortWorker, agent_action::AwaitStack,
-                 agent_action::ForwardSignal, agent_action::ReportFailure, agent_action::CancelJoin,
-                 agent_action::Leave, agent_action::AwaitOthers, agent_action::Log,
-                 agent_action::Exit>;
+                 agent_action::AwaitEarlierHang, agent_action::ForwardSignal,
+                 agent_action::ReportFailure, agent_action::CancelJoin, agent_action::Leave,
+                 agent_action::AwaitOthers, agent_action::Log, agent_action::Exit>;
 using AgentActions = std::vector<AgentAction>;
 
 class AgentLifecycle {
@@ -124,8 +140,13 @@ class AgentLifecycle {
   AgentActions Joined(int32_t generation, const absl::StatusOr<AssignmentEvent>& result);
   // The round of `generation` is still filling.
   AgentActions Progress(int32_t generation, const ProgressEvent& progress);
-  // The job of `generation` ended elsewhere.
-  AgentActions Aborted(int32_t generation, const AbortEvent& abort);
+  // The job of `generation` ended elsewhere. `overdue` is the watchdog's last look at this
+  // agent's workers, taken as the abort came in: an overdue worker whose hang began before the
+  // job's first failure is the likelier culprit, found late only because the agents check at
+  // different moments. It is stopped as hung (SIGABRT for its stack) and reported, so that the
+  // server's comparison of hangs can name it; otherwise the workers are stopped.
+  AgentActions Aborted(int32_t generation, const AbortEvent& abort,
+                       const std::optional<WorkerHang>& overdue = std::nullopt);
   // The stream of `generation` to the server ended without Leave.
   AgentActions ServerLost(int32_t generation, const absl::Status& status);
   // The server answered the failure report of `generation` with the job's first failure.
@@ -142,6 +163,8 @@ class AgentLifecycle {
   AgentActions WorkerHung(const WorkerHang& hang);
   // The wait of AwaitStack is over.
   AgentActions StackWaitOver();
+  // The wait of AwaitEarlierHang is over.
+  AgentActions EarlierHangWaitOver();
 
   // The agent received `signal`.
   AgentActions Signal(int signal, int64_t now_us);
@@ -181,8 +204,9 @@ class AgentLifecycle {
   int32_t reports_pending_ = 0;  // ReportFailures not answered yet
   // This agent's hung worker, reported once; reported again with its stack when it ends.
   std::optional<FailureInfo> own_hang_;
-  bool awaiting_stack_ = false;  // AwaitStack asked for, not over
-  int exit_code_ = 0;            // for a join given up on a signal
+  bool awaiting_stack_ = false;         // AwaitStack asked for, not over
+  bool awaiting_earlier_hang_ = false;  // AwaitEarlierHang asked for, not over
+  int exit_code_ = 0;                   // for a join given up on a signal
 };
 
 }  // namespace rdzv

@@ -2,6 +2,9 @@
 // against the environment (Slurm's, when inside an allocation) into what the agent will do.
 // Parsing and resolution are pure: they take the arguments and an EnvLookup, and every problem
 // comes back as one line that names the flag or variable and the fix.
+//
+// Thread-safe: the functions keep no state (the EnvLookup given must be safe to call), and the
+// structs are plain values.
 #ifndef RDZV_CLIENT_AGENT_OPTIONS_H_
 #define RDZV_CLIENT_AGENT_OPTIONS_H_
 

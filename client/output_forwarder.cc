@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/algorithm/container.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -16,6 +17,8 @@ namespace rdzv {
 namespace {
 
 constexpr size_t kTailLines = 20;
+// "\n[... N more lines cut]" with N of up to 20 digits.
+constexpr size_t kStackCutNoteBytes = 48;
 
 void WriteAll(int fd, absl::string_view data) {
   while (!data.empty()) {
@@ -118,7 +121,39 @@ void WorkerOutput::Start(int stdout_fd, int stderr_fd, std::function<void()> on_
   Read(err_);
 }
 
-std::string WorkerOutput::StderrTail() const { return absl::StrJoin(err_tail_, "\n"); }
+void WorkerOutput::CaptureStack() { capturing_ = true; }
+
+std::string WorkerOutput::StderrTail() const {
+  if (!stack_started_) return absl::StrJoin(err_tail_, "\n");
+  if (stack_lines_cut_ == 0) return stack_;
+  return absl::StrCat(stack_, "\n[... ", stack_lines_cut_, " more lines cut]");
+}
+
+void WorkerOutput::KeepStderrLine(const std::string& line, bool redraw) {
+  // A redrawn line replaces what it redraws, as on the screen.
+  if (redraw && !err_tail_.empty()) {
+    err_tail_.back() = TailLine(line);
+  } else {
+    err_tail_.push_back(TailLine(line));
+    if (err_tail_.size() > kTailLines) err_tail_.pop_front();
+  }
+  if (!capturing_) return;
+  if (!stack_started_) {
+    stack_started_ = absl::StartsWith(line, "Fatal Python error") ||
+                     absl::StartsWith(line, "Thread 0x") ||
+                     absl::StartsWith(line, "Current thread 0x");
+    if (!stack_started_) return;
+  }
+  const std::string kept = TailLine(line);
+  // Room for the newline and for the note of what was cut.
+  if (stack_lines_cut_ > 0 ||
+      stack_.size() + kept.size() + 1 + kStackCutNoteBytes > kMaxStackBytes) {
+    ++stack_lines_cut_;
+    return;
+  }
+  if (!stack_.empty()) stack_ += '\n';
+  stack_ += kept;
+}
 
 void WorkerOutput::DrainAvailable() {
   for (Pipe* pipe : {&out_, &err_}) {
@@ -208,15 +243,7 @@ void WorkerOutput::EndLine(Pipe& pipe, char end, Batch& batch) {
       batch.console += '\n';
     }
   }
-  if (pipe.is_stderr) {
-    // A redrawn line replaces what it redraws, as on the screen.
-    if (pipe.after_cr && !err_tail_.empty()) {
-      err_tail_.back() = TailLine(pipe.line);
-    } else {
-      err_tail_.push_back(TailLine(pipe.line));
-      if (err_tail_.size() > kTailLines) err_tail_.pop_front();
-    }
-  }
+  if (pipe.is_stderr) KeepStderrLine(pipe.line, pipe.after_cr);
   pipe.after_cr = end == '\r';
   pipe.line_shown = false;
   pipe.line.clear();

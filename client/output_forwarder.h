@@ -10,6 +10,11 @@
 //
 // It owns the read ends of the worker's pipes and its log file, and reads them on the agent's
 // io_context. Not thread-safe: use it from the thread that runs that io_context.
+//
+// A hung worker is sent SIGABRT, and Python's faulthandler prints its stack, innermost frame
+// first, with more after it (other threads, the extension modules): the last lines would lose
+// the line the worker was stuck on. After CaptureStack, the stack is kept from its first line on
+// instead.
 #ifndef RDZV_CLIENT_OUTPUT_FORWARDER_H_
 #define RDZV_CLIENT_OUTPUT_FORWARDER_H_
 
@@ -32,6 +37,9 @@ namespace rdzv {
 inline constexpr size_t kMaxLineBytes = 64 * 1024;
 // How much of each stderr line the tail keeps for the root cause.
 inline constexpr size_t kMaxTailLineBytes = 4096;
+// The most of a captured stack kept, the note that more was cut included: what the server keeps
+// of a failure's stderr (server/request_limits.h kMaxTailBytes), which cuts from the start.
+inline constexpr size_t kMaxStackBytes = 16 * 1024;
 
 class WorkerOutput {
  public:
@@ -57,8 +65,14 @@ class WorkerOutput {
   // that has ended has written everything, but its pipes may not have been read yet.
   void DrainAvailable();
 
-  // The last lines the worker wrote to stderr, oldest first, with control characters escaped
-  // (a line redrawn with '\r' counts once, as last drawn).
+  // From now on, a line of stderr that opens a Python stack dump ("Fatal Python error: ...",
+  // "Thread 0x...", "Current thread 0x...") starts the stack: it and the lines after it are
+  // kept, up to kMaxStackBytes.
+  void CaptureStack();
+
+  // The stack, once CaptureStack has seen one start; else the last lines the worker wrote to
+  // stderr, oldest first. Control characters are escaped (a line redrawn with '\r' counts once,
+  // as last drawn).
   std::string StderrTail() const;
 
  private:
@@ -83,6 +97,8 @@ class WorkerOutput {
   void Append(Pipe& pipe, absl::string_view text, Batch& batch);
   // Ends the current line with `end` ('\n' or '\r').
   void EndLine(Pipe& pipe, char end, Batch& batch);
+  // Keeps a line of stderr, escaped, for StderrTail.
+  void KeepStderrLine(const std::string& line, bool redraw);
 
   const OutputOptions options_;
   const int32_t rank_;
@@ -92,6 +108,11 @@ class WorkerOutput {
   Pipe out_, err_;
   int open_pipes_ = 0;
   std::deque<std::string> err_tail_;
+  // The stack: capturing_ after CaptureStack, stack_started_ from its first line on.
+  bool capturing_ = false;
+  bool stack_started_ = false;
+  std::string stack_;
+  int64_t stack_lines_cut_ = 0;
   std::function<void()> on_closed_;
 };
 

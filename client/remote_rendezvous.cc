@@ -1,11 +1,17 @@
-// The agent's rendezvous in an rdzvd, through rdzv::Client.
+// The agent's rendezvous in an rdzvd, through rdzv::Client, and how an agent comes by its
+// rendezvous.
+#include "client/remote_rendezvous.h"
+
+#include <spdlog/spdlog.h>
+
 #include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <thread>
 #include <utility>
 
-#include "client/agent_rendezvous.h"
+#include "common/auth.h"
+#include "common/clock.h"
 
 namespace rdzv {
 namespace {
@@ -113,6 +119,44 @@ absl::StatusOr<std::unique_ptr<AgentRendezvous>> NewRemoteRendezvous(ClientOptio
   if (!client.ok()) return client.status();
   return std::make_unique<RemoteRendezvous>(*std::move(client), std::move(endpoint),
                                             std::move(post));
+}
+
+absl::StatusOr<ConnectedRendezvous> ConnectRendezvous(const AgentConfig& config,
+                                                      AgentRendezvous::Post post) {
+  ConnectedRendezvous connected;
+  if (config.mode == "standalone") {
+    connected.rendezvous = NewLocalRendezvous(SteadyClock(), std::move(post));
+    return connected;
+  }
+  ClientAuth auth = config.auth;
+  if (!config.token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadTokenFile(config.token_file);
+    if (!token.ok()) return token.status();
+    auth.token = *std::move(token);
+  }
+  absl::StatusOr<ClientAuth> resolved = ResolveClientAuth(std::move(auth));
+  if (!resolved.ok()) return resolved.status();
+  if (config.mode == "slurm step per node") {
+    spdlog::info(
+        "one step per node: this step joins job {} as node {} of {}, at the rendezvous on the "
+        "allocation's first node {}; it waits up to --join-timeout for the other steps",
+        config.join.job_id, config.join.agent.node_index, config.join.max_agents, config.rdzv_host);
+  }
+  absl::StatusOr<ServerLocation> location = LocateServer(config, *resolved);
+  if (!location.ok()) return location.status();
+  connected.location = *std::move(location);
+  const std::vector<std::string>& endpoints = connected.location.endpoints;
+  ClientOptions options;
+  options.auth = *std::move(resolved);
+  options.tls = config.tls;
+  options.endpoint = endpoints.front();
+  options.alternate_endpoints.assign(endpoints.begin() + 1, endpoints.end());
+  options.join_timeout = config.join_timeout;
+  absl::StatusOr<std::unique_ptr<AgentRendezvous>> remote =
+      NewRemoteRendezvous(std::move(options), std::move(post));
+  if (!remote.ok()) return remote.status();
+  connected.rendezvous = *std::move(remote);
+  return connected;
 }
 
 }  // namespace rdzv

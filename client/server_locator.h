@@ -5,6 +5,7 @@
 // free port of the candidates.
 //
 // Runs before the agent's event loop starts: it may block on name resolution and on scontrol.
+// Thread-compatible: LocateServer keeps no state; a ServerLocation is used from one thread.
 #ifndef RDZV_CLIENT_SERVER_LOCATOR_H_
 #define RDZV_CLIENT_SERVER_LOCATOR_H_
 

@@ -19,6 +19,8 @@ namespace rdzv {
 namespace {
 
 constexpr std::chrono::milliseconds kPollInterval(100);
+// Reads of the FIFO's buffer in one go.
+constexpr int kMaxReadsAtOnce = 64;
 
 Micros WallMicros() { return absl::ToUnixMicros(absl::Now()); }
 
@@ -51,12 +53,23 @@ absl::StatusOr<std::unique_ptr<WatchdogFifo>> WatchdogFifo::Open(asio::io_contex
   }
   // Read and write: the FIFO then always has a writer (no end-of-file between workers) and a
   // reader (a worker's O_NONBLOCK open for writing succeeds).
-  const int fd = open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+  // What is opened must be the FIFO just made: not a link, nor anything put in its place.
+  const int fd = open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
     const int err = errno;
     unlink(path.c_str());
     return absl::FailedPreconditionError(
-        absl::StrFormat("cannot open the watchdog FIFO %s: %s", path, std::strerror(err)));
+        absl::StrFormat("cannot open the watchdog FIFO %s: %s", path,
+                        err == ELOOP ? "it was replaced by a symbolic link" : std::strerror(err)));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode)) {
+    close(fd);
+    unlink(path.c_str());
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot open the watchdog FIFO %s: it was replaced by something that is "
+                        "not a FIFO",
+                        path));
   }
   return std::unique_ptr<WatchdogFifo>(
       new WatchdogFifo(io, std::move(path), fd, std::move(options), std::move(on_hang)));
@@ -70,7 +83,7 @@ WatchdogFifo::WatchdogFifo(asio::io_context& io, std::string path, int fd,
       on_hang_(std::move(on_hang)),
       watchdog_(std::move(options)),
       poll_timer_(io) {
-  Read();
+  WaitReadable();
 }
 
 WatchdogFifo::~WatchdogFifo() {
@@ -102,17 +115,30 @@ void WatchdogFifo::StopRound() {
 
 void WatchdogFifo::WorkerEnded(int32_t worker) { watchdog_.WorkerEnded(worker); }
 
-void WatchdogFifo::Read() {
-  stream_.async_read_some(asio::buffer(buffer_), [this](const std::error_code& ec, size_t n) {
+void WatchdogFifo::WaitReadable() {
+  stream_.async_wait(asio::posix::stream_descriptor::wait_read, [this](const std::error_code& ec) {
     if (ec == asio::error::operation_aborted) return;
-    if (ec) {
+    if (ec || !ReadAvailable()) {
       spdlog::warn("watchdog FIFO {}: {}; timers and heartbeats are no longer watched", path_,
-                   ec.message());
+                   ec ? ec.message() : std::strerror(errno));
       return;
     }
-    Consume(absl::string_view(buffer_.data(), n));
-    Read();
+    WaitReadable();
   });
+}
+
+bool WatchdogFifo::ReadAvailable() {
+  // Bounded, so that a flood of requests cannot hold up the agent's loop; the rest is read when
+  // the loop comes back here.
+  for (int i = 0; i < kMaxReadsAtOnce; ++i) {
+    const ssize_t n = read(stream_.native_handle(), buffer_.data(), buffer_.size());
+    if (n < 0 && errno == EINTR) continue;
+    // The agent holds a writer open itself, so the FIFO never ends; empty is EAGAIN.
+    if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK;
+    if (n == 0) return true;
+    Consume(absl::string_view(buffer_.data(), static_cast<size_t>(n)));
+  }
+  return true;
 }
 
 void WatchdogFifo::Consume(absl::string_view data) {
@@ -168,12 +194,23 @@ void WatchdogFifo::HandleLine(absl::string_view line) {
   watchdog_.Apply(*worker, *request, WallMicros());
 }
 
-void WatchdogFifo::Poll() {
-  if (!round_live_) return;
-  if (std::optional<WorkerHang> hang = watchdog_.Check(WallMicros())) {
+std::optional<WorkerHang> WatchdogFifo::CheckNow() {
+  if (!round_live_) return std::nullopt;
+  // Requests still in the FIFO (a heartbeat, a released timer) count: a worker is judged on
+  // everything it has written.
+  ReadAvailable();
+  std::optional<WorkerHang> hang = watchdog_.Check(WallMicros());
+  if (hang) {
     hang->rank = first_rank_ + hang->worker;
     hang->local_rank = first_local_rank_ + hang->worker;
-    asio::post(io_, [on_hang = on_hang_, hang = *hang] { on_hang(hang); });
+  }
+  return hang;
+}
+
+void WatchdogFifo::Poll() {
+  if (!round_live_) return;
+  if (std::optional<WorkerHang> hang = CheckNow()) {
+    asio::post(io_, [on_hang = on_hang_, hang = *std::move(hang)] { on_hang(hang); });
   }
   poll_timer_.expires_after(kPollInterval);
   poll_timer_.async_wait([this](const std::error_code& ec) {

@@ -3,7 +3,9 @@
 // closes, and a worker's non-blocking open always finds a reader), reads requests line by line
 // on the agent's io_context without ever blocking it, traces each to the worker it came from,
 // and feeds the pure HangWatchdog; every 100 ms of a round it asks the watchdog whether a worker
-// is overdue and reports the first one through `on_hang`.
+// is overdue and reports the first one through `on_hang`. What the FIFO holds is read before
+// each look, so that an agent that was itself held up (stopped, or starved of CPU) judges its
+// workers on what they wrote meanwhile, not on what it had read before.
 //
 // Requests from processes outside this agent's workers are ignored, as are malformed lines;
 // both are counted, and the first of each kind is logged. The FIFO is removed on destruction.
@@ -21,6 +23,7 @@
 #include <asio/steady_timer.hpp>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +54,10 @@ class WatchdogFifo {
   void StopRound();
   // Worker `worker` has ended.
   void WorkerEnded(int32_t worker);
+  // Looks now, outside the 100 ms rhythm, after reading what the FIFO holds: the worker that is
+  // overdue first, with its ranks, if any (and none once the round is stopped). A worker found
+  // here is not reported through `on_hang`, here or later.
+  std::optional<WorkerHang> CheckNow();
 
   const std::string& path() const { return path_; }
   // The longest heartbeat interval seen in the job (for the next join).
@@ -59,7 +66,9 @@ class WatchdogFifo {
  private:
   WatchdogFifo(asio::io_context& io, std::string path, int fd, HangWatchdogOptions options,
                OnHang on_hang);
-  void Read();
+  void WaitReadable();
+  // Reads and handles what the FIFO holds, without blocking; false on a read error (errno).
+  bool ReadAvailable();
   void Consume(absl::string_view data);
   void HandleLine(absl::string_view line);
   void Poll();

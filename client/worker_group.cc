@@ -120,6 +120,7 @@ void WorkerGroup::Abort(int32_t rank) {
   for (auto& w : workers_) {
     if (w->launch.rank != rank || w->exit || w->aborting) continue;
     w->aborting = true;
+    w->output->CaptureStack();
     (void)launcher_.SignalGroup(w->pid, SIGABRT);
     ArmKillTimer();
   }

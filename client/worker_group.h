@@ -83,7 +83,8 @@ class WorkerGroup {
 
   // SIGABRT to the worker at global `rank` (Python with faulthandler prints every thread's
   // stack), SIGKILL after the term timeout; Stop leaves it to that. Its exit is reported once
-  // its output has been read to the end, so that the stack is in its stderr tail.
+  // its output has been read to the end, with the stack, from its first line, as its stderr
+  // tail (WorkerOutput::CaptureStack).
   void Abort(int32_t rank);
 
   // The process of each worker of the latest Start, in launch order (its guard: the worker and

@@ -33,7 +33,21 @@ std::string SignalName(int sig) {
   return absl::StrCat("SIG", abbrev);
 }
 
+bool DescribeFailureShowsMessage(const FailureInfo& f) {
+  if (f.error_message.empty()) return false;
+  switch (f.cause) {
+    case AbortCause::kWorkerFailed:
+      return f.signal == 0 && f.exit_code == 127;
+    case AbortCause::kWorkerHung:
+    case AbortCause::kAgentSignalled:
+      return false;
+    default:
+      return true;
+  }
+}
+
 std::string DescribeFailure(const FailureInfo& f) {
+  const bool message = DescribeFailureShowsMessage(f);
   switch (f.cause) {
     case AbortCause::kWorkerFailed:
       break;
@@ -47,7 +61,7 @@ std::string DescribeFailure(const FailureInfo& f) {
     default:
       return absl::StrFormat("the agent on %s (node %d) failed (exit code %d)%s", f.host,
                              f.group_rank, f.exit_code,
-                             f.error_message.empty() ? "" : absl::StrCat(": ", f.error_message));
+                             message ? absl::StrCat(": ", f.error_message) : "");
   }
   std::string who = absl::StrFormat("rank %d (local rank %d, node %d) on %s", f.rank, f.local_rank,
                                     f.group_rank, f.host);
@@ -55,9 +69,7 @@ std::string DescribeFailure(const FailureInfo& f) {
     return absl::StrFormat("%s was killed by %s (exit code %d)", who, SignalName(f.signal),
                            f.exit_code);
   }
-  if (f.exit_code == 127 && !f.error_message.empty()) {
-    return absl::StrFormat("%s could not start: %s", who, f.error_message);
-  }
+  if (message) return absl::StrFormat("%s could not start: %s", who, f.error_message);
   return absl::StrFormat("%s exited with code %d", who, f.exit_code);
 }
 

@@ -140,6 +140,10 @@ std::string SignalName(int sig);
 // or signal), e.g. "rank 4 (local rank 0, node 2) on n3 exited with code 3".
 std::string DescribeFailure(const FailureInfo& failure);
 
+// Whether DescribeFailure's line holds the failure's error message (a worker that could not
+// start, an agent that failed), so that whoever shows the line need not show the message again.
+bool DescribeFailureShowsMessage(const FailureInfo& failure);
+
 // The abort that a failure causes: it names the failure, and its exit code is the failure's
 // (1 when the report claims 0: a job stopped by a failure never ends as a success).
 AbortEvent AbortFor(const FailureInfo& failure);

@@ -83,9 +83,9 @@ std::string Kinds(const AgentActions& actions) {
   for (const AgentAction& a : actions) {
     // In the order of AgentAction's alternatives.
     static constexpr const char* kNames[] = {
-        "Join",        "StartWorkers",  "StopWorkers",   "KillWorkers", "AbortWorker",
-        "AwaitStack",  "ForwardSignal", "ReportFailure", "CancelJoin",  "Leave",
-        "AwaitOthers", "Log",           "Exit"};
+        "Join",       "StartWorkers",     "StopWorkers",   "KillWorkers",   "AbortWorker",
+        "AwaitStack", "AwaitEarlierHang", "ForwardSignal", "ReportFailure", "CancelJoin",
+        "Leave",      "AwaitOthers",      "Log",           "Exit"};
     static_assert(std::size(kNames) == std::variant_size_v<AgentAction>,
                   "name every kind of action");
     if (!std::holds_alternative<act::Log>(a)) kinds.push_back(kNames[a.index()]);
@@ -432,6 +432,63 @@ TEST(AgentLifecycleTest, WorkersThatCouldNotStartAreAFailureOfTheFirstRank) {
   EXPECT_EQ(report.failure.rank, 2);
   EXPECT_EQ(report.failure.exit_code, 127);
   EXPECT_EQ(report.failure.error_message, "python9: command not found");
+
+  // The root cause's line names the message already: it is not shown a second time.
+  const AgentActions done = r.life.FailureAnswered(r.generation, AbortFor(report.failure));
+  ASSERT_EQ(Kinds(done), "");
+  const AgentActions stopped = r.life.AllWorkersDone();
+  ASSERT_EQ(Kinds(stopped), "Leave");
+  EXPECT_EQ(Logs(stopped),
+            "job job1 failed: rank 2 (local rank 0, node 1) on n1 could not start: python9: "
+            "command not found");
+}
+
+TEST(AgentLifecycleTest, WorkersErrorFileMessageIsShownBelowTheRootCause) {
+  Running r;
+  WorkerEnd end = Ended(1, 1);
+  end.error_message = "ValueError: bad batch\n  File \"train.py\", line 3";
+  ASSERT_EQ(Kinds(r.life.WorkerEnded(end, kT0)), "ReportFailure,StopWorkers");
+  EXPECT_EQ(Kinds(r.life.AllWorkersDone()), "");
+  const AgentActions done = r.life.FailureAnswered(r.generation, r.life.outcome().value());
+  EXPECT_EQ(Logs(done),
+            "job job1 failed: rank 1 (local rank 1, node 0) on n1 exited with code 1\n"
+            "  rank 1's error:\n    ValueError: bad batch\n      File \"train.py\", line 3");
+}
+
+// The agent's configuration becomes the lifecycle's options in one place.
+TEST(AgentLifecycleTest, OptionsComeFromTheAgentsConfiguration) {
+  AgentConfig config;
+  config.join.job_id = "slurm-42.0";
+  config.join.agent.host = "n3";
+  config.join.agent.nproc = 4;
+  config.join.agent.order = 7;
+  config.join.min_agents = 2;
+  config.join.max_agents = 4;
+  config.join.max_restarts = 3;
+  config.join_timeout = absl::Seconds(90);
+  config.reconnect_timeout = absl::Seconds(30);
+  config.term_timeout = absl::Seconds(5);
+  const LifecycleOptions o = LifecycleOptionsFor(config, true, "n1:29400");
+  EXPECT_EQ(o.job_id, "slurm-42.0");
+  EXPECT_EQ(o.host, "n3");
+  EXPECT_EQ(o.nproc, 4);
+  EXPECT_EQ(o.max_restarts, 3);
+  EXPECT_TRUE(o.elastic);
+  EXPECT_TRUE(o.per_task);
+  EXPECT_TRUE(o.hosts_server);
+  EXPECT_EQ(o.endpoint, "n1:29400");
+  EXPECT_EQ(o.join_timeout, absl::Seconds(90));
+  EXPECT_EQ(o.reconnect_timeout, absl::Seconds(30));
+  EXPECT_EQ(o.term_timeout, absl::Seconds(5));
+
+  config.join.agent.order = -1;
+  config.join.min_agents = 4;
+  config.join.max_restarts.reset();
+  const LifecycleOptions fixed = LifecycleOptionsFor(config, false, "");
+  EXPECT_FALSE(fixed.elastic);
+  EXPECT_FALSE(fixed.per_task);
+  EXPECT_FALSE(fixed.hosts_server);
+  EXPECT_EQ(fixed.max_restarts, 0);
 }
 
 }  // namespace

@@ -373,6 +373,30 @@ INSTANTIATE_TEST_SUITE_P(
                     {"--standalone", "--hang-timeout-min", "0"},
                     {},
                     {"--hang-timeout-min", "positive duration"}},
+        ExtremeCase{"HangTimeoutThatIsNoDuration",
+                    {"--standalone", "--hang-timeout", "soon"},
+                    {},
+                    {"--hang-timeout=\"soon\"", "such as 60s", "auto", "0 for none"}},
+        ExtremeCase{"HangTimeoutAutoMisspelt",
+                    {"--standalone", "--hang-timeout=Auto"},
+                    {},
+                    {"--hang-timeout=\"Auto\"", "auto to learn it"}},
+        ExtremeCase{"NegativeHangTimeout",
+                    {"--standalone", "--hang-timeout", "-5s"},
+                    {},
+                    {"--hang-timeout=\"-5s\"", "0 or more, or auto"}},
+        ExtremeCase{"HangTimeoutPastAYear",
+                    {"--standalone", "--hang-timeout", "8761h"},
+                    {},
+                    {"--hang-timeout", "at most 365 days (8760h), or auto"}},
+        ExtremeCase{"HangTimeoutFromEnvThatIsNoDuration",
+                    {"--standalone"},
+                    {{"RDZV_HANG_TIMEOUT", "fast"}},
+                    {"RDZV_HANG_TIMEOUT=\"fast\"", "such as 60s"}},
+        ExtremeCase{"HugeHangTimeoutFromEnv",
+                    {"--standalone"},
+                    {{"RDZV_HANG_TIMEOUT", "1e19"}},
+                    {"RDZV_HANG_TIMEOUT", "at most 365 days"}},
         ExtremeCase{"HugeHangTimeoutMinFromEnv",
                     {"--standalone"},
                     {{"RDZV_HANG_TIMEOUT_MIN", "1e19"}},
@@ -456,6 +480,43 @@ TEST(ExtremeNumbersTest, AcceptsTheLimitsThemselves) {
   // Milliseconds and microseconds of the longest last call still fit, with room to spare.
   EXPECT_EQ(last->join.last_call, int64_t{8760} * 3600 * 1'000'000);
   EXPECT_LT(last->join.last_call, std::numeric_limits<int64_t>::max() / 1000);
+}
+
+// --hang-timeout (or RDZV_HANG_TIMEOUT): a heartbeat timeout, auto to learn one, or 0 for none.
+TEST(AgentOptionsTest, HangTimeoutIsADurationAutoOrNone) {
+  struct Case {
+    std::vector<std::string> args;
+    EnvList env;
+    absl::Duration timeout;
+    bool learned;
+  };
+  const std::vector<Case> cases = {
+      {{}, {}, absl::ZeroDuration(), false},
+      {{"--hang-timeout", "5s"}, {}, absl::Seconds(5), false},
+      {{"--hang-timeout", "90"}, {}, absl::Seconds(90), false},
+      {{"--hang-timeout", "0"}, {}, absl::ZeroDuration(), false},
+      {{"--hang-timeout", "8760h"}, {}, absl::Hours(8760), false},
+      {{"--hang-timeout", "auto"}, {}, absl::ZeroDuration(), true},
+      {{}, {{"RDZV_HANG_TIMEOUT", "auto"}}, absl::ZeroDuration(), true},
+      {{}, {{"RDZV_HANG_TIMEOUT", "2m"}}, absl::Minutes(2), false},
+      {{"--hang-timeout", "10s"}, {{"RDZV_HANG_TIMEOUT", "auto"}}, absl::Seconds(10), false},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"--standalone"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    args.insert(args.end(), {"--", "./run"});
+    SCOPED_TRACE(absl::StrCat(absl::StrJoin(args, " "), c.env.empty() ? "" : " with ",
+                              c.env.empty() ? "" : c.env[0].second));
+    absl::StatusOr<AgentConfig> config = Resolve(args, c.env);
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->hang.heartbeat_timeout, c.timeout);
+    EXPECT_EQ(config->hang.auto_timeout, c.learned);
+    EXPECT_EQ(config->hang.auto_floor, absl::Seconds(30));
+  }
+  absl::StatusOr<AgentConfig> floor =
+      Resolve({"--standalone", "--hang-timeout", "auto", "--hang-timeout-min", "3s", "--", "x"});
+  ASSERT_TRUE(floor.ok()) << floor.status();
+  EXPECT_EQ(floor->hang.auto_floor, absl::Seconds(3));
 }
 
 TEST(AgentOptionsTest, HelpAndVersionParseWithoutACommand) {

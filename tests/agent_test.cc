@@ -53,6 +53,8 @@ constexpr const char* kWorkerVars[] = {"RANK",
                                        "TORCHELASTIC_RUN_ID",
                                        "TORCHELASTIC_RESTART_COUNT",
                                        "OMP_NUM_THREADS",
+                                       "TORCHELASTIC_TIMER_FILE",
+                                       "PYTHONFAULTHANDLER",
                                        "TEST_AGENT"};
 
 using WorkerEnv = std::map<std::string, std::string>;
@@ -77,7 +79,8 @@ class AgentTest : public ::testing::Test {
     // A test run inside a Slurm allocation, with RDZV_* set or on a host with an
     // /etc/rdzv.conf, must not change what the agents do; nor a user's OMP_NUM_THREADS what the
     // workers see.
-    options.unset_env_prefixes = {"SLURM_", "RDZV_", "OMP_NUM_THREADS", "TORCHELASTIC_"};
+    options.unset_env_prefixes = {"SLURM_", "RDZV_", "OMP_NUM_THREADS", "TORCHELASTIC_",
+                                  "PYTHONFAULTHANDLER"};
     options.env = std::move(env);
     options.env.emplace_back("RDZV_CONFIG", "/dev/null");
     procs_.push_back(std::make_unique<Subprocess>(std::move(options)));
@@ -456,6 +459,51 @@ TEST_F(AgentTest, StandaloneNeedsNoServer) {
     EXPECT_EQ(table[r].at("GROUP_RANK"), "0");
     EXPECT_EQ(table[r].at("GROUP_WORLD_SIZE"), "1");
   }
+}
+
+// By default the workers get the agent's watchdog FIFO and faulthandler on (a hung worker's
+// SIGABRT prints its stack). A user's own timer server and faulthandler setting stay theirs, and
+// as heartbeats then go to that server, the agent says once that --hang-timeout cannot apply.
+TEST_F(AgentTest, UsersOwnTimerFileAndFaulthandlerAreKept) {
+  std::vector<std::string> argv = {
+      RDZV_AGENT_BIN, "--standalone", "--nproc-per-node", "2", "--hang-timeout", "5s", "--"};
+  for (std::string& a : WorkerCommand()) argv.push_back(std::move(a));
+  Subprocess& ours = Start(argv);
+  WaitOk(ours);
+  for (int r = 0; r < 2; ++r) {
+    const WorkerEnv w = ReadWorker(r);
+    ASSERT_TRUE(w.contains("TORCHELASTIC_TIMER_FILE")) << "rank " << r;
+    EXPECT_TRUE(absl::EndsWith(w.at("TORCHELASTIC_TIMER_FILE"), "/watchdog.fifo"));
+    EXPECT_EQ(w.at("PYTHONFAULTHANDLER"), "1") << "rank " << r;
+  }
+  EXPECT_FALSE(Contains(ours.Stderr(), "TORCHELASTIC_TIMER_FILE")) << ours.Stderr();
+
+  Subprocess& no_faulthandler = Start(argv, {{"PYTHONFAULTHANDLER", "0"}});
+  WaitOk(no_faulthandler);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(ReadWorker(r).at("PYTHONFAULTHANDLER"), "0");
+  EXPECT_TRUE(Contains(no_faulthandler.Stderr(),
+                       "keeping PYTHONFAULTHANDLER=0 from the environment (default is 1)"))
+      << no_faulthandler.Stderr();
+
+  const std::string own = dir_.File("my-timer.fifo");
+  Subprocess& theirs = Start(argv, {{"TORCHELASTIC_TIMER_FILE", own}});
+  WaitOk(theirs);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ReadWorker(r).at("TORCHELASTIC_TIMER_FILE"), own) << "rank " << r;
+  }
+  const std::string err = theirs.Stderr();
+  std::vector<absl::string_view> said = absl::StrSplit(err, "heartbeats are not watched");
+  EXPECT_EQ(said.size(), 2u) << "said once:\n" << err;
+  EXPECT_TRUE(Contains(LineWith(err, "heartbeats are not watched"),
+                       absl::StrCat("TORCHELASTIC_TIMER_FILE=", own)))
+      << err;
+
+  // Without --hang-timeout there is nothing to say.
+  argv.erase(argv.begin() + 4, argv.begin() + 6);
+  Subprocess& timers_only = Start(argv, {{"TORCHELASTIC_TIMER_FILE", own}});
+  WaitOk(timers_only);
+  EXPECT_FALSE(Contains(timers_only.Stderr(), "heartbeats are not watched"))
+      << timers_only.Stderr();
 }
 
 TEST_F(AgentTest, RdzvdStopsOnSigterm) {

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Random faults against real jobs on loopback: each round starts a real rdzvd and a job of real
-rdzv-agents whose workers sleep, then does one fault picked at random: SIGKILL to a worker, to
-an agent or to rdzvd, or SIGSTOP to an agent or to rdzvd (SIGCONT once the others are done), or
-SIGKILL to an agent that still waits for the rest of its job.
+rdzv-agents whose workers send heartbeats (--hang-timeout), then does one fault picked at random:
+SIGKILL to a worker, to an agent or to rdzvd, SIGSTOP to a worker (which hangs the job until its
+agent's watchdog finds it), SIGSTOP to an agent or to rdzvd (SIGCONT once the others are done),
+or SIGKILL to an agent that still waits for the rest of its job.
 
 Each round checks what a user would: every agent exits within the bound its flags state, with a
 non-zero code and a line on stderr that says why the job failed; afterwards none of the round's
@@ -33,6 +34,10 @@ SERVER_KEEPALIVE_S = 0.3  # rdzvd --keepalive-ms and --keepalive-timeout-ms: a l
 RECONNECT_S = 1.0         # rdzv-agent --reconnect-timeout: a lost rdzvd
 JOIN_S = 3.0              # rdzv-agent --join-timeout of a job that never fills
 TERM_S = 1.0              # rdzv-agent --term-timeout: SIGTERM to SIGKILL of the workers
+HANG_S = 2.0              # rdzv-agent --hang-timeout: a worker without heartbeats for this long
+HEARTBEAT_S = 0.2         # how often the workers send one
+# A hung worker's stack: the other agents wait for it up to the term timeout and 2 s more.
+STACK_WAIT_S = TERM_S + 2.0
 # The agent's own pings to rdzvd (5 s apart, 5 s for the answer): how long a frozen rdzvd,
 # whose connections stay open, takes to be noticed. No flag sets them.
 CLIENT_KEEPALIVE_S = 10.0
@@ -40,13 +45,18 @@ CLIENT_KEEPALIVE_S = 10.0
 SLACK_S = 5.0
 
 # kill-joining-agent: SIGKILL to an agent that waits for a job that never fills.
-FAULTS = ("kill-worker", "kill-agent", "kill-rdzvd", "stop-agent", "kill-joining-agent",
-          "stop-rdzvd")
+FAULTS = ("kill-worker", "stop-worker", "kill-agent", "kill-rdzvd", "stop-agent",
+          "kill-joining-agent", "stop-rdzvd")
 # stop-rdzvd waits out the agents' keepalive: it is done once per run, the others at random.
 CHEAP_FAULTS = FAULTS[:-1]
 
-WORKER = 'echo $$ > "$CHAOS_PIDS/$RANK.tmp" && mv "$CHAOS_PIDS/$RANK.tmp" "$CHAOS_PIDS/$RANK"; ' \
-         'sleep 600 & wait'
+# A heartbeat to the agent's watchdog FIFO, as rdzv's heartbeat() writes it. The first is sent
+# before the worker counts as started: only a worker that has sent one can be found hung.
+HEARTBEAT = ('echo "{\\"version\\": 1, \\"pid\\": $$, \\"heartbeat\\": true}" '
+             '> "$TORCHELASTIC_TIMER_FILE"')
+WORKER = (HEARTBEAT + ' && echo $$ > "$CHAOS_PIDS/$RANK.tmp" && '
+          'mv "$CHAOS_PIDS/$RANK.tmp" "$CHAOS_PIDS/$RANK" && '
+          'while sleep %g; do %s; done' % (HEARTBEAT_S, HEARTBEAT))
 
 
 def die_with_parent():
@@ -155,7 +165,8 @@ class Round:
                      "--host-name", "n%d" % node, "--nproc-per-node", str(NPROC),
                      "--join-timeout", "%gs" % join_timeout_s,
                      "--reconnect-timeout", "%gs" % RECONNECT_S,
-                     "--term-timeout", "%gs" % TERM_S, "--", "/bin/sh", "-c", WORKER],
+                     "--term-timeout", "%gs" % TERM_S, "--hang-timeout", "%gs" % HANG_S,
+                     "--", "/bin/sh", "-c", WORKER],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=self.env,
                     start_new_session=True, preexec_fn=die_with_parent)
             self.agents.append(agent)
@@ -239,6 +250,15 @@ class ChaosTest(unittest.TestCase):
                 os.kill(workers[rank], signal.SIGKILL)
                 self.expect_failed(r, range(NODES), TERM_S,
                                    r"rank %d \(.*\) on n\d was killed by SIGKILL" % rank)
+            elif fault == "stop-worker":
+                # Its heartbeats stop: found after the hang timeout (and a 100 ms check), sent
+                # SIGABRT, which waits while it is stopped, and SIGKILL after the term timeout; the
+                # others wait for its (empty) stack.
+                rank = rng.randrange(NODES * NPROC)
+                os.kill(workers[rank], signal.SIGSTOP)
+                self.expect_failed(r, range(NODES), HANG_S + 0.1 + STACK_WAIT_S,
+                                   r"failed: rank %d hung: no heartbeat for [0-9.]+s "
+                                   r"\(timeout 2s\)" % rank)
             elif fault == "kill-agent":
                 r.agents[node].send_signal(signal.SIGKILL)
                 self.expect_failed(r, others, SERVER_KEEPALIVE_S * 2 + TERM_S,

@@ -405,6 +405,9 @@ TEST_F(LifecycleHangTest, OwnHangAbortsReportsAndReportsAgainWithTheStack) {
   EXPECT_EQ(report->failure.rank, 3);
   EXPECT_EQ(report->failure.time_us, 50 * kS);
   EXPECT_EQ(Count<agent_action::StopWorkers>(a), 1);
+  const auto* wait = Find<agent_action::AwaitEarlierHang>(a);
+  ASSERT_NE(wait, nullptr);
+  EXPECT_EQ(wait->limit, absl::Seconds(1));
   // A second hang of the same round changes nothing.
   EXPECT_TRUE(lc_.WorkerHung(hang).empty());
 
@@ -418,7 +421,9 @@ TEST_F(LifecycleHangTest, OwnHangAbortsReportsAndReportsAgainWithTheStack) {
   EXPECT_EQ(second->failure.stderr_tail, "File \"t.py\", line 9");
   EXPECT_EQ(second->failure.time_us, 50 * kS);
   EXPECT_TRUE(lc_.AllWorkersDone().empty());  // the second report is not answered yet
-  AgentActions done = lc_.FailureAnswered(1, AbortFor(second->failure));
+  // Nor is the moment over in which another node's earlier hang could still come.
+  EXPECT_TRUE(lc_.FailureAnswered(1, AbortFor(second->failure)).empty());
+  AgentActions done = lc_.EarlierHangWaitOver();
   EXPECT_THAT(Errors(done), HasSubstr("rank 3 hung: timer \"step\""));
   EXPECT_THAT(Errors(done), HasSubstr("File \"t.py\", line 9"));
   EXPECT_EQ(Count<agent_action::Leave>(done), 1);
@@ -464,7 +469,8 @@ TEST_F(LifecycleHangTest, HangIsRestartedUnderMaxRestarts) {
   const auto* second = Find<agent_action::ReportFailure>(again);
   ASSERT_NE(second, nullptr);
   lc.FailureAnswered(1, AbortFor(second->failure));
-  AgentActions next = lc.AllWorkersDone();
+  EXPECT_TRUE(lc.AllWorkersDone().empty());
+  AgentActions next = lc.EarlierHangWaitOver();
   const auto* join = Find<agent_action::Join>(next);
   ASSERT_NE(join, nullptr);
   EXPECT_EQ(join->restart_count, 1);
@@ -476,6 +482,114 @@ TEST_F(LifecycleHangTest, HungWorkerThatWroteNothingStillCompletesTheReport) {
   const auto* second = Find<agent_action::ReportFailure>(again);
   ASSERT_NE(second, nullptr);
   EXPECT_EQ(second->failure.stderr_tail, "(nothing on stderr)");
+}
+
+// Agents check their workers every 100 ms, each at its own moment. Here the victim on n0 (rank 0,
+// blocked in a collective behind the culprit) is found and reported first; the job's abort
+// reaches this agent before its own check would have found the culprit, its rank 3, whose
+// deadline had passed a second earlier. The last look the agent takes as the abort arrives
+// finds rank 3 overdue: it is stopped with SIGABRT for its stack and reported, the server's
+// comparison of hangs names it, and the root cause shows its stack.
+TEST_F(LifecycleHangTest, CulpritFoundOnlyWhenTheAbortArrivesIsStoppedAsHungAndNamed) {
+  const AbortEvent victim_first = AbortFor(Hang(0, 41 * kS));
+  const WorkerHang overdue{1, 3, 1, 40 * kS, "timer \"step\" expired 1.0s ago (pid 7)"};
+  AgentActions a = lc_.Aborted(1, victim_first, overdue);
+  const auto* abort = Find<agent_action::AbortWorker>(a);
+  ASSERT_NE(abort, nullptr) << "the culprit gets SIGABRT, not SIGTERM";
+  EXPECT_EQ(abort->rank, 3);
+  const auto* report = Find<agent_action::ReportFailure>(a);
+  ASSERT_NE(report, nullptr);
+  EXPECT_EQ(report->failure.cause, AbortCause::kWorkerHung);
+  EXPECT_EQ(report->failure.rank, 3);
+  EXPECT_EQ(report->failure.time_us, 40 * kS);
+  EXPECT_EQ(Count<agent_action::StopWorkers>(a), 1);
+  EXPECT_EQ(Count<agent_action::AwaitStack>(a), 0)
+      << "the victim's stack is not the one to wait for";
+
+  // The server compares the two hangs as it would (common/hang_verdict.h) and answers, and tells
+  // every agent, that the culprit's began first.
+  const std::optional<AbortEvent> named = RefineAbortWithHang(victim_first, kS, report->failure);
+  ASSERT_TRUE(named.has_value());
+  EXPECT_TRUE(lc_.FailureAnswered(1, *named).empty());
+  EXPECT_EQ(Count<agent_action::AwaitStack>(lc_.Aborted(1, *named)), 0);
+
+  EXPECT_TRUE(lc_.WorkerEnded(End(2, 128 + SIGTERM), 0).empty());
+  AgentActions again = lc_.WorkerEnded(End(3, 128 + SIGABRT, "File \"t.py\", line 9 in stuck"), 0);
+  const auto* second = Find<agent_action::ReportFailure>(again);
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(second->failure.stderr_tail, "File \"t.py\", line 9 in stuck");
+  EXPECT_TRUE(lc_.AllWorkersDone().empty());
+  EXPECT_TRUE(lc_.FailureAnswered(1, AbortFor(second->failure)).empty());
+  AgentActions done = lc_.EarlierHangWaitOver();
+  EXPECT_THAT(Errors(done), HasSubstr("failed: rank 3 hung: timer \"step\""));
+  EXPECT_THAT(Errors(done), HasSubstr("line 9 in stuck"));
+  EXPECT_EQ(lc_.outcome()->exit_code, 134);
+}
+
+// The other side of the same race: this agent's rank 3 is found first and prints its stack at
+// once, but rank 0 on n0 hung a second earlier and its agent finds it a moment later. This agent
+// does not end the job naming its own rank before that moment is over.
+TEST_F(LifecycleHangTest, OwnHangWaitsAMomentForAnEarlierHangElsewhere) {
+  AgentActions a = lc_.WorkerHung({1, 3, 1, 41 * kS, "timer \"step\" expired 0.1s ago (pid 7)"});
+  const auto* report = Find<agent_action::ReportFailure>(a);
+  ASSERT_NE(report, nullptr);
+  EXPECT_EQ(Count<agent_action::AwaitEarlierHang>(a), 1);
+  EXPECT_TRUE(lc_.FailureAnswered(1, AbortFor(report->failure)).empty());
+  EXPECT_TRUE(lc_.WorkerEnded(End(2, 128 + SIGTERM), 0).empty());
+  AgentActions again = lc_.WorkerEnded(End(3, 128 + SIGABRT, "line 40 in all_reduce"), 0);
+  const auto* second = Find<agent_action::ReportFailure>(again);
+  ASSERT_NE(second, nullptr);
+  EXPECT_TRUE(lc_.FailureAnswered(1, AbortFor(second->failure)).empty());
+  EXPECT_TRUE(lc_.AllWorkersDone().empty()) << "the moment for an earlier hang is not over";
+
+  // The culprit's report reaches the server, which tells every agent; its stack follows.
+  const AbortEvent culprit = AbortFor(Hang(0, 40 * kS));
+  AgentActions named = lc_.Aborted(1, culprit);
+  EXPECT_EQ(Count<agent_action::AwaitStack>(named), 1);
+  EXPECT_TRUE(lc_.Aborted(1, AbortFor(Hang(0, 40 * kS, "line 4 in stuck"))).empty());
+  AgentActions done = lc_.EarlierHangWaitOver();
+  EXPECT_THAT(Errors(done), HasSubstr("failed: rank 0 hung:"));
+  EXPECT_THAT(Errors(done), HasSubstr("line 4 in stuck"));
+  EXPECT_EQ(Count<agent_action::Leave>(done), 1);
+  EXPECT_TRUE(lc_.EarlierHangWaitOver().empty());
+}
+
+// Which overdue worker of this agent's the abort gives way to: only one that hung before the
+// job's first failure, and only a worker's failure or hang gives way, as on the server.
+TEST_F(LifecycleHangTest, AbortGivesWayOnlyToAHangThatBeganBeforeItsFailure) {
+  FailureInfo signalled = Crash(0, 50 * kS);
+  signalled.cause = AbortCause::kAgentSignalled;
+  struct Case {
+    std::string name;
+    AbortEvent abort;
+    std::optional<WorkerHang> overdue;
+    bool hung;  // the overdue worker is stopped as hung
+  };
+  const WorkerHang at40{1, 3, 1, 40 * kS, "no heartbeat for 6.0s (timeout 5s)"};
+  const std::vector<Case> cases = {
+      {"a later hang elsewhere", AbortFor(Hang(0, 41 * kS)), at40, true},
+      {"a later crash elsewhere", AbortFor(Crash(0, 41 * kS)), at40, true},
+      {"an earlier hang elsewhere", AbortFor(Hang(0, 39 * kS)), at40, false},
+      {"an earlier crash elsewhere", AbortFor(Crash(0, 39 * kS)), at40, false},
+      {"a hang at the same moment", AbortFor(Hang(0, 40 * kS)), at40, false},
+      {"an agent told to stop", AbortFor(signalled), at40, false},
+      {"a lost agent", AbortForLostAgent("n0", 0, 0, 1), at40, false},
+      {"nothing overdue here", AbortFor(Hang(0, 41 * kS)), std::nullopt, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    AgentLifecycle lc(Options());
+    lc.Start();
+    AssignmentEvent asg;
+    asg.slot.rank_offset = 2;
+    asg.slot.group_rank = 1;
+    lc.Joined(1, asg);
+    AgentActions a = lc.Aborted(1, c.abort, c.overdue);
+    EXPECT_EQ(Count<agent_action::AbortWorker>(a), c.hung ? 1 : 0);
+    EXPECT_EQ(Count<agent_action::ReportFailure>(a), c.hung ? 1 : 0);
+    EXPECT_EQ(Count<agent_action::StopWorkers>(a), 1);
+    EXPECT_EQ(lc.phase(), AgentLifecycle::Phase::kStopping);
+  }
 }
 
 TEST_F(LifecycleHangTest, HangWhileStoppingIsIgnored) {

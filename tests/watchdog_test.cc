@@ -4,7 +4,9 @@
 // was stuck on, and nothing is left running; healthy jobs with timers and heartbeats succeed.
 #include <signal.h>
 
+#include <cstdio>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -38,6 +41,22 @@ int StuckLine() {
   return -1;
 }
 
+// The agent's root cause in `err`: its "job ... failed:" line and the indented lines under it,
+// without the workers' own output (which the agent forwards with a "[RANK]: " prefix).
+std::string RootCause(const std::string& err) {
+  std::vector<std::string> lines;
+  bool in = false;
+  for (absl::string_view line : absl::StrSplit(err, '\n')) {
+    if (!in && absl::StrContains(line, " failed: rank ")) {
+      in = true;
+    } else if (in && !absl::StartsWith(line, "  ")) {
+      break;
+    }
+    if (in) lines.emplace_back(line);
+  }
+  return absl::StrJoin(lines, "\n");
+}
+
 class WatchdogTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -56,7 +75,7 @@ class WatchdogTest : public ::testing::Test {
   }
 
   SubprocessOptions Agent(const std::string& job, int node, std::vector<std::string> flags,
-                          std::vector<std::string> worker_args) {
+                          std::vector<std::string> worker_args, int nnodes = 2, int nproc = 2) {
     SubprocessOptions o;
     o.argv = {RDZV_AGENT_BIN,
               "--rdzv-endpoint",
@@ -64,11 +83,11 @@ class WatchdogTest : public ::testing::Test {
               "--rdzv-id",
               job,
               "--nnodes",
-              "2",
+              absl::StrCat(nnodes),
               "--node-rank",
               absl::StrCat(node),
               "--nproc-per-node",
-              "2"};
+              absl::StrCat(nproc)};
     o.argv.insert(o.argv.end(), flags.begin(), flags.end());
     for (const std::string& a : {std::string("--"), std::string(RDZV_TORCH_PYTHON), kWorker,
                                  std::string("--marker"), marker_}) {
@@ -112,6 +131,57 @@ TEST_F(WatchdogTest, RankStuckInTimerFailsEveryNodeWithItsStack) {
                 HasSubstr(absl::StrCat("watchdog_worker.py\", line ", StuckLine(), " in stuck")))
         << err;
   }
+}
+
+// The stack Python prints starts at the innermost frame, where the rank is stuck, and goes on
+// for as many frames as the rank is deep and more (the extension modules): the root cause shows
+// it from its first line, not its last lines.
+TEST_F(WatchdogTest, RankStuckDeepShowsTheLineItIsStuckOn) {
+  const std::vector<std::string> args = {"--hang-rank", "3", "--depth", "30"};
+  Subprocess node0(Agent("wd-deep", 0, {}, args));
+  Subprocess node1(Agent("wd-deep", 1, {}, args));
+  RunHung(node0, node1);
+  EXPECT_EQ(codes_, std::vector<int>({128 + SIGABRT, 128 + SIGABRT}));
+  for (Subprocess* node : {&node0, &node1}) {
+    const std::string cause = RootCause(node->Stderr());
+    EXPECT_THAT(cause, HasSubstr("failed: rank 3 hung: timer \"step\" expired")) << cause;
+    EXPECT_THAT(cause, HasSubstr("rank 3's stderr (its stack):\n    Fatal Python error: Aborted"))
+        << cause;
+    EXPECT_THAT(cause,
+                HasSubstr(absl::StrCat("watchdog_worker.py\", line ", StuckLine(), " in stuck")))
+        << cause;
+    std::vector<absl::string_view> frames = absl::StrSplit(cause, " in deep\n");
+    EXPECT_GE(frames.size(), 31u) << cause;
+  }
+}
+
+// Agents check their workers every 100 ms, each at its own moment. Here rank 3's deadline passes
+// 20 ms before those of the other ranks (blocked in all_reduce behind it), so another node's agent
+// often finds its own rank overdue first, and the job's abort reaches rank 3's agent before that
+// agent's own check has found rank 3. Whichever agent looks first, the job names rank 3, the rank
+// that hung first, with the line it is stuck on.
+TEST_F(WatchdogTest, RankThatHungFirstIsNamedWhicheverAgentLooksFirst) {
+  const std::vector<std::string> args = {"--hang-rank", "3", "--race-lag", "0.001"};
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int node = 0; node < 4; ++node) {
+    nodes.push_back(std::make_unique<Subprocess>(Agent("wd-race", node, {}, args, 4, 1)));
+  }
+  int others_first = 0;
+  for (std::unique_ptr<Subprocess>& node : nodes) {
+    EXPECT_EQ(node->Wait(kTimeout), 128 + SIGABRT) << node->Stderr();
+    const std::string err = node->Stderr();
+    const std::string cause = RootCause(err);
+    EXPECT_THAT(cause, HasSubstr("failed: rank 3 hung: timer \"step\" expired")) << err;
+    EXPECT_THAT(cause, HasSubstr("(local rank 0, node 3 on ")) << err;
+    EXPECT_THAT(cause,
+                HasSubstr(absl::StrCat("watchdog_worker.py\", line ", StuckLine(), " in stuck")))
+        << err;
+    for (int victim = 0; victim < 3; ++victim) {
+      if (absl::StrContains(err, absl::StrCat("rank ", victim, " hung: timer"))) ++others_first;
+    }
+  }
+  // Not asserted, as it depends on timing: how often the others looked first.
+  std::printf("agents that found their own rank overdue besides rank 3's: %d\n", others_first);
 }
 
 TEST_F(WatchdogTest, SilentHeartbeatFailsTheJob) {

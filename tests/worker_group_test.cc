@@ -204,6 +204,67 @@ TEST_F(WorkerGroupTest, SpawnFailureLeavesTheStartedWorkersToBeStopped) {
   EXPECT_EQ(ends_[0].rank, 4);
 }
 
+// What Python's faulthandler writes on SIGABRT for a thread stuck `depth` calls deep: innermost
+// frame first, then the extension modules.
+std::string FaulthandlerDump(int depth) {
+  std::string dump =
+      "Fatal Python error: Aborted\n\nCurrent thread 0x00007f228de9d040 (most recent call "
+      "first):\n  File \"train.py\", line 4 in stuck\n";
+  for (int i = 0; i < depth; ++i) absl::StrAppend(&dump, "  File \"train.py\", line 7 in deep\n");
+  absl::StrAppend(&dump,
+                  "  File \"train.py\", line 12 in <module>\n\nExtension modules: torch._C, ",
+                  "numpy.core._multiarray_umath (total: 2)\n");
+  return dump;
+}
+
+TEST_F(WorkerGroupTest, AbortedWorkersStackIsKeptFromItsFirstLine) {
+  ASSERT_TRUE(group_.Start({"train"}, Launches(2)).ok());
+  group_.Abort(5);
+  EXPECT_EQ(launcher_.processes.at(1001).signals, std::vector<int>{SIGABRT});
+  launcher_.End(1001, 0, SIGABRT, "epoch 3\n" + FaulthandlerDump(30));
+  RunUntil([&] { return ends_.size() == 1; });
+  const std::string& stack = ends_[0].stderr_tail;
+  EXPECT_TRUE(absl::StartsWith(stack, "Fatal Python error: Aborted\n\nCurrent thread 0x")) << stack;
+  EXPECT_TRUE(absl::StrContains(stack, "line 4 in stuck")) << stack;
+  EXPECT_TRUE(absl::StrContains(stack, "line 12 in <module>")) << stack;
+  EXPECT_TRUE(absl::StrContains(stack, "Extension modules: torch._C")) << stack;
+  EXPECT_FALSE(absl::StrContains(stack, "epoch 3")) << stack;
+  group_.Kill();
+}
+
+TEST_F(WorkerGroupTest, StackOverTheServersLimitKeepsItsInnermostFrames) {
+  ASSERT_TRUE(group_.Start({"train"}, Launches(1)).ok());
+  group_.Abort(4);
+  // About 30 KiB, twice what a failure report keeps.
+  launcher_.End(1000, 0, SIGABRT, FaulthandlerDump(1000));
+  RunUntil([&] { return ends_.size() == 1; });
+  const std::string& stack = ends_[0].stderr_tail;
+  EXPECT_LE(stack.size(), kMaxStackBytes);
+  EXPECT_GT(stack.size(), kMaxStackBytes - 100);
+  EXPECT_TRUE(absl::StrContains(stack, "line 4 in stuck")) << stack.substr(0, 300);
+  EXPECT_TRUE(absl::EndsWith(stack, " more lines cut]")) << stack.substr(stack.size() - 300);
+  EXPECT_FALSE(absl::StrContains(stack, "<module>"));
+}
+
+TEST_F(WorkerGroupTest, StderrBeforeAnAbortOrWithoutAStackKeepsItsLastLines) {
+  ASSERT_TRUE(group_.Start({"train"}, Launches(2)).ok());
+  // Not aborted: a dump of its own (faulthandler.dump_traceback) is no hang's stack.
+  launcher_.End(1000, 1, 0, FaulthandlerDump(30) + "ValueError: bad shape\n");
+  // Aborted, but Python's faulthandler is off.
+  group_.Abort(5);
+  std::string lines;
+  for (int i = 0; i < 30; ++i) absl::StrAppend(&lines, "line ", i, "\n");
+  launcher_.End(1001, 0, SIGABRT, lines);
+  RunUntil([&] { return ends_.size() == 2; });
+  for (const WorkerEnd& end : ends_) {
+    SCOPED_TRACE(end.rank);
+    EXPECT_FALSE(absl::StartsWith(end.stderr_tail, "Fatal Python error")) << end.stderr_tail;
+    EXPECT_EQ(absl::StrContains(end.stderr_tail, "ValueError: bad shape"), end.rank == 4);
+    EXPECT_EQ(absl::StrContains(end.stderr_tail, "line 29"), end.rank == 5);
+    EXPECT_FALSE(absl::StrContains(end.stderr_tail, "line 9\n"));
+  }
+}
+
 TEST_F(WorkerGroupTest, SignalsReachOnlyRunningWorkers) {
   ASSERT_TRUE(group_.Start({"train"}, Launches(3)).ok());
   launcher_.End(1002, 0);
