@@ -48,10 +48,7 @@ absl::Status WorkerGroup::Start(const std::vector<std::string>& command,
     w->pid = spawned->pid;
     w->output = *std::move(output);
     w->output->Start(spawned->stdout_fd, spawned->stderr_fd, [this, worker = w.get()] {
-      if (worker->held_end && worker->output->closed()) {
-        worker->held_end->stderr_tail = worker->output->StderrTail();
-        ReportEnd(*std::exchange(worker->held_end, std::nullopt));
-      }
+      if (worker->held_end) ReleaseHeld(*worker);
       CheckDone();
     });
     workers_.push_back(std::move(w));
@@ -80,14 +77,28 @@ void WorkerGroup::Reap() {
         end.stderr_tail = w->output->StderrTail();
         end.error_message = ReadErrorFile(w->launch.error_file);
       }
-      if (w->aborting && !w->output->closed()) {
+      if (e.code() != 0 && !w->output->closed()) {
+        // A line read but not yet handed to the forwarder is not in the tail yet.
         w->held_end = std::move(end);
+        w->hold_timer = std::make_unique<asio::steady_timer>(io_);
+        w->hold_timer->expires_after(absl::ToChronoMicroseconds(kOutputGrace));
+        w->hold_timer->async_wait([this, worker = w.get()](const std::error_code& ec) {
+          if (ec || !worker->held_end) return;
+          worker->output->DrainAvailable();
+          ReleaseHeld(*worker);
+        });
       } else {
         ReportEnd(std::move(end));
       }
     }
   }
   CheckDone();
+}
+
+void WorkerGroup::ReleaseHeld(Worker& w) {
+  if (w.hold_timer) w.hold_timer->cancel();
+  w.held_end->stderr_tail = w.output->StderrTail();
+  ReportEnd(*std::exchange(w.held_end, std::nullopt));
 }
 
 void WorkerGroup::ReportEnd(WorkerEnd end) {

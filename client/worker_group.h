@@ -50,6 +50,9 @@ struct WorkerEnd {
   std::string error_message;
 };
 
+// How long a failed worker's end waits for its pipes to close before it is reported anyway.
+inline constexpr absl::Duration kOutputGrace = absl::Seconds(1);
+
 class WorkerGroup {
  public:
   struct Callbacks {
@@ -84,7 +87,8 @@ class WorkerGroup {
   // SIGABRT to the worker at global `rank` (Python with faulthandler prints every thread's
   // stack), SIGKILL after the term timeout; Stop leaves it to that. Its exit is reported once
   // its output has been read to the end, with the stack, from its first line, as its stderr
-  // tail (WorkerOutput::CaptureStack).
+  // tail (WorkerOutput::CaptureStack). Any failed worker's exit waits for its output (for
+  // at most kOutputGrace), so that its last lines are in its stderr tail.
   void Abort(int32_t rank);
 
   // The process of each worker of the latest Start, in launch order (its guard: the worker and
@@ -101,8 +105,14 @@ class WorkerGroup {
     std::optional<ProcessExit> exit;
     std::unique_ptr<WorkerOutput> output;
     bool aborting = false;
-    std::optional<WorkerEnd> held_end;  // an aborted worker's end, until its output closes
+    // A failed worker's end, until its output closes (its last lines may be in flight) or
+    // kOutputGrace passes (a descendant that left its group may hold the pipes open).
+    std::optional<WorkerEnd> held_end;
+    std::unique_ptr<asio::steady_timer> hold_timer;
   };
+
+  // Reports a held end with the tail as it stands now.
+  void ReleaseHeld(Worker& w);
 
   void CheckDone();
   void ReportEnd(WorkerEnd end);

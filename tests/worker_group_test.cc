@@ -63,8 +63,11 @@ class FakeLauncher : public ProcessLauncher {
     Process& p = processes.at(pid);
     if (p.ended) return;
     if (!err.empty()) (void)!write(p.stderr_w, err.data(), err.size());
-    close(p.stdout_w);
-    close(p.stderr_w);
+    // A descendant that left the group keeps the pipes open; the destructor closes them.
+    if (!pipes_held.contains(pid)) {
+      close(p.stdout_w);
+      close(p.stderr_w);
+    }
     p.ended = true;
     ProcessExit e;
     e.pid = pid;
@@ -75,7 +78,7 @@ class FakeLauncher : public ProcessLauncher {
 
   ~FakeLauncher() override {
     for (auto& [pid, p] : processes) {
-      if (!p.ended) {
+      if (!p.ended || pipes_held.contains(pid)) {
         close(p.stdout_w);
         close(p.stderr_w);
       }
@@ -84,6 +87,7 @@ class FakeLauncher : public ProcessLauncher {
 
   std::map<pid_t, Process> processes;
   std::set<pid_t> ignores_term;
+  std::set<pid_t> pipes_held;
   std::vector<ProcessExit> exits;
   int fail_spawn_at = -1;
   pid_t next_pid = 1000;
@@ -163,6 +167,21 @@ TEST_F(WorkerGroupTest, ReportsAFailedWorkerWithItsRankCodeAndStderrTail) {
   launcher_.End(1000, 0);
   RunUntil([&] { return all_done_ == 1; });
   EXPECT_TRUE(ends_[1].stderr_tail.empty());
+}
+
+TEST_F(WorkerGroupTest, AFailedWorkerWhosePipesStayOpenIsReportedAfterTheGrace) {
+  ASSERT_TRUE(group_.Start({"train"}, Launches(1)).ok());
+  launcher_.pipes_held.insert(1000);
+  const auto ended = std::chrono::steady_clock::now();
+  launcher_.End(1000, 7, 0, "CUDA error: out of memory\n");
+  RunUntil([&] { return ends_.size() == 1; });
+  const auto waited = std::chrono::steady_clock::now() - ended;
+  EXPECT_EQ(ends_[0].exit.code(), 7);
+  EXPECT_TRUE(absl::StrContains(ends_[0].stderr_tail, "CUDA error: out of memory"))
+      << ends_[0].stderr_tail;
+  // Held for the grace, not for ever.
+  EXPECT_GE(waited, absl::ToChronoMilliseconds(kOutputGrace) - std::chrono::milliseconds(50));
+  EXPECT_EQ(all_done_, 0) << "its output has not ended";
 }
 
 TEST_F(WorkerGroupTest, StopSendsSigtermAndSigkillToWorkersThatIgnoreIt) {
