@@ -53,6 +53,31 @@ struct RendezvousState::Job {
   Micros longest_heartbeat_interval = 0;
   // The first node list an agent gave (JoinSpec::node_list), kept over rounds for Status.
   std::string node_list;
+  // The fixed master endpoint this round's members give, and how many give each part: a join
+  // that differs is refused, so at most one of each exists, and checking a join against them
+  // takes no scan of the members.
+  std::string addr_override;
+  int32_t addr_givers = 0;
+  int32_t port_override = 0;
+  int32_t port_givers = 0;
+
+  // A member joins (+1) or leaves (-1) the round being filled.
+  void CountOverride(const JoinSpec& spec, int32_t delta) {
+    if (!spec.master_addr_override.empty()) {
+      addr_givers += delta;
+      addr_override = addr_givers > 0 ? spec.master_addr_override : "";
+    }
+    if (spec.master_port_override > 0) {
+      port_givers += delta;
+      port_override = port_givers > 0 ? spec.master_port_override : 0;
+    }
+  }
+  void ClearOverrides() {
+    addr_override.clear();
+    addr_givers = 0;
+    port_override = 0;
+    port_givers = 0;
+  }
 };
 
 namespace {
@@ -306,6 +331,7 @@ void RendezvousState::Detach(Job& job, Member& member) {
 void RendezvousState::OpenRound(Job& job, const JoinSpec& spec) {
   for (auto& [id, member] : job.members) Detach(job, member);
   job.members.clear();
+  job.ClearOverrides();
   job.left = 0;
   job.claims.clear();
   job.phase = Phase::kFilling;
@@ -520,22 +546,29 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
 
   // A fixed master endpoint must be the same wherever it is given: otherwise one agent could
   // point every worker of the job somewhere else.
-  for (const auto& [id, other] : job->members) {
-    const JoinSpec& o = other.spec;
-    const bool addr_differs = !spec.master_addr_override.empty() &&
-                              !o.master_addr_override.empty() &&
-                              spec.master_addr_override != o.master_addr_override;
-    const bool port_differs = spec.master_port_override > 0 && o.master_port_override > 0 &&
-                              spec.master_port_override != o.master_port_override;
-    if (addr_differs || port_differs) {
-      out.closes.push_back(
-          {stream, absl::FailedPreconditionError(absl::StrFormat(
-                       "the agent on %s sets the master to %s:%d but the agent on %s set %s:%d; "
-                       "give every agent the same --master-addr and --master-port, or none",
-                       spec.agent.host, spec.master_addr_override, spec.master_port_override,
-                       o.agent.host, o.master_addr_override, o.master_port_override))});
-      return;
+  const bool addr_differs = !spec.master_addr_override.empty() && job->addr_givers > 0 &&
+                            spec.master_addr_override != job->addr_override;
+  const bool port_differs = spec.master_port_override > 0 && job->port_givers > 0 &&
+                            spec.master_port_override != job->port_override;
+  if (addr_differs || port_differs) {
+    // Refusals only: name one member that set what this agent contradicts.
+    const JoinSpec* o = nullptr;
+    for (const auto& [id, other] : job->members) {
+      const JoinSpec& c = other.spec;
+      if ((addr_differs && !c.master_addr_override.empty()) ||
+          (port_differs && c.master_port_override > 0)) {
+        o = &c;
+        break;
+      }
     }
+    out.closes.push_back(
+        {stream, absl::FailedPreconditionError(absl::StrFormat(
+                     "the agent on %s sets the master to %s:%d but the agent on %s set %s:%d; "
+                     "give every agent the same --master-addr and --master-port, or none",
+                     spec.agent.host, spec.master_addr_override, spec.master_port_override,
+                     o ? o->agent.host : "?", o ? o->master_addr_override : job->addr_override,
+                     o ? o->master_port_override : job->port_override))});
+    return;
   }
 
   const int64_t claim = ClaimKey(spec.agent);
@@ -566,6 +599,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
   if (job->node_list.empty()) job->node_list = spec.node_list;
   member.spec = spec;
   member.peer_address = caller.peer_address;
+  job->CountOverride(spec, +1);
   Attach(*job, member, stream);
   job->last_join = now;
   if (static_cast<int32_t>(job->members.size()) == job->max_agents) {
@@ -591,6 +625,7 @@ void RendezvousState::CompleteRound(Job& job, Decisions& out) {
     // Nobody can use this round: forget it so that corrected agents can start over.
     for (auto& [id, member] : job.members) Detach(job, member);
     job.members.clear();
+    job.ClearOverrides();
     job.left = 0;
     job.claims.clear();
     return;
@@ -665,6 +700,7 @@ void RendezvousState::StreamClosed(Micros now, StreamId stream, Decisions& out) 
     case Phase::kFilling:
       // A waiter gave up (deadline, Ctrl-C): it is no longer part of the round.
       job->claims.erase(ClaimKey(member.spec.agent));
+      job->CountOverride(member.spec, -1);
       job->members.erase(member_it);
       break;
     case Phase::kRunning:
@@ -723,6 +759,7 @@ absl::Status RendezvousState::Leave(Micros now, const std::string& job_id,
   job->last_detach = now;
   if (job->phase == Phase::kFilling) {
     job->claims.erase(ClaimKey(member.spec.agent));
+    job->CountOverride(member.spec, -1);
     job->members.erase(it);
   } else if (!member.left) {
     member.left = true;

@@ -301,6 +301,31 @@ TEST_F(RendezvousStateTest, DifferingMasterOverridesAreRefusedNamingBothHosts) {
   for (const auto& [stream, a] : assigned) EXPECT_EQ(a.master_addr, "10.1.0.1");
 }
 
+TEST_F(RendezvousStateTest, AMasterOverrideLeavesWithTheLastAgentThatGaveIt) {
+  JoinSpec a = Spec("j", "gpu001", 0, 3);
+  a.master_addr_override = "10.1.0.1";
+  JoinSpec a2 = Spec("j", "gpu002", 1, 3);
+  a2.master_addr_override = "10.1.0.1";
+  JoinSpec b = Spec("j", "gpu002", 1, 3);
+  b.agent.agent_id = "gpu002-again";
+  b.master_addr_override = "10.2.0.2";
+  EXPECT_TRUE(IsEmpty(Join(0, 1, a)));
+  EXPECT_TRUE(IsEmpty(Join(0, 2, a2)));
+  // One of the two that gave it gave up: the other still holds the round to it.
+  Closed(kSecond, 1);
+  EXPECT_TRUE(
+      absl::StrContains(RefusalOf(Join(kSecond, 3, b), 3).message(), "gpu002 set 10.1.0.1"));
+  // Once nobody in the round gives it, another one may be given.
+  Closed(kSecond, 2);
+  EXPECT_TRUE(IsEmpty(Join(kSecond, 4, b)));
+  JoinSpec c = Spec("j", "gpu001", 0, 3);
+  c.master_addr_override = "10.2.0.2";
+  EXPECT_TRUE(IsEmpty(Join(kSecond, 5, c)));
+  const auto assigned = EventsOf<AssignmentEvent>(Join(kSecond, 6, Spec("j", "gpu003", 2, 3)));
+  ASSERT_EQ(assigned.size(), 3u);
+  for (const auto& [stream, e] : assigned) EXPECT_EQ(e.master_addr, "10.2.0.2");
+}
+
 TEST_F(RendezvousStateTest, DuplicateGlobalPositionIsRefused) {
   JoinSpec a = Spec("j", "n0", 0, 2);
   a.agent.agent_id = "task0";
