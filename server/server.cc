@@ -62,6 +62,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // failure report of a few dozen KiB (server/request_limits.h); larger ones are refused with
   // RESOURCE_EXHAUSTED before they are stored.
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
+  // What the full stack adds that rdzvd has no use for: server-side deadline timers (clients
+  // enforce their own deadlines, and a Join stream's is a month away: one timer per agent) and
+  // per-message compression (rdzvd's messages are a few hundred bytes; its clients never
+  // compress). Without them a join costs about a sixth less CPU time at 10,000 agents.
+  builder.AddChannelArgument(GRPC_ARG_ENABLE_DEADLINE_CHECKS, 0);
+  builder.AddChannelArgument(GRPC_ARG_ENABLE_PER_MESSAGE_COMPRESSION, 0);
+  builder.AddChannelArgument(GRPC_ARG_ENABLE_PER_MESSAGE_DECOMPRESSION, 0);
   // An agent has one Join stream and at most a call or two beside it on its connection.
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
   // All of gRPC's buffers together: past this, new connections and reads wait or fail rather
