@@ -168,16 +168,6 @@ bool MungeSocketPresent(const std::string& socket) {
   return rc == 0 || (err != ECONNREFUSED && err != ENOENT);
 }
 
-absl::StatusOr<uid_t> ParseUid(absl::string_view text) {
-  uint32_t uid = 0;
-  // (uid_t)-1 means "no uid" to the system calls that take one.
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &uid) || uid == UINT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "\"%s\" is not a uid; expected a number (id -u USER prints one)", absl::CHexEscape(text)));
-  }
-  return static_cast<uid_t>(uid);
-}
-
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {

@@ -81,10 +81,6 @@ bool MungeWorks(const std::string& socket);
 // (connection refused) counts as absent, a busy munged (full backlog) as present.
 bool MungeSocketPresent(const std::string& socket);
 
-// Parses the uid a server must run as (RDZV_SERVER_UID): a number, 0 to 4294967294.
-// InvalidArgument, saying what is expected, otherwise.
-absl::StatusOr<uid_t> ParseUid(absl::string_view text);
-
 // Reads a job token from `path`: a regular file (not a link) owned by the caller, readable
 // and writable by the owner only (0600 or 0400), 16 to 4096 bytes of text; surrounding
 // whitespace is dropped. One-line errors name the file and the fix.

@@ -1,9 +1,12 @@
 #include "common/flags.h"
 
+#include <cstdint>
+
 #include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
@@ -108,6 +111,16 @@ std::string FlagParser::Help() const {
                     "\n");
   }
   return out;
+}
+
+absl::StatusOr<uid_t> ParseUid(absl::string_view text) {
+  uint32_t uid = 0;
+  // (uid_t)-1 means "no uid" to the system calls that take one.
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &uid) || uid == UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "\"%s\" is not a uid; expected a number (id -u USER prints one)", absl::CHexEscape(text)));
+  }
+  return static_cast<uid_t>(uid);
 }
 
 }  // namespace rdzv

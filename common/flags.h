@@ -5,6 +5,8 @@
 #ifndef RDZV_COMMON_FLAGS_H_
 #define RDZV_COMMON_FLAGS_H_
 
+#include <sys/types.h>
+
 #include <functional>
 #include <optional>
 #include <string>
@@ -51,6 +53,10 @@ class FlagParser {
 
 // Parses a switch value: true/false/1/0/yes/no/on/off.
 absl::StatusOr<bool> ParseBool(absl::string_view value);
+
+// Parses the uid a server must run as (RDZV_SERVER_UID): a number, 0 to 4294967294.
+// InvalidArgument, saying what is expected, otherwise.
+absl::StatusOr<uid_t> ParseUid(absl::string_view text);
 
 }  // namespace rdzv
 
