@@ -271,12 +271,7 @@ FlagParser MakeParser(AgentFlags& f) {
          "under MUNGE, the uid the rdzvd of --rdzv-endpoint runs as; one that cannot prove it\n"
          "runs as this uid is refused (default: any uid munged vouches for). A server hosted\n"
          "by the job's own agent must always run as this agent's user",
-         [&f](absl::string_view v) {
-           absl::StatusOr<uid_t> uid = ParseUid(v);
-           if (!uid.ok()) return uid.status();
-           f.server_uid = *uid;
-           return absl::OkStatus();
-         }});
+         UidSetter(&f.server_uid)});
   p.Add({"tls-ca", "RDZV_TLS_CA", "FILE",
          "talk TLS to the rdzvd of --rdzv-endpoint and verify its certificate with this CA\n"
          "(PEM); for an rdzvd started with --tls-cert (default: plaintext)",

@@ -123,4 +123,13 @@ absl::StatusOr<uid_t> ParseUid(absl::string_view text) {
   return static_cast<uid_t>(uid);
 }
 
+std::function<absl::Status(absl::string_view)> UidSetter(std::optional<uid_t>* target) {
+  return [target](absl::string_view v) {
+    absl::StatusOr<uid_t> uid = ParseUid(v);
+    if (!uid.ok()) return uid.status();
+    *target = *uid;
+    return absl::OkStatus();
+  };
+}
+
 }  // namespace rdzv

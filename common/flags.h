@@ -58,6 +58,9 @@ absl::StatusOr<bool> ParseBool(absl::string_view value);
 // InvalidArgument, saying what is expected, otherwise.
 absl::StatusOr<uid_t> ParseUid(absl::string_view text);
 
+// A flag's setter that stores ParseUid's result in `*target`.
+std::function<absl::Status(absl::string_view)> UidSetter(std::optional<uid_t>* target);
+
 }  // namespace rdzv
 
 #endif  // RDZV_COMMON_FLAGS_H_

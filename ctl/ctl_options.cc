@@ -51,12 +51,7 @@ FlagParser MakeParser(CtlOptions& o) {
          }});
   p.Add({"server-uid", "RDZV_SERVER_UID", "UID",
          "under MUNGE, the uid rdzvd runs as: one that cannot prove it is refused (default: any)",
-         [&o](absl::string_view v) {
-           absl::StatusOr<uid_t> uid = ParseUid(v);
-           if (!uid.ok()) return uid.status();
-           o.server_uid = *uid;
-           return absl::OkStatus();
-         }});
+         UidSetter(&o.server_uid)});
   p.Add({"tls-ca", "RDZV_TLS_CA", "FILE",
          "talk TLS to rdzvd and verify its certificate with this CA (PEM)",
          [&o](absl::string_view v) {
