@@ -73,13 +73,6 @@ class FailureCase(SlurmTestCase):
     def env(self, **extra):
         return base_env(RDZV_TEST_MARKER=self.marker, **extra)
 
-    def wait_for(self, condition, timeout, what):
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() >= deadline:
-                self.fail(f"{what}: not within {timeout}s")
-            time.sleep(0.1)
-
     def assert_nothing_left(self, timeout):
         """No process of the job (agent, guard, worker, its children) within TIMEOUT seconds."""
         deadline = time.monotonic() + timeout

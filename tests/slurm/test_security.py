@@ -103,13 +103,6 @@ class SecurityTest(SlurmTestCase):
                 return word[len(field) + 1:]
         return ""
 
-    def wait_for(self, condition, timeout, what):
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() >= deadline:
-                self.fail(f"{what}: not within {timeout}s")
-            time.sleep(0.1)
-
     def test_attacks_by_another_user_leave_the_job_running_to_its_end(self):
         out_dir = self.out_dir()
         os.chmod(out_dir, 0o755)

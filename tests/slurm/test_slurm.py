@@ -155,6 +155,14 @@ class SlurmTestCase(unittest.TestCase):
         with open(self.worker, "w") as f:
             f.write(WORKER_SOURCE)
 
+    def wait_for(self, condition, timeout, what):
+        """Polls CONDITION every 0.1 s; fails the test naming WHAT after TIMEOUT seconds."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() >= deadline:
+                self.fail(f"{what}: not within {timeout}s")
+            time.sleep(0.1)
+
     def stop_all(self):
         running = [p for p in self.procs if p.poll() is None]
         # scancel first: killing srun alone can leave its tasks running on the nodes.
