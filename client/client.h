@@ -29,8 +29,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/backoff.h"
-#include "common/rendezvous_types.h"
+#include "common/core/backoff.h"
+#include "common/core/rendezvous_types.h"
 
 namespace grpc {
 class ClientContext;

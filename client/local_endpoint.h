@@ -16,8 +16,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/core/rendezvous_types.h"
 #include "common/net.h"
-#include "common/rendezvous_types.h"
 
 namespace rdzv {
 

@@ -25,7 +25,7 @@
 #include "client/local_endpoint.h"
 #include "client/rdzv.h"
 #include "common/auth.h"
-#include "common/flags.h"
+#include "common/core/flags.h"
 #include "common/net.h"
 
 // The handle behind rdzv_client*. Defined outside namespace rdzv: it is the C type.

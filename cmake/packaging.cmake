@@ -27,8 +27,8 @@ rdzv_install_for_prefix(server deploy/packaging/rdzv.conf SYSCONFDIR/rdzv.conf)
 rdzv_install_for_prefix(dev deploy/packaging/rdzv.pc.in LIBDIR/pkgconfig/rdzv.pc)
 
 # librdzv: the public headers keep their client/... and common/... paths under include/rdzv.
-set(RDZV_PUBLIC_HEADERS client/client.h client/local_endpoint.h common/backoff.h common/net.h
-  common/rendezvous_types.h)
+set(RDZV_PUBLIC_HEADERS client/client.h client/local_endpoint.h common/core/backoff.h common/core/host_port.h common/net.h
+  common/core/rendezvous_types.h)
 if(EXISTS ${PROJECT_SOURCE_DIR}/client/rdzv.h)
   list(APPEND RDZV_PUBLIC_HEADERS client/rdzv.h)
 endif()

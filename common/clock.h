@@ -5,7 +5,7 @@
 
 #include <functional>
 
-#include "common/rendezvous_types.h"
+#include "common/core/rendezvous_types.h"
 
 namespace rdzv {
 

@@ -9,20 +9,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/core/host_port.h"
 
 namespace rdzv {
-
-struct HostPort {
-  std::string host;  // without brackets for IPv6
-  int port = 0;
-};
-
-// Parses "host:port", "[v6addr]:port" or "host" (then `default_port`). InvalidArgument with
-// the expected form on anything else.
-absl::StatusOr<HostPort> ParseHostPort(absl::string_view text, int default_port);
-
-// "host:port", bracketing IPv6 literals; what gRPC and MASTER_ADDR-style consumers expect.
-std::string FormatHostPort(absl::string_view host, int port);
 
 // The local address of the interface that routes to `host`: the address a peer reached
 // through that same network can use to reach us. Resolves `host` first.
@@ -30,8 +19,6 @@ absl::StatusOr<std::string> LocalAddressToward(absl::string_view host, int port)
 
 // Non-loopback addresses of this host's interfaces that are up, IPv4 first.
 std::vector<std::string> InterfaceAddresses();
-
-bool IsLoopbackAddress(absl::string_view address);
 
 // A TCP port that is free on this host now, kept reserved until the object is destroyed
 // (the socket stays bound, with SO_REUSEADDR so a worker can bind it right after).

@@ -3,7 +3,7 @@
 #ifndef RDZV_COMMON_PROCESS_ENV_H_
 #define RDZV_COMMON_PROCESS_ENV_H_
 
-#include "common/env.h"
+#include "common/core/env.h"
 
 namespace rdzv {
 

@@ -3,7 +3,7 @@
 #ifndef RDZV_COMMON_PROTO_CONVERT_H_
 #define RDZV_COMMON_PROTO_CONVERT_H_
 
-#include "common/rendezvous_state.h"
+#include "common/core/rendezvous_state.h"
 #include "rdzv/v1/rdzv.pb.h"
 
 namespace rdzv {

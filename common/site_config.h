@@ -5,7 +5,7 @@
 #define RDZV_COMMON_SITE_CONFIG_H_
 
 #include "absl/status/statusor.h"
-#include "common/env.h"
+#include "common/core/env.h"
 
 namespace rdzv {
 

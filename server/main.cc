@@ -9,7 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
-#include "common/flags.h"
+#include "common/core/flags.h"
 #include "common/logging.h"
 #include "common/process_env.h"
 #include "common/tls.h"

@@ -29,7 +29,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "common/rendezvous_types.h"
+#include "common/core/rendezvous_types.h"
 
 namespace rdzv {
 

@@ -23,7 +23,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
-#include "common/rendezvous_state.h"
+#include "common/core/rendezvous_state.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
 #include "server/authenticator.h"
 #include "server/service_metrics.h"

@@ -2,9 +2,10 @@
 // and list in a request has a bound; a request over one is refused with INVALID_ARGUMENT naming
 // the field and the bound. Names (ids, host names, addresses) with a control character are
 // refused alike, and so is a failure report whose exit code, signal or ranks are out of range (a
-// join's numbers are checked by ValidateJoinSpec, common/rendezvous_state.h). A failure report's
-// text (stderr tail, error message, hang detail) is not refused but cut to a fixed size here,
-// once, so that the Abort every agent of the job receives stays small whatever a worker wrote.
+// join's numbers are checked by ValidateJoinSpec, common/core/rendezvous_state.h). A failure
+// report's text (stderr tail, error message, hang detail) is not refused but cut to a fixed size
+// here, once, so that the Abort every agent of the job receives stays small whatever a worker
+// wrote.
 //
 // Pure functions over the request messages; thread-safe.
 #ifndef RDZV_SERVER_REQUEST_LIMITS_H_
@@ -15,14 +16,14 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "common/rendezvous_types.h"
+#include "common/core/rendezvous_types.h"
 #include "rdzv/v1/rdzv.pb.h"
 
 namespace rdzv {
 
 // Bounds on what one request may carry. The defaults leave room for every real use: Slurm's
 // node names are at most 64 bytes, DNS names 253. A join's node list is bounded by
-// kMaxNodeListBytes (common/rendezvous_types.h), which agents respect too.
+// kMaxNodeListBytes (common/core/rendezvous_types.h), which agents respect too.
 inline constexpr size_t kMaxIdBytes = 256;       // job id, agent id
 inline constexpr size_t kMaxHostBytes = 255;     // host names and addresses
 inline constexpr size_t kMaxAddresses = 32;      // a join's candidate addresses

@@ -24,7 +24,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "common/rendezvous_state.h"
+#include "common/core/rendezvous_state.h"
 #include "server/metrics.h"
 
 namespace rdzv {

@@ -1,4 +1,4 @@
-#include "client/agent_lifecycle.h"
+#include "client/agent/core/agent_lifecycle.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>

@@ -1,5 +1,5 @@
 // The agent's id and its run directory.
-#include "client/agent_names.h"
+#include "client/agent/agent_names.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

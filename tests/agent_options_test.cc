@@ -1,4 +1,4 @@
-#include "client/agent_options.h"
+#include "client/agent/core/agent_options.h"
 
 #include <gtest/gtest.h>
 
@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "common/env.h"
-#include "common/hostlist.h"
+#include "common/core/env.h"
+#include "common/core/hostlist.h"
 
 namespace rdzv {
 namespace {

@@ -24,7 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "client/agent_options.h"
+#include "client/agent/core/agent_options.h"
 #include "client/client.h"
 #include "client/rdzv.h"
 #include "tests/testing/output.h"

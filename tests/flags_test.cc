@@ -1,4 +1,4 @@
-#include "common/flags.h"
+#include "common/core/flags.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
-#include "common/env.h"
+#include "common/core/env.h"
 
 namespace rdzv {
 namespace {

@@ -1,4 +1,4 @@
-#include "client/gpu_exchange.h"
+#include "client/agent/gpu_exchange.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

@@ -1,7 +1,7 @@
 // The watchdog's pure parts: parsing what workers write to the FIFO, deciding which worker is
 // hung, tracing a pid to its worker, which hang the job's abort names, and what the agent's
 // lifecycle does about a hung worker.
-#include "client/hang_watchdog.h"
+#include "client/agent/core/hang_watchdog.h"
 
 #include <signal.h>
 
@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "client/agent_lifecycle.h"
-#include "client/watchdog_request.h"
-#include "common/hang_verdict.h"
-#include "common/rendezvous_state.h"
+#include "client/agent/core/agent_lifecycle.h"
+#include "client/agent/core/watchdog_request.h"
+#include "common/core/hang_verdict.h"
+#include "common/core/rendezvous_state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -506,8 +506,8 @@ TEST_F(LifecycleHangTest, CulpritFoundOnlyWhenTheAbortArrivesIsStoppedAsHungAndN
   EXPECT_EQ(Count<agent_action::AwaitStack>(a), 0)
       << "the victim's stack is not the one to wait for";
 
-  // The server compares the two hangs as it would (common/hang_verdict.h) and answers, and tells
-  // every agent, that the culprit's began first.
+  // The server compares the two hangs as it would (common/core/hang_verdict.h) and answers, and
+  // tells every agent, that the culprit's began first.
   const std::optional<AbortEvent> named = RefineAbortWithHang(victim_first, kS, report->failure);
   ASSERT_TRUE(named.has_value());
   EXPECT_TRUE(lc_.FailureAnswered(1, *named).empty());

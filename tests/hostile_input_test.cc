@@ -32,7 +32,7 @@ using testing::SubprocessOptions;
 // How long anything may take before the test calls it a hang.
 constexpr absl::Duration kLongWait = absl::Seconds(60);
 
-// The forwarder's limit on a line (client/output_forwarder.h), as the user sees it.
+// The forwarder's limit on a line (client/agent/output_forwarder.h), as the user sees it.
 constexpr size_t kMaxLineBytes = 64 * 1024;
 
 class HostileInputTest : public ::testing::Test {

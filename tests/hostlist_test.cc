@@ -1,4 +1,4 @@
-#include "common/hostlist.h"
+#include "common/core/hostlist.h"
 
 #include <gtest/gtest.h>
 

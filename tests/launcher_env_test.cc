@@ -1,10 +1,10 @@
-#include "common/launcher_env.h"
+#include "client/agent/core/launcher_env.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "common/env.h"
+#include "common/core/env.h"
 
 namespace rdzv {
 namespace {

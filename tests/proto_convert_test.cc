@@ -9,7 +9,7 @@
 #include <string>
 #include <variant>
 
-#include "common/rendezvous_state.h"
+#include "common/core/rendezvous_state.h"
 
 namespace rdzv {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/rank_assignment.h"
+#include "common/core/rank_assignment.h"
 
 #include <gtest/gtest.h>
 

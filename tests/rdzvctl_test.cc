@@ -2,8 +2,8 @@
 #include <string>
 #include <vector>
 
-#include "ctl/ctl_options.h"
-#include "ctl/status_format.h"
+#include "client/ctl/ctl_options.h"
+#include "client/ctl/status_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

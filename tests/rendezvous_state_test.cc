@@ -1,4 +1,4 @@
-#include "common/rendezvous_state.h"
+#include "common/core/rendezvous_state.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Which address an agent-hosted rendezvous server listens on: the one the other nodes reach this
 // host at, decided from what the server's host resolves to here, this host's addresses and, for a
 // name that resolves to loopback, the address Slurm has for the node.
-#include "client/server_locator.h"
+#include "client/agent/server_locator.h"
 
 #include <gtest/gtest.h>
 

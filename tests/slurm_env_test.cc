@@ -1,4 +1,4 @@
-#include "common/slurm_env.h"
+#include "common/core/slurm_env.h"
 
 #include <gtest/gtest.h>
 

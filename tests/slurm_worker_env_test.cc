@@ -1,4 +1,4 @@
-#include "common/slurm_worker_env.h"
+#include "client/agent/core/slurm_worker_env.h"
 
 #include <gtest/gtest.h>
 
@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/env.h"
-#include "common/slurm_env.h"
+#include "common/core/env.h"
+#include "common/core/slurm_env.h"
 
 namespace rdzv {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/worker_env.h"
+#include "client/agent/core/worker_env.h"
 
 #include <gtest/gtest.h>
 

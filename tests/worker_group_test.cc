@@ -1,6 +1,6 @@
 // WorkerGroup over a fake ProcessLauncher: which processes it starts with which environment, how
 // it reports their ends, and how it stops them (SIGTERM, then SIGKILL for the stubborn).
-#include "client/worker_group.h"
+#include "client/agent/worker_group.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>

@@ -1,6 +1,6 @@
 // What the agent starts for a round, from the job's spec, the assignment and its own
 // environment: ranks, the whole environment, the error file and what each guard cleans up.
-#include "client/worker_launches.h"
+#include "client/agent/core/worker_launches.h"
 
 #include <gtest/gtest.h>
 

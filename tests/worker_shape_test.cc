@@ -1,4 +1,4 @@
-#include "client/worker_shape.h"
+#include "client/agent/core/worker_shape.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/env.h"
+#include "common/core/env.h"
 
 namespace rdzv {
 namespace {

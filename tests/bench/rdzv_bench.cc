@@ -69,8 +69,8 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "common/auth.h"
-#include "common/env.h"
-#include "common/flags.h"
+#include "common/core/env.h"
+#include "common/core/flags.h"
 #include "common/process_env.h"
 #include "tests/bench/metrics_scrape.h"
 

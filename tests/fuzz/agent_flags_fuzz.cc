@@ -1,5 +1,5 @@
-// Fuzzes rdzv-agent's command line: ParseAgentFlags (client/agent_options.h) over the generic
-// FlagParser (common/flags.h). The input is split at NUL bytes into words, as in
+// Fuzzes rdzv-agent's command line: ParseAgentFlags (client/agent/core/agent_options.h) over the
+// generic FlagParser (common/core/flags.h). The input is split at NUL bytes into words, as in
 // /proc/PID/cmdline, so a word may hold anything else, newlines included. When one word is
 // empty, the words before it are the environment (NAME=value, e.g. RDZV_NNODES=2:4) and the
 // words after it the arguments; otherwise every word is an argument. Properties checked: no
@@ -18,8 +18,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "client/agent_options.h"
-#include "common/env.h"
+#include "client/agent/core/agent_options.h"
+#include "common/core/env.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace rdzv {

@@ -1,6 +1,6 @@
-// Fuzzes the site configuration file parser, ParseConfigText (common/env.h, the /etc/rdzv.conf
-// reader), and then rdzv-agent's flags (client/agent_options.h) with the parsed file as their
-// only environment, as the agent reads a config file that sets RDZV_* variables. Properties
+// Fuzzes the site configuration file parser, ParseConfigText (common/core/env.h, the /etc/rdzv.conf
+// reader), and then rdzv-agent's flags (client/agent/core/agent_options.h) with the parsed file as
+// their only environment, as the agent reads a config file that sets RDZV_* variables. Properties
 // checked: no crash, hang or leak; every error is a non-empty one-line InvalidArgument
 // message; a parsed NAME is non-empty, without spaces, tabs, quotes or '=', and no value spans
 // lines.
@@ -15,8 +15,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
-#include "client/agent_options.h"
-#include "common/env.h"
+#include "client/agent/core/agent_options.h"
+#include "common/core/env.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace rdzv {

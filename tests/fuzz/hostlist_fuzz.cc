@@ -1,4 +1,4 @@
-// Fuzzes the Slurm list parsers of common/hostlist.h. The input is read three ways: as a
+// Fuzzes the Slurm list parsers of common/core/hostlist.h. The input is read three ways: as a
 // hostlist (ExpandHostlist), as a SLURM_TASKS_PER_NODE value (ExpandTasksPerNode), and as host
 // names, one per line, for CompressHostlist. Properties checked:
 //   - errors are one-line InvalidArgument messages;
@@ -19,7 +19,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "common/hostlist.h"
+#include "common/core/hostlist.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace rdzv {

@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "common/rendezvous_state.h"
+#include "common/core/rendezvous_state.h"
 
 namespace rdzv {
 namespace {

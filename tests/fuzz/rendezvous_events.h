@@ -1,6 +1,6 @@
-// Drives RendezvousState (common/rendezvous_state.h) with a sequence of protocol events decoded
-// from bytes: joins (new streams, a few jobs, agents, hosts, node ranks, sizes, restarts and
-// resumes), streams closing, failure reports, departures and the clock moving on. After each
+// Drives RendezvousState (common/core/rendezvous_state.h) with a sequence of protocol events
+// decoded from bytes: joins (new streams, a few jobs, agents, hosts, node ranks, sizes, restarts
+// and resumes), streams closing, failure reports, departures and the clock moving on. After each
 // step it checks what must hold whatever the sequence:
 //   - the ranks of a completed round are a permutation of 0..world-1: each member's block
 //     [rank_offset, rank_offset + nproc) from its own join, disjoint, covering the world;

@@ -1,4 +1,4 @@
-// Fuzzes ParseSlurmEnv (common/slurm_env.h). The input is an environment, one NAME=value per
+// Fuzzes ParseSlurmEnv (common/core/slurm_env.h). The input is an environment, one NAME=value per
 // line; only the SLURM_* names the parser reads are kept, so every byte the fuzzer spends goes
 // into values the parser looks at. Properties checked:
 //   - errors are one-line InvalidArgument messages;
@@ -18,9 +18,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "common/env.h"
-#include "common/hostlist.h"
-#include "common/slurm_env.h"
+#include "common/core/env.h"
+#include "common/core/hostlist.h"
+#include "common/core/slurm_env.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace rdzv {

@@ -48,7 +48,7 @@ def setUpModule():
 
 
 def derived_port(job_id, step_id):
-    """The first port the agent of node 0 tries for a job step (client/agent_options.cc)."""
+    """The first port the agent of node 0 tries for a job step (client/agent/core/agent_options.cc)."""
     h = 2166136261
     for ch in f"{job_id}.{step_id}".encode():
         h = ((h ^ ch) * 16777619) & 0xFFFFFFFF

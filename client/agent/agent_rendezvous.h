@@ -1,0 +1,72 @@
+// AgentRendezvous: what an agent needs of its rendezvous, wherever that lives: join a round,
+// report a failure, leave, and hear what happens to the job. Two implementations: the remote
+// one talks to an rdzvd (or an embedded server) through rdzv::Client; the in-process one keeps
+// a RendezvousState of its own, for a standalone agent that needs no server, port or gRPC.
+//
+// No method blocks. Every completion and every job event is handed to the `post` function given
+// at creation, which runs it on the agent's event loop, so the agent sees them one at a time on
+// its own thread. Not thread-safe: call it from that loop.
+#ifndef RDZV_CLIENT_AGENT_AGENT_RENDEZVOUS_H_
+#define RDZV_CLIENT_AGENT_AGENT_RENDEZVOUS_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "common/clock.h"
+#include "common/core/rendezvous_types.h"
+
+namespace rdzv {
+
+class AgentRendezvous {
+ public:
+  // Runs a task on the agent's event loop, later.
+  using Post = std::function<void(std::function<void()>)>;
+
+  // What happens to the job after (or while) joining. Run through `post`.
+  struct Events {
+    std::function<void(const ProgressEvent&)> on_progress;
+    // The job ended elsewhere (after the assignment; before it, the join fails with Aborted).
+    std::function<void(const AbortEvent&)> on_abort;
+    // After the assignment: the connection to the server ended without Leave.
+    std::function<void(const absl::Status&)> on_lost;
+  };
+
+  virtual ~AgentRendezvous() = default;
+
+  // Joins `spec.job_id` (with spec.resume: rejoins the round the workers run in), giving up
+  // after `timeout`. `done` gets the assignment, or why there is none. A Join replaces any
+  // earlier one: a join still in progress ends (Cancelled) and the earlier events stop.
+  virtual void Join(const JoinSpec& spec, absl::Duration timeout, Events events,
+                    std::function<void(absl::StatusOr<AssignmentEvent>)> done) = 0;
+
+  // Tells the rendezvous that this agent's part of the job failed; `done` gets the job's first
+  // failure (which may be another agent's).
+  virtual void ReportFailure(const FailureInfo& failure,
+                             std::function<void(absl::StatusOr<AbortEvent>)> done) = 0;
+
+  // This agent is done with the job.
+  virtual void Leave(std::function<void(absl::Status)> done) = 0;
+
+  // Ends a join in progress (its `done` gets Cancelled) and closes the connection, for good.
+  virtual void Cancel() = 0;
+
+  // Where the server is, for the workers' RDZV_ENDPOINT; "" when there is none.
+  virtual std::string endpoint() const = 0;
+};
+
+// Over rdzv::Client. Joins run on a thread of the object's own (Client::Join blocks), the other
+// calls use gRPC's asynchronous API. InvalidArgument for a malformed endpoint.
+absl::StatusOr<std::unique_ptr<AgentRendezvous>> NewRemoteRendezvous(ClientOptions options,
+                                                                     AgentRendezvous::Post post);
+
+// In this process, over a RendezvousState driven by `clock`.
+std::unique_ptr<AgentRendezvous> NewLocalRendezvous(Clock clock, AgentRendezvous::Post post);
+
+}  // namespace rdzv
+
+#endif  // RDZV_CLIENT_AGENT_AGENT_RENDEZVOUS_H_

@@ -1,0 +1,303 @@
+// The agent's command line: its flags, their variables and its help text.
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "client/agent/core/agent_options.h"
+#include "client/agent/core/launcher_env.h"
+#include "common/core/flags.h"
+#include "common/core/host_port.h"
+#include "common/core/hostlist.h"
+#include "common/core/slurm_env.h"
+
+namespace rdzv {
+namespace {
+
+constexpr char kUsage[] =
+    R"(rdzv-agent: joins a rendezvous, learns this node's ranks and the master endpoint, and runs
+the training processes with the environment PyTorch expects (RANK, LOCAL_RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT, ...). Stops every worker of the job when one fails.
+
+Usage: rdzv-agent [flags] -- COMMAND [ARGS...]
+
+Examples:
+  srun rdzv-agent -- python train.py                  # inside Slurm: no flags needed
+  rdzv-agent --standalone --nproc-per-node 4 -- python train.py
+  rdzv-agent --rdzv-endpoint head:29400 --rdzv-id exp1 --nnodes 2 --node-rank 0 \
+             --nproc-per-node 4 -- python train.py --lr 1e-3)";
+
+absl::Status SetInt(absl::string_view v, int64_t min, int64_t max, int64_t* out) {
+  int64_t parsed;
+  if (!absl::SimpleAtoi(v, &parsed) || parsed < min || parsed > max) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("expected a whole number in %d..%d", min, max));
+  }
+  *out = parsed;
+  return absl::OkStatus();
+}
+
+template <typename T>
+std::function<absl::Status(absl::string_view)> IntSetter(T* target, int64_t min, int64_t max) {
+  return [target, min, max](absl::string_view v) {
+    int64_t parsed = 0;
+    if (absl::Status s = SetInt(v, min, max, &parsed); !s.ok()) return s;
+    *target = static_cast<T>(parsed);
+    return absl::OkStatus();
+  };
+}
+
+std::function<absl::Status(absl::string_view)> StringSetter(std::string* target) {
+  return [target](absl::string_view v) {
+    *target = std::string(v);
+    return absl::OkStatus();
+  };
+}
+
+std::function<absl::Status(absl::string_view)> BoolSetter(bool* target) {
+  return [target](absl::string_view v) {
+    absl::StatusOr<bool> b = ParseBool(v);
+    if (!b.ok()) return b.status();
+    *target = *b;
+    return absl::OkStatus();
+  };
+}
+
+// The longest duration any flag takes. Far beyond any real timeout, and small enough that
+// microseconds, milliseconds and the deadlines computed from it never overflow.
+constexpr absl::Duration kMaxDuration = absl::Hours(24 * 365);
+
+// "30" is seconds; "500ms", "2m", "1.5s" are absl durations. From 0 to kMaxDuration.
+std::function<absl::Status(absl::string_view)> DurationSetter(absl::Duration* target) {
+  return [target](absl::string_view v) {
+    double seconds;
+    absl::Duration d;
+    if (absl::SimpleAtod(v, &seconds)) {
+      // NaN fails both comparisons; infinity is over the maximum.
+      if (!(seconds >= 0)) return absl::InvalidArgumentError("expected a duration of 0 or more");
+      d = seconds > absl::ToDoubleSeconds(kMaxDuration) ? absl::InfiniteDuration()
+                                                        : absl::Seconds(seconds);
+    } else if (!absl::ParseDuration(v, &d)) {
+      return absl::InvalidArgumentError("expected a duration such as 30, 30s, 500ms or 2m");
+    } else if (d < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("expected a duration of 0 or more");
+    }
+    if (d > kMaxDuration) {
+      return absl::InvalidArgumentError("expected a duration of at most 365 days (8760h)");
+    }
+    *target = d;
+    return absl::OkStatus();
+  };
+}
+
+FlagParser MakeParser(AgentFlags& f) {
+  FlagParser p("rdzv-agent", kUsage);
+  p.Add({"nnodes", "RDZV_NNODES", "N|MIN:MAX",
+         "how many agents (nodes) the job has; MIN:MAX lets the job start with MIN after\n"
+         "--last-call (default under Slurm: the step's node or task count)",
+         [&f](absl::string_view v) -> absl::Status {
+           std::vector<absl::string_view> parts = absl::StrSplit(v, ':');
+           int64_t lo, hi;
+           if (parts.size() > 2 || !SetInt(parts.front(), 1, 1'000'000, &lo).ok() ||
+               !SetInt(parts.back(), 1, 1'000'000, &hi).ok() || lo > hi) {
+             return absl::InvalidArgumentError("expected N or MIN:MAX with 1 <= MIN <= MAX");
+           }
+           f.nnodes_min = static_cast<int32_t>(lo);
+           f.nnodes_max = static_cast<int32_t>(hi);
+           return absl::OkStatus();
+         }});
+  p.Add({"nproc-per-node", "RDZV_NPROC_PER_NODE", "N",
+         "workers to start on this node (default: SLURM_GPUS_ON_NODE, else the devices in\n"
+         "CUDA_VISIBLE_DEVICES, else 1)",
+         [&f](absl::string_view v) {
+           int64_t n = 0;
+           if (absl::Status s = SetInt(v, 1, kMaxNprocPerNode, &n); !s.ok()) return s;
+           f.nproc_per_node = static_cast<int32_t>(n);
+           return absl::OkStatus();
+         }});
+  p.Add({"node-rank", "RDZV_NODE_RANK", "N",
+         "this node's index 0..nnodes-1; orders the nodes (default: SLURM_NODEID; without it\n"
+         "nodes are ordered by host name)",
+         [&f](absl::string_view v) {
+           int64_t n = 0;
+           if (absl::Status s = SetInt(v, 0, 1'000'000, &n); !s.ok()) return s;
+           f.node_rank = n;
+           return absl::OkStatus();
+         }});
+  p.Add({"rdzv-endpoint", "RDZV_ENDPOINT", "HOST:PORT",
+         "the rdzvd to meet at (default: none; under Slurm node 0 hosts one in-process)",
+         StringSetter(&f.rdzv_endpoint)});
+  p.Add({"rdzv-id", "RDZV_ID", "ID",
+         "the job id shared by all agents of one job (default under Slurm: job and step id)",
+         StringSetter(&f.rdzv_id)});
+  p.Add({"standalone", "RDZV_STANDALONE", "",
+         "one node only: host the rendezvous in-process on loopback", BoolSetter(&f.standalone)});
+  p.Add({"max-restarts", "RDZV_MAX_RESTARTS", "N",
+         "how often the job may restart its workers after a failure (default 0)",
+         IntSetter(&f.max_restarts, 0, 1'000'000)});
+  p.Add({"master-addr", "RDZV_MASTER_ADDR", "ADDR",
+         "override MASTER_ADDR (default: an address of the rank-0 node that the others reach)",
+         StringSetter(&f.master_addr)});
+  p.Add({"master-port", "RDZV_MASTER_PORT", "PORT",
+         "override MASTER_PORT (default: a port that was free on the rank-0 node)",
+         IntSetter(&f.master_port, 1, 65535)});
+  p.Add({"join-timeout", "RDZV_JOIN_TIMEOUT", "DURATION",
+         "give up when the rendezvous has not completed (or its server not answered) in this\n"
+         "long (default 600s)",
+         DurationSetter(&f.join_timeout)});
+  p.Add({"last-call", "RDZV_LAST_CALL", "DURATION",
+         "with --nnodes MIN:MAX, how long to wait for more agents once MIN are in (default 1s)",
+         DurationSetter(&f.last_call)});
+  p.Add({"term-timeout", "RDZV_TERM_TIMEOUT", "DURATION",
+         "after SIGTERM, how long workers get before SIGKILL (default 3s)",
+         DurationSetter(&f.term_timeout)});
+  p.Add({"reconnect-timeout", "RDZV_RECONNECT_TIMEOUT", "DURATION",
+         "when the rendezvous server is lost mid-job, keep the workers running this long while\n"
+         "rejoining it (default 30s with --rdzv-endpoint, else 0s: an agent that hosts the\n"
+         "server takes it along when it dies)",
+         [&f](absl::string_view v) {
+           absl::Duration d;
+           if (absl::Status s = DurationSetter(&d)(v); !s.ok()) return s;
+           f.reconnect_timeout = d;
+           return absl::OkStatus();
+         }});
+  p.Add({"hang-timeout", "RDZV_HANG_TIMEOUT", "DURATION|auto",
+         "a worker that has sent a heartbeat and then none for this long is hung: it is sent\n"
+         "SIGABRT for its stack and the job fails (or restarts); auto learns the timeout from\n"
+         "the intervals seen (default 0: heartbeats are not watched; torch's timers always are)",
+         [&f](absl::string_view v) {
+           f.hang_timeout_auto = v == "auto";
+           if (f.hang_timeout_auto) return absl::OkStatus();
+           double seconds;
+           absl::Duration d;
+           if (!absl::SimpleAtod(v, &seconds) && !absl::ParseDuration(v, &d)) {
+             return absl::InvalidArgumentError(
+                 "expected a duration such as 60s or 5m, auto to learn it, or 0 for none");
+           }
+           // A duration, but out of range.
+           if (absl::Status s = DurationSetter(&f.hang_timeout)(v); !s.ok()) {
+             return absl::InvalidArgumentError(absl::StrCat(s.message(), ", or auto"));
+           }
+           return absl::OkStatus();
+         }});
+  p.Add({"hang-timeout-min", "RDZV_HANG_TIMEOUT_MIN", "DURATION",
+         "with --hang-timeout auto: the learned timeout is never shorter than this (default\n"
+         "30s); it is 5 times the longest heartbeat interval the job has seen, once each node\n"
+         "has seen 5 intervals or an earlier attempt of the job taught it one",
+         [&f](absl::string_view v) {
+           absl::Duration d;
+           if (absl::Status s = DurationSetter(&d)(v); !s.ok()) return s;
+           if (d <= absl::ZeroDuration()) {
+             return absl::InvalidArgumentError("expected a positive duration such as 30s");
+           }
+           f.hang_timeout_min = d;
+           return absl::OkStatus();
+         }});
+  p.Add({"host-name", "RDZV_HOST_NAME", "NAME",
+         "this node's name in the rendezvous (default: SLURMD_NODENAME, else the host name)",
+         StringSetter(&f.host_name)});
+  p.Add({"mode", "RDZV_MODE", "auto|node|task",
+         "under Slurm: one agent per node that starts --nproc-per-node workers (node), or one\n"
+         "agent per task that is one rank (task); auto picks task when the step has more than\n"
+         "one task on a node",
+         [&f](absl::string_view v) {
+           if (v != "auto" && v != "node" && v != "task") {
+             return absl::InvalidArgumentError("expected auto, node or task");
+           }
+           f.mode = std::string(v);
+           return absl::OkStatus();
+         }});
+  p.Add({"rank-prefix", "RDZV_RANK_PREFIX", "",
+         "prefix each line of worker output with its rank, as \"[3]: \" (default true)",
+         BoolSetter(&f.rank_prefix)});
+  p.Add({"log-dir", "RDZV_LOG_DIR", "DIR",
+         "write each rank's output to DIR/rank-RANK.log instead of the console (see --tee)",
+         StringSetter(&f.log_dir)});
+  p.Add({"tee", "RDZV_TEE", "", "with --log-dir, also show worker output on the console",
+         BoolSetter(&f.tee)});
+  p.Add({"local-ranks-filter", "RDZV_LOCAL_RANKS_FILTER", "0,1,...",
+         "show only these local ranks' output on the console (default: all)",
+         [&f](absl::string_view v) {
+           f.local_ranks_filter.clear();
+           for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipWhitespace())) {
+             int64_t r = 0;
+             if (absl::Status s = SetInt(part, 0, 1'000'000, &r); !s.ok()) {
+               return absl::InvalidArgumentError("expected local ranks such as 0 or 0,1");
+             }
+             f.local_ranks_filter.push_back(static_cast<int32_t>(r));
+           }
+           return absl::OkStatus();
+         }});
+  p.Add({"slurm-env", "RDZV_SLURM_ENV", "tasks|keep",
+         "under Slurm, give each worker the SLURM_* task variables srun would give it as a task\n"
+         "(SLURM_PROCID=RANK, SLURM_LOCALID=LOCAL_RANK, SLURM_NTASKS=WORLD_SIZE, ...; tasks,\n"
+         "the default), or leave the agent's own (keep)",
+         [&f](absl::string_view v) {
+           if (v != "tasks" && v != "keep")
+             return absl::InvalidArgumentError("expected tasks or keep");
+           f.slurm_env = std::string(v);
+           return absl::OkStatus();
+         }});
+  p.Add({"pass-local-rank", "RDZV_PASS_LOCAL_RANK", "",
+         "append --local_rank=LOCAL_RANK to each worker's command, for scripts written for\n"
+         "torch.distributed.launch without --use_env",
+         BoolSetter(&f.pass_local_rank)});
+  p.Add({"log-level", "RDZV_LOG_LEVEL", "LEVEL",
+         "trace, debug, info, warn, error or off (default info)", StringSetter(&f.log_level)});
+  p.Add({"auth", "RDZV_AUTH", "auto|munge|token|none",
+         "how this agent proves who it is to the rendezvous server: a MUNGE credential,\n"
+         "the job's token, or nothing (default auto: the token when given, else MUNGE when\n"
+         "munged runs on this host)",
+         [&f](absl::string_view v) {
+           if (v != "auto" && v != "munge" && v != "token" && v != "none") {
+             return absl::InvalidArgumentError("expected auto, munge, token or none");
+           }
+           f.auth = std::string(v);
+           return absl::OkStatus();
+         }});
+  p.Add({"rdzv-token-file", "RDZV_TOKEN_FILE", "FILE",
+         "a file (mode 0600, yours) holding the job's secret token, the same for every agent of\n"
+         "the job; for clusters without MUNGE (make one: openssl rand -hex 32 > FILE)",
+         StringSetter(&f.token_file)});
+  p.Add({"munge-socket", "RDZV_MUNGE_SOCKET", "PATH", "munged's socket (default: libmunge's)",
+         StringSetter(&f.munge_socket)});
+  p.Add({"server-uid", "RDZV_SERVER_UID", "UID",
+         "under MUNGE, the uid the rdzvd of --rdzv-endpoint runs as; one that cannot prove it\n"
+         "runs as this uid is refused (default: any uid munged vouches for). A server hosted\n"
+         "by the job's own agent must always run as this agent's user",
+         UidSetter(&f.server_uid)});
+  p.Add({"tls-ca", "RDZV_TLS_CA", "FILE",
+         "talk TLS to the rdzvd of --rdzv-endpoint and verify its certificate with this CA\n"
+         "(PEM); for an rdzvd started with --tls-cert (default: plaintext)",
+         StringSetter(&f.tls_ca)});
+  p.Add({"tls-server-name", "RDZV_TLS_SERVER_NAME", "NAME",
+         "with --tls-ca, the name rdzvd's certificate must hold (default: the endpoint's host)",
+         StringSetter(&f.tls_server_name)});
+  p.Add({"version", "", "", "print the version", BoolSetter(&f.version)});
+  p.Add({"help", "", "", "print this help", BoolSetter(&f.help)});
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<AgentFlags> ParseAgentFlags(const std::vector<std::string>& args,
+                                           const EnvLookup& env) {
+  AgentFlags flags;
+  FlagParser parser = MakeParser(flags);
+  absl::StatusOr<std::vector<std::string>> rest = parser.Parse(args, env);
+  if (!rest.ok()) return rest.status();
+  flags.command = std::move(*rest);
+  return flags;
+}
+
+std::string AgentHelp() {
+  AgentFlags flags;
+  return MakeParser(flags).Help();
+}
+
+}  // namespace rdzv

@@ -1,0 +1,153 @@
+// rdzv-agent's configuration: the flags (each also an RDZV_* variable), parsed and then resolved
+// against the environment (Slurm's, when inside an allocation) into what the agent will do.
+// Parsing and resolution are pure: they take the arguments and an EnvLookup, and every problem
+// comes back as one line that names the flag or variable and the fix.
+//
+// Thread-safe: the functions keep no state (the EnvLookup given must be safe to call), and the
+// structs are plain values.
+#ifndef RDZV_CLIENT_AGENT_CORE_AGENT_OPTIONS_H_
+#define RDZV_CLIENT_AGENT_CORE_AGENT_OPTIONS_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "client/agent/core/hang_watchdog.h"
+#include "client/agent/core/worker_shape.h"
+#include "client/client.h"
+#include "common/core/env.h"
+#include "common/core/rendezvous_types.h"
+
+namespace rdzv {
+
+// What the user asked for, before defaults are filled in from the environment.
+// The most workers one agent starts.
+inline constexpr int32_t kMaxNprocPerNode = 4096;
+
+struct AgentFlags {
+  std::optional<int32_t> nnodes_min, nnodes_max;  // --nnodes N or MIN:MAX
+  std::optional<int32_t> nproc_per_node;          // --nproc-per-node
+  std::optional<int64_t> node_rank;               // --node-rank
+  std::string rdzv_endpoint;
+  std::string rdzv_id;
+  bool standalone = false;
+  int32_t max_restarts = 0;
+  std::string master_addr;
+  int32_t master_port = 0;
+  absl::Duration join_timeout = absl::Minutes(10);
+  absl::Duration last_call = absl::Seconds(1);
+  absl::Duration term_timeout = absl::Seconds(3);
+  std::optional<absl::Duration> reconnect_timeout;
+  // --hang-timeout: a heartbeat timeout, or auto to learn it; zero for none.
+  absl::Duration hang_timeout = absl::ZeroDuration();
+  bool hang_timeout_auto = false;
+  absl::Duration hang_timeout_min = absl::Seconds(30);  // auto's floor
+  std::string host_name;  // --host-name: how this node is named in the rendezvous
+  std::string log_level = "info";
+  std::string mode = "auto";  // auto, node or task (under Slurm)
+  std::string auth = "auto";  // auto, munge, token or none
+  std::string token_file;     // --rdzv-token-file
+  std::string munge_socket;
+  std::optional<uid_t> server_uid;  // --server-uid: the uid an rdzvd must prove it runs as
+  std::string tls_ca;               // --tls-ca: verify rdzvd's TLS certificate with this CA
+  std::string tls_server_name;      // --tls-server-name
+  bool rank_prefix = true;
+  std::string log_dir;
+  bool tee = false;
+  std::vector<int32_t> local_ranks_filter;  // empty: every local rank
+  std::string slurm_env = "tasks";          // tasks or keep: the workers' SLURM_* layout variables
+  bool pass_local_rank = false;             // append --local_rank=N to each worker's command
+  bool help = false;
+  bool version = false;
+  std::vector<std::string> command;
+};
+
+// Parses argv (without argv[0]) and the RDZV_* variables.
+absl::StatusOr<AgentFlags> ParseAgentFlags(const std::vector<std::string>& args,
+                                           const EnvLookup& env);
+
+std::string AgentHelp();
+
+// Where worker output goes: one file per rank in log_dir (when set), and on the console when
+// there is no log_dir or with tee, for the local ranks in local_ranks_filter (all when empty).
+struct OutputOptions {
+  bool rank_prefix = true;
+  std::string log_dir;
+  bool tee = false;
+  std::vector<int32_t> local_ranks_filter;
+};
+
+// What the agent does, all decided.
+struct AgentConfig {
+  // "standalone", "explicit", "slurm per-node", "slurm per-task" or "slurm step per node"
+  std::string mode;
+  // What this agent asks of the rendezvous, except what only the running agent knows (its agent
+  // id, its addresses and master port): the job id, this node, the job's size and policies.
+  JoinSpec join;
+  // Where the rendezvous server is: a host name or address, and the ports it may listen on,
+  // tried in order. The agent that hosts the server uses the host only to learn its own
+  // address as the other nodes see it.
+  std::string rdzv_host;
+  std::vector<int> rdzv_ports;
+  // This agent hosts the server in-process, listening on the first free port of
+  // embedded_ports (0: any free port) on embedded_listen_host.
+  bool embedded_server = false;
+  // How this agent proves who it is (mode and munge socket; the token is read from token_file
+  // when the agent starts), and the uid its server must prove it runs as.
+  ClientAuth auth;
+  std::string token_file;
+  // TLS toward an rdzvd (never toward a server hosted by an agent, which serves plaintext).
+  ClientTls tls;
+  std::string embedded_listen_host;
+  std::vector<int> embedded_ports;
+  absl::Duration join_timeout;
+  absl::Duration term_timeout;
+  // After losing the server mid-job: how long the workers go on while the agent rejoins. Zero
+  // stops them at once (the default when the server lives in an agent, as it cannot come back).
+  absl::Duration reconnect_timeout;
+  // The watchdog's heartbeat timeout (torch's file timers are always served).
+  HangWatchdogOptions hang;
+  OutputOptions output;
+  std::vector<std::string> command;
+  // What each worker's launch gets on top of its torchrun environment (ShapingLauncher).
+  WorkerShape worker_shape;
+};
+
+// What ResolveAgentConfig needs to know about the process it configures.
+struct LocalProcess {
+  std::string hostname;  // used when nothing better names this node
+  int64_t pid = 0;       // names a standalone job
+  uid_t uid = 0;         // the user a server hosted by the job's agent runs as
+};
+
+// How many ports after the derived one an embedded server may move to.
+inline constexpr int kEmbeddedPortCandidates = 8;
+
+// The first port an embedded server tries for a Slurm job step: 20000..29999, spread by job.
+int DerivedPort(absl::string_view job_id, absl::string_view step_id);
+
+// Fills in what the flags leave open: from --standalone, from RDZV_ENDPOINT, or from Slurm's
+// variables.
+//
+// Inside an srun step the job id is Slurm's job and step id, the node index SLURM_NODEID and
+// the agent count the step's node count (per-node mode) or task count (per-task mode, where
+// each agent runs one worker at RANK = SLURM_PROCID). Without an endpoint, the agent with
+// SLURM_NODEID 0 and SLURM_LOCALID 0 hosts the server and the others find it on the step's
+// first node, on a port derived from the job and step id (or one of the few after it).
+//
+// A one-task step on fewer nodes than the allocation whose --nnodes is the allocation's node
+// count is one of several steps, one per node, that form one job: its id is the Slurm job's, the
+// node index --node-rank (else the node's place in SLURM_JOB_NODELIST), and the agent on the
+// allocation's first node hosts the server at a port derived from the job id alone.
+absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const EnvLookup& env,
+                                               const LocalProcess& self);
+
+}  // namespace rdzv
+
+#endif  // RDZV_CLIENT_AGENT_CORE_AGENT_OPTIONS_H_

@@ -1,0 +1,31 @@
+// A process to start and how a process ended: the plain values that pass between the agent's
+// pure parts and its ProcessLauncher (client/agent/process_launcher.h), which does the starting.
+#ifndef RDZV_CLIENT_AGENT_CORE_PROCESS_SPEC_H_
+#define RDZV_CLIENT_AGENT_CORE_PROCESS_SPEC_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace rdzv {
+
+struct ProcessSpec {
+  std::vector<std::string> argv;  // argv[0] is looked up in PATH when it has no '/'
+  std::vector<std::string> env;   // "NAME=value"
+  // Removed by the guard, in this order, should the agent die before the worker ends (files are
+  // unlinked, empty directories removed): what the agent would have cleaned up itself.
+  std::vector<std::string> remove_if_orphaned;
+};
+
+struct ProcessExit {
+  pid_t pid = -1;
+  int exit_status = 0;  // valid when signal == 0
+  int signal = 0;       // the signal that killed it, or 0
+  // The shell convention: the exit status, or 128 + signal.
+  int code() const { return signal != 0 ? 128 + signal : exit_status; }
+};
+
+}  // namespace rdzv
+
+#endif  // RDZV_CLIENT_AGENT_CORE_PROCESS_SPEC_H_

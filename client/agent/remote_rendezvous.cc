@@ -1,0 +1,162 @@
+// The agent's rendezvous in an rdzvd, through rdzv::Client, and how an agent comes by its
+// rendezvous.
+#include "client/agent/remote_rendezvous.h"
+
+#include <spdlog/spdlog.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "common/auth.h"
+#include "common/clock.h"
+
+namespace rdzv {
+namespace {
+
+class RemoteRendezvous final : public AgentRendezvous {
+ public:
+  RemoteRendezvous(std::unique_ptr<Client> client, std::string endpoint, Post post)
+      : client_(std::move(client)),
+        endpoint_(std::move(endpoint)),
+        post_(std::move(post)),
+        joiner_([this] { RunJoins(); }) {}
+
+  ~RemoteRendezvous() override {
+    client_->Cancel();  // a join in progress returns at once
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    joiner_.join();
+  }
+
+  void Join(const JoinSpec& spec, absl::Duration timeout, Events events,
+            std::function<void(absl::StatusOr<AssignmentEvent>)> done) override {
+    // The join before this one, if it still waits, makes way.
+    client_->CancelJoin();
+    Handlers handlers;
+    if (events.on_progress) {
+      handlers.on_progress = [post = post_, f = events.on_progress](const ProgressEvent& p) {
+        post([f, p] { f(p); });
+      };
+    }
+    if (events.on_abort) {
+      handlers.on_abort = [post = post_, f = events.on_abort](const AbortEvent& a) {
+        post([f, a] { f(a); });
+      };
+    }
+    if (events.on_lost) {
+      handlers.on_lost = [post = post_, f = events.on_lost](const absl::Status& s) {
+        post([f, s] { f(s); });
+      };
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      joins_.push_back(
+          [this, spec, timeout, handlers = std::move(handlers), done = std::move(done)] {
+            absl::StatusOr<AssignmentEvent> result = client_->Join(spec, handlers, timeout);
+            post_([done, result = std::move(result)] { done(result); });
+          });
+    }
+    wake_.notify_one();
+  }
+
+  void ReportFailure(const FailureInfo& failure,
+                     std::function<void(absl::StatusOr<AbortEvent>)> done) override {
+    client_->ReportFailureAsync(
+        failure, [post = post_, done = std::move(done)](absl::StatusOr<AbortEvent> result) {
+          post([done, result = std::move(result)] { done(result); });
+        });
+  }
+
+  void Leave(std::function<void(absl::Status)> done) override {
+    client_->LeaveAsync([post = post_, done = std::move(done)](absl::Status status) {
+      post([done, status = std::move(status)] { done(status); });
+    });
+  }
+
+  void Cancel() override { client_->Cancel(); }
+
+  std::string endpoint() const override { return endpoint_; }
+
+ private:
+  // Client::Join blocks until the round completes: joins run here, one after another, and
+  // report back through post_.
+  void RunJoins() {
+    for (;;) {
+      std::function<void()> join;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [this] { return stopping_ || !joins_.empty(); });
+        if (stopping_) return;
+        join = std::move(joins_.front());
+        joins_.pop_front();
+      }
+      join();
+    }
+  }
+
+  const std::unique_ptr<Client> client_;
+  const std::string endpoint_;
+  const Post post_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> joins_;
+  bool stopping_ = false;
+  std::thread joiner_;  // last: it starts running in the constructor
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AgentRendezvous>> NewRemoteRendezvous(ClientOptions options,
+                                                                     AgentRendezvous::Post post) {
+  std::string endpoint = options.endpoint;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(std::move(options));
+  if (!client.ok()) return client.status();
+  return std::make_unique<RemoteRendezvous>(*std::move(client), std::move(endpoint),
+                                            std::move(post));
+}
+
+absl::StatusOr<ConnectedRendezvous> ConnectRendezvous(const AgentConfig& config,
+                                                      AgentRendezvous::Post post) {
+  ConnectedRendezvous connected;
+  if (config.mode == "standalone") {
+    connected.rendezvous = NewLocalRendezvous(SteadyClock(), std::move(post));
+    return connected;
+  }
+  ClientAuth auth = config.auth;
+  if (!config.token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadTokenFile(config.token_file);
+    if (!token.ok()) return token.status();
+    auth.token = *std::move(token);
+  }
+  absl::StatusOr<ClientAuth> resolved = ResolveClientAuth(std::move(auth));
+  if (!resolved.ok()) return resolved.status();
+  if (config.mode == "slurm step per node") {
+    spdlog::info(
+        "one step per node: this step joins job {} as node {} of {}, at the rendezvous on the "
+        "allocation's first node {}; it waits up to --join-timeout for the other steps",
+        config.join.job_id, config.join.agent.node_index, config.join.max_agents, config.rdzv_host);
+  }
+  absl::StatusOr<ServerLocation> location = LocateServer(config, *resolved);
+  if (!location.ok()) return location.status();
+  connected.location = *std::move(location);
+  const std::vector<std::string>& endpoints = connected.location.endpoints;
+  ClientOptions options;
+  options.auth = *std::move(resolved);
+  options.tls = config.tls;
+  options.endpoint = endpoints.front();
+  options.alternate_endpoints.assign(endpoints.begin() + 1, endpoints.end());
+  options.join_timeout = config.join_timeout;
+  absl::StatusOr<std::unique_ptr<AgentRendezvous>> remote =
+      NewRemoteRendezvous(std::move(options), std::move(post));
+  if (!remote.ok()) return remote.status();
+  connected.rendezvous = *std::move(remote);
+  return connected;
+}
+
+}  // namespace rdzv

@@ -1,0 +1,34 @@
+// Where an agent's rendezvous comes from: the whole setup between its configuration and a
+// rendezvous to join. A standalone agent keeps one in-process; any other proves who it is
+// (reading its token file, or choosing MUNGE), finds or starts the server (server_locator.h)
+// and connects to it.
+//
+// Runs before the agent's event loop starts: it may block on name resolution, scontrol and
+// munged. Thread-compatible (a free function).
+#ifndef RDZV_CLIENT_AGENT_REMOTE_RENDEZVOUS_H_
+#define RDZV_CLIENT_AGENT_REMOTE_RENDEZVOUS_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "client/agent/agent_rendezvous.h"
+#include "client/agent/core/agent_options.h"
+#include "client/agent/server_locator.h"
+
+namespace rdzv {
+
+struct ConnectedRendezvous {
+  // Where the server is, holding it when this agent hosts it; empty for a standalone agent.
+  ServerLocation location;
+  std::unique_ptr<AgentRendezvous> rendezvous;
+};
+
+// The rendezvous for `config`, reporting through `post` (AgentRendezvous). The errors name
+// what to fix: an unreadable token file, a server that cannot be found or started, a malformed
+// endpoint.
+absl::StatusOr<ConnectedRendezvous> ConnectRendezvous(const AgentConfig& config,
+                                                      AgentRendezvous::Post post);
+
+}  // namespace rdzv
+
+#endif  // RDZV_CLIENT_AGENT_REMOTE_RENDEZVOUS_H_

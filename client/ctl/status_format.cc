@@ -1,0 +1,124 @@
+#include "client/ctl/status_format.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/core/hostlist.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace rdzv {
+namespace {
+
+std::string Expected(const v1::JobStatus& job) {
+  if (job.min_agents() == job.max_agents()) return absl::StrCat(job.max_agents());
+  return absl::StrCat(job.min_agents(), "-", job.max_agents());
+}
+
+std::string JoinedHosts(const v1::JobStatus& job) {
+  std::vector<std::string> hosts;
+  absl::flat_hash_set<std::string> seen;
+  for (const v1::AgentStatus& agent : job.agents()) {
+    if (!agent.host().empty() && seen.insert(agent.host()).second) hosts.push_back(agent.host());
+  }
+  std::sort(hosts.begin(), hosts.end());
+  return CompressHostlist(hosts);
+}
+
+// The job's nodes as its agents gave them to rdzvd, or none when there is no list, it does not
+// parse, or it does not name the host of every agent that joined (--host-name renamed one), so
+// that a node is never shown missing while its agent is there under another name.
+std::vector<std::string> JobNodes(const v1::JobStatus& job) {
+  if (job.node_list().empty()) return {};
+  absl::StatusOr<std::vector<std::string>> nodes = ExpandHostlist(job.node_list());
+  if (!nodes.ok()) return {};
+  const absl::flat_hash_set<std::string> names(nodes->begin(), nodes->end());
+  for (const v1::AgentStatus& agent : job.agents()) {
+    if (!names.contains(agent.host())) return {};
+  }
+  return *std::move(nodes);
+}
+
+std::string Failure(const v1::JobStatus& job) {
+  if (!job.has_abort()) return job.state() == "ended" ? "ended" : "";
+  return job.abort().reason();
+}
+
+}  // namespace
+
+std::string MissingNodes(const v1::JobStatus& job, const std::vector<std::string>& nodelist) {
+  if (job.state() != "filling" || job.joined() >= job.max_agents()) return "";
+  const std::string more = absl::StrCat(job.max_agents() - job.joined(), " more");
+  const std::vector<std::string> nodes = nodelist.empty() ? JobNodes(job) : nodelist;
+  if (!nodes.empty()) {
+    absl::flat_hash_set<std::string> joined;
+    for (const v1::AgentStatus& agent : job.agents()) joined.insert(agent.host());
+    std::vector<std::string> missing;
+    for (const std::string& host : nodes) {
+      if (!joined.contains(host)) missing.push_back(host);
+    }
+    // With several agents on a node (one per task), every node may have one while more are due.
+    return missing.empty() ? more : CompressHostlist(missing);
+  }
+  std::set<int64_t> indices;
+  for (const v1::AgentStatus& agent : job.agents()) {
+    if (agent.node_index() < 0) return more;
+    indices.insert(agent.node_index());
+  }
+  std::vector<std::string> missing;
+  for (int64_t i = 0; i < job.max_agents(); ++i) {
+    if (!indices.contains(i)) missing.push_back(absl::StrCat(i));
+  }
+  std::string list = CompressHostlist(missing);
+  // A single index comes back bare; a hostlist of indices reads better bracketed throughout.
+  if (!list.empty() && list.front() != '[') list = absl::StrCat("[", list, "]");
+  return list;
+}
+
+std::string FormatStatusTable(const v1::StatusResponse& status,
+                              const std::vector<std::string>& nodelist) {
+  if (status.jobs().empty()) return "no jobs\n";
+  std::vector<std::vector<std::string>> rows = {
+      {"JOB", "STATE", "ROUND", "AGENTS", "WORLD", "HOSTS", "MISSING", "FAILURE"}};
+  for (const v1::JobStatus& job : status.jobs()) {
+    const std::string missing = MissingNodes(job, nodelist);
+    const std::string failure = Failure(job);
+    rows.push_back({job.job_id(), job.state(), absl::StrCat(job.round()),
+                    absl::StrCat(job.joined(), "/", Expected(job)),
+                    job.world_size() > 0 ? absl::StrCat(job.world_size()) : "-",
+                    JoinedHosts(job).empty() ? "-" : JoinedHosts(job),
+                    missing.empty() ? "-" : missing, failure.empty() ? "-" : failure});
+  }
+  std::vector<size_t> widths(rows.front().size(), 0);
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      // The last column (the failure, free text) is not padded.
+      if (i + 1 == row.size()) {
+        absl::StrAppend(&line, row[i]);
+      } else {
+        absl::StrAppend(&line, absl::StrFormat("%-*s  ", static_cast<int>(widths[i]), row[i]));
+      }
+    }
+    absl::StrAppend(&out, line, "\n");
+  }
+  return out;
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) return "{}";
+  return json;
+}
+
+}  // namespace rdzv

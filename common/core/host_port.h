@@ -1,0 +1,31 @@
+// Endpoints as text: "host:port" parsed and written, and whether an address is loopback. Pure:
+// no name is resolved (common/net.h holds the helpers that touch sockets).
+#ifndef RDZV_COMMON_CORE_HOST_PORT_H_
+#define RDZV_COMMON_CORE_HOST_PORT_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace rdzv {
+
+struct HostPort {
+  std::string host;  // without brackets for IPv6
+  int port = 0;
+};
+
+// Parses "host:port", "[v6addr]:port" or "host" (then `default_port`). InvalidArgument with
+// the expected form on anything else.
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view text, int default_port);
+
+// "host:port", bracketing IPv6 literals; what gRPC and MASTER_ADDR-style consumers expect.
+std::string FormatHostPort(absl::string_view host, int port);
+
+// Whether `address` is "localhost", ::1 or in 127.0.0.0/8 (brackets allowed); names are not
+// resolved.
+bool IsLoopbackAddress(absl::string_view address);
+
+}  // namespace rdzv
+
+#endif  // RDZV_COMMON_CORE_HOST_PORT_H_

@@ -1,0 +1,890 @@
+#include "common/core/rendezvous_state.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "common/core/hang_verdict.h"
+
+namespace rdzv {
+
+enum class Phase { kFilling, kRunning, kEnded };
+
+struct RendezvousState::Member {
+  JoinSpec spec;
+  std::string peer_address;  // where it connected from, as the server saw it
+  StreamId stream = 0;       // 0: not attached
+  bool left = false;
+  Slot slot;
+};
+
+struct RendezvousState::Job {
+  std::string id;
+  Phase phase = Phase::kFilling;
+  int32_t round = 0;
+  int32_t restart_count = 0;
+  std::optional<int32_t> max_restarts;  // the first member's that stated one
+  int32_t min_agents = 1;
+  int32_t max_agents = 1;
+  Micros last_call = 0;
+  Micros last_join = 0;
+  Micros last_progress = 0;
+  Micros ended_at = 0;
+  Micros last_detach = 0;  // an ended job's TTL runs from the later of this and ended_at
+  // Set while a job rebuilt from resuming agents waits for the rest of them.
+  Micros resume_deadline = 0;
+  int32_t attached = 0;
+  int32_t world_size = 0;
+  absl::flat_hash_map<std::string, Member> members;
+  // Members with `left` set, so that "has everyone left?" is a comparison and not a scan: it is
+  // asked after every departure, and a job of N agents sees N of them.
+  size_t left = 0;
+  // Who holds each position (global order, else node index): refuses a second claim at once
+  // instead of failing the whole round when it completes.
+  absl::flat_hash_map<int64_t, std::string> claims;
+  AssignmentEvent assignment;  // the parts every member shares
+  std::optional<AbortEvent> abort;
+  // The longest heartbeat interval its agents have reported, over all rounds.
+  Micros longest_heartbeat_interval = 0;
+  // The first node list an agent gave (JoinSpec::node_list), kept over rounds for Status.
+  std::string node_list;
+  // The fixed master endpoint this round's members give, and how many give each part: a join
+  // that differs is refused, so at most one of each exists, and checking a join against them
+  // takes no scan of the members.
+  std::string addr_override;
+  int32_t addr_givers = 0;
+  int32_t port_override = 0;
+  int32_t port_givers = 0;
+
+  // A member joins (+1) or leaves (-1) the round being filled.
+  void CountOverride(const JoinSpec& spec, int32_t delta) {
+    if (!spec.master_addr_override.empty()) {
+      addr_givers += delta;
+      addr_override = addr_givers > 0 ? spec.master_addr_override : "";
+    }
+    if (spec.master_port_override > 0) {
+      port_givers += delta;
+      port_override = port_givers > 0 ? spec.master_port_override : 0;
+    }
+  }
+  void ClearOverrides() {
+    addr_override.clear();
+    addr_givers = 0;
+    port_override = 0;
+    port_givers = 0;
+  }
+};
+
+namespace {
+
+constexpr size_t kProgressHosts = 8;
+constexpr size_t kProgressMissing = 16;
+
+const char* PhaseName(Phase p) {
+  switch (p) {
+    case Phase::kFilling:
+      return "filling";
+    case Phase::kRunning:
+      return "running";
+    case Phase::kEnded:
+      return "ended";
+  }
+  return "?";
+}
+
+bool IsLoopback(absl::string_view address) {
+  return absl::StartsWith(address, "127.") || address == "::1" || address == "localhost";
+}
+
+// MASTER_ADDR: the rank-0 agent's best address, unless that is a loopback address while other
+// agents reached the server over the network. Then the others could not reach it (a host name
+// that /etc/hosts maps to 127.0.1.1 is the usual cause), so take a real one.
+std::string ChooseMasterAddress(const JoinSpec& master, const std::string& master_peer,
+                                const std::vector<const std::string*>& peers) {
+  const std::string first = master.addresses.empty() ? "127.0.0.1" : master.addresses.front();
+  if (!IsLoopback(first)) return first;
+  const bool remote_peers = std::any_of(peers.begin(), peers.end(), [](const std::string* p) {
+    return !p->empty() && !IsLoopback(*p);
+  });
+  if (!remote_peers) return first;
+  if (!master_peer.empty() && !IsLoopback(master_peer)) return master_peer;
+  for (const std::string& a : master.addresses) {
+    if (!IsLoopback(a)) return a;
+  }
+  return first;
+}
+
+int64_t ClaimKey(const AgentSpec& a) { return a.order >= 0 ? a.order : a.node_index; }
+
+// Why the assignment `spec` resumes cannot be one this server handed out, or "".
+std::string ImpossibleResume(const JoinSpec& spec) {
+  const AssignmentEvent& r = *spec.resume;
+  const Slot& slot = r.slot;
+  const int64_t last_rank = int64_t{slot.rank_offset} + spec.agent.nproc - 1;
+  const int64_t last_local = int64_t{slot.local_rank_offset} + spec.agent.nproc - 1;
+  if (r.round < 1) return absl::StrFormat("round %d", r.round);
+  if (r.agents < 1 || r.agents > spec.max_agents) {
+    return absl::StrFormat("%d agents where --nnodes allows %d", r.agents, spec.max_agents);
+  }
+  if (r.group_world_size < 1 || r.group_world_size > r.agents) {
+    return absl::StrFormat("%d nodes for %d agents", r.group_world_size, r.agents);
+  }
+  if (slot.group_rank < 0 || slot.group_rank >= r.group_world_size) {
+    return absl::StrFormat("node %d of %d", slot.group_rank, r.group_world_size);
+  }
+  if (slot.rank_offset < 0 || last_rank >= r.world_size) {
+    return absl::StrFormat("ranks %d-%d of world size %d", slot.rank_offset, last_rank,
+                           r.world_size);
+  }
+  if (slot.local_rank_offset < 0 || last_local >= slot.local_world_size ||
+      slot.local_world_size > r.world_size) {
+    return absl::StrFormat("local ranks %d-%d of %d on its node", slot.local_rank_offset,
+                           last_local, slot.local_world_size);
+  }
+  if (r.master_port < 0 || r.master_port > 65535) {
+    return absl::StrFormat("master port %d", r.master_port);
+  }
+  if (r.restart_count < 0) return absl::StrFormat("restart count %d", r.restart_count);
+  if (r.longest_heartbeat_interval < 0 || r.longest_heartbeat_interval > kMaxJoinSpan) {
+    return absl::StrFormat("a heartbeat interval of %d us", r.longest_heartbeat_interval);
+  }
+  return "";
+}
+
+// One line for a duration from the wire, whatever its value.
+std::string Span(Micros span) { return absl::FormatDuration(absl::Microseconds(span)); }
+
+absl::Status OutOfRange(absl::string_view what, int64_t value, absl::string_view expected) {
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s is %d; expected %s", what, value, expected));
+}
+
+}  // namespace
+
+absl::Status ValidateJoinSpec(const JoinSpec& spec) {
+  if (spec.job_id.empty()) return absl::InvalidArgumentError("the job id is empty; pass --rdzv-id");
+  if (spec.agent.agent_id.empty()) return absl::InvalidArgumentError("the agent id is empty");
+  const AgentSpec& agent = spec.agent;
+  if (agent.nproc < 1 || agent.nproc > kMaxWorkersPerAgent) {
+    return OutOfRange("--nproc-per-node", agent.nproc,
+                      absl::StrFormat("1 to %d", kMaxWorkersPerAgent));
+  }
+  if (spec.min_agents < 1 || spec.max_agents < spec.min_agents) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--nnodes %d:%d is not a valid range; expected 1 <= MIN <= MAX",
+                        spec.min_agents, spec.max_agents));
+  }
+  // Ranks are 32-bit in torch and on the wire. No agent of the job runs more workers than
+  // --nnodes times its own count allows, so the job's world fits once every agent's does.
+  const int64_t world = int64_t{agent.nproc} * spec.max_agents;
+  if (world > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d agents of %d workers each make %d ranks, over the limit of %d; lower --nnodes or "
+        "--nproc-per-node",
+        spec.max_agents, agent.nproc, world, std::numeric_limits<int32_t>::max()));
+  }
+  if (agent.order < -1 || agent.order >= spec.max_agents) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("global position %d is out of range for %d agents; expected 0..%d",
+                        agent.order, spec.max_agents, spec.max_agents - 1));
+  }
+  // A node holds at least one agent, so there are never more nodes than agents.
+  if (agent.node_index < -1 || agent.node_index >= spec.max_agents) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--node-rank %d is out of range for %d nodes; expected 0..%d",
+                        agent.node_index, spec.max_agents, spec.max_agents - 1));
+  }
+  if (spec.last_call < 0 || spec.last_call > kMaxJoinSpan) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--last-call (last_call_ms) is %s; expected 0 to 365 days", Span(spec.last_call)));
+  }
+  if (spec.master_port < 0 || spec.master_port > 65535) {
+    return OutOfRange("the master port", spec.master_port, "0 to 65535");
+  }
+  if (spec.master_port_override < 0 || spec.master_port_override > 65535) {
+    return OutOfRange("--master-port", spec.master_port_override, "1 to 65535, or 0 for none");
+  }
+  if (spec.restart_count < 0) return OutOfRange("the restart count", spec.restart_count, ">= 0");
+  if (spec.max_restarts && *spec.max_restarts < 0) {
+    return OutOfRange("--max-restarts", *spec.max_restarts, ">= 0");
+  }
+  if (spec.longest_heartbeat_interval < 0 || spec.longest_heartbeat_interval > kMaxJoinSpan) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the longest heartbeat interval is %s; expected 0 to 365 days",
+                        Span(spec.longest_heartbeat_interval)));
+  }
+  if (spec.resume) {
+    if (const std::string why = ImpossibleResume(spec); !why.empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "agent %s asks back into an assignment that no rendezvous hands out (%s); stop the "
+          "agent and restart the job",
+          agent.agent_id, why));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// A member's shape is fixed once it has joined: its place among the claims and its ranks were
+// (or will be) worked out from it. A join under the same agent id that changes it would take
+// the member's place with a different shape, so it is refused, naming both values.
+absl::Status SameShape(const std::string& job_id, const AgentSpec& held, const AgentSpec& asked) {
+  const auto refuse = [&](absl::string_view flag, int64_t was, int64_t now) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "agent %s already joined job %s with %s %d and now asks for %d; rejoin with %s %d, or "
+        "give a launcher of another shape its own agent id",
+        held.agent_id, job_id, flag, was, now, flag, was));
+  };
+  if (asked.nproc != held.nproc) return refuse("--nproc-per-node", held.nproc, asked.nproc);
+  if (asked.node_index != held.node_index) {
+    return refuse("--node-rank", held.node_index, asked.node_index);
+  }
+  if (asked.order != held.order) return refuse("global position", held.order, asked.order);
+  return absl::OkStatus();
+}
+
+// Ranks are assigned by node rank when the agents give one, else by host name; by global
+// position when they have one (one agent per task). A job's agents must agree on both, so a
+// newcomer that does not is refused, naming the agent it disagrees with; `other` is any member.
+absl::Status SameRanking(const std::string& job_id, const AgentSpec& other,
+                         const AgentSpec& asked) {
+  if ((asked.node_index >= 0) != (other.node_index >= 0)) {
+    const auto gives = [](const AgentSpec& a) {
+      return a.node_index >= 0 ? absl::StrFormat("gives --node-rank %d", a.node_index)
+                               : std::string("gives no --node-rank");
+    };
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the agent on %s %s, but the agent on %s, already in job %s, %s; pass --node-rank to "
+        "every agent of the job or to none",
+        asked.host, gives(asked), other.host, job_id, gives(other)));
+  }
+  if ((asked.order >= 0) != (other.order >= 0)) {
+    const auto has = [](const AgentSpec& a) {
+      return a.order >= 0 ? "has a global position (one agent per task)"
+                          : "has no global position (one agent per node)";
+    };
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the agent on %s %s, but the agent on %s, already in job %s, %s; run every agent of the "
+        "job in the same --mode",
+        asked.host, has(asked), other.host, job_id, has(other)));
+  }
+  return absl::OkStatus();
+}
+
+// A resuming agent's claim against the round the job runs (`runs`, as the first agent back
+// brought it, with the job's restart count): workers of another master or size are not this
+// job's, and must not change it for the others.
+absl::Status SameRun(const std::string& job_id, const AssignmentEvent& runs,
+                     const AssignmentEvent& held, const std::string& host) {
+  const auto refuse = [&](const std::string& claimed, const std::string& held_by_job) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the agent on %s rejoins round %d of job %s with %s, but the job runs with %s; its "
+        "workers are not this job's: stop it, or restart the job",
+        host, held.round, job_id, claimed, held_by_job));
+  };
+  const auto master = [](const AssignmentEvent& a) {
+    return absl::StrFormat("master %s:%d", a.master_addr, a.master_port);
+  };
+  if (held.master_addr != runs.master_addr || held.master_port != runs.master_port) {
+    return refuse(master(held), master(runs));
+  }
+  if (held.restart_count != runs.restart_count) {
+    return refuse(absl::StrFormat("restart count %d", held.restart_count),
+                  absl::StrFormat("restart count %d", runs.restart_count));
+  }
+  if (held.group_world_size != runs.group_world_size || held.agents != runs.agents) {
+    return refuse(absl::StrFormat("%d nodes of %d agents", held.group_world_size, held.agents),
+                  absl::StrFormat("%d nodes of %d agents", runs.group_world_size, runs.agents));
+  }
+  return absl::OkStatus();
+}
+
+std::string SizeText(int32_t min, int32_t max) {
+  return min == max ? absl::StrFormat("%d", max) : absl::StrFormat("%d:%d", min, max);
+}
+
+}  // namespace
+
+RendezvousState::RendezvousState(StateOptions options) : options_(options) {}
+RendezvousState::~RendezvousState() = default;
+
+size_t RendezvousState::job_count() const { return jobs_.size(); }
+
+RendezvousState::Job* RendezvousState::FindJob(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+void RendezvousState::Detach(Job& job, Member& member) {
+  if (member.stream == 0) return;
+  streams_.erase(member.stream);
+  member.stream = 0;
+  --job.attached;
+}
+
+void RendezvousState::OpenRound(Job& job, const JoinSpec& spec) {
+  for (auto& [id, member] : job.members) Detach(job, member);
+  job.members.clear();
+  job.ClearOverrides();
+  job.left = 0;
+  job.claims.clear();
+  job.phase = Phase::kFilling;
+  job.round += 1;
+  job.restart_count = spec.restart_count;
+  job.max_restarts = spec.max_restarts;
+  job.min_agents = spec.min_agents;
+  job.max_agents = spec.max_agents;
+  job.last_call = spec.last_call;
+  job.world_size = 0;
+  job.abort.reset();
+}
+
+void RendezvousState::Attach(Job& job, Member& member, StreamId stream) {
+  Detach(job, member);
+  member.stream = stream;
+  streams_[stream] = {job.id, member.spec.agent.agent_id};
+  ++job.attached;
+}
+
+void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec,
+                             const CallerInfo& caller, Decisions& out) {
+  const AssignmentEvent& held = *spec.resume;
+  Job* job = FindJob(spec.job_id);
+  if (job == nullptr) {
+    // This server does not know the job: it restarted while the job ran. The round is rebuilt
+    // from the assignments its agents bring back; the ones not back in time count as lost.
+    auto created = std::make_unique<Job>();
+    job = created.get();
+    job->id = spec.job_id;
+    job->phase = Phase::kRunning;
+    job->round = held.round;
+    job->restart_count = held.restart_count;
+    job->min_agents = spec.min_agents;
+    job->max_agents = spec.max_agents;
+    job->last_call = spec.last_call;
+    job->world_size = held.world_size;
+    job->assignment = held;
+    job->assignment.slot = Slot{};
+    job->resume_deadline = now + options_.resume_window;
+    job->node_list = spec.node_list;
+    jobs_.emplace(spec.job_id, std::move(created));
+  }
+
+  switch (job->phase) {
+    case Phase::kEnded:
+      // It ended while this agent was away (losing an agent ends a job, this one included).
+      out.sends.push_back({stream, *job->abort});
+      out.closes.push_back({stream, absl::OkStatus()});
+      return;
+    case Phase::kFilling:
+      out.closes.push_back(
+          {stream, absl::AbortedError(absl::StrFormat(
+                       "job %s started round %d without this agent, which ran round %d", job->id,
+                       job->round, held.round))});
+      return;
+    case Phase::kRunning:
+      break;
+  }
+  if (job->round != held.round || job->world_size != held.world_size) {
+    out.closes.push_back(
+        {stream, absl::AbortedError(absl::StrFormat(
+                     "job %s runs round %d (world size %d), not this agent's round %d (world "
+                     "size %d)",
+                     job->id, job->round, job->world_size, held.round, held.world_size))});
+    return;
+  }
+  AssignmentEvent runs = job->assignment;
+  runs.restart_count = job->restart_count;
+  if (absl::Status s = SameRun(job->id, runs, held, spec.agent.host); !s.ok()) {
+    out.closes.push_back({stream, std::move(s)});
+    return;
+  }
+  auto it = job->members.find(spec.agent.agent_id);
+  if (it == job->members.end()) {
+    if (job->resume_deadline == 0) {
+      out.closes.push_back(
+          {stream, absl::AbortedError(absl::StrFormat("round %d of job %s has no agent %s",
+                                                      job->round, job->id, spec.agent.agent_id))});
+      return;
+    }
+    auto [claim, inserted] = job->claims.emplace(held.slot.rank_offset, spec.agent.agent_id);
+    if (!inserted) {
+      out.closes.push_back({stream, absl::FailedPreconditionError(absl::StrFormat(
+                                        "rank %d of job %s is already held by the agent on %s",
+                                        held.slot.rank_offset, job->id,
+                                        job->members.at(claim->second).spec.agent.host))});
+      return;
+    }
+    it = job->members.emplace(spec.agent.agent_id, Member{}).first;
+    it->second.spec = spec;
+    it->second.spec.resume.reset();
+    it->second.peer_address = caller.peer_address;
+    it->second.slot = held.slot;
+    if (static_cast<int32_t>(job->members.size()) >= job->assignment.agents) {
+      job->resume_deadline = 0;  // everyone is back
+    }
+  } else if (absl::Status s = SameShape(job->id, it->second.spec.agent, spec.agent); !s.ok()) {
+    out.closes.push_back({stream, std::move(s)});
+    return;
+  } else if (it->second.stream != 0 && it->second.stream != stream) {
+    out.closes.push_back({it->second.stream, absl::AbortedError("replaced by a newer join")});
+  }
+  Attach(*job, it->second, stream);
+  AssignmentEvent a = job->assignment;
+  a.slot = it->second.slot;
+  out.sends.push_back({stream, a});
+}
+
+void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
+                           const CallerInfo& caller, Decisions& out) {
+  if (absl::Status s = ValidateJoinSpec(spec); !s.ok()) {
+    out.closes.push_back({stream, s});
+    return;
+  }
+  if (spec.resume) {
+    Resume(now, stream, spec, caller, out);
+    return;
+  }
+  Job* job = FindJob(spec.job_id);
+  if (job == nullptr) {
+    auto created = std::make_unique<Job>();
+    job = created.get();
+    job->id = spec.job_id;
+    jobs_.emplace(spec.job_id, std::move(created));
+    OpenRound(*job, spec);
+    job->last_progress = now;
+  }
+
+  auto member_it = job->members.find(spec.agent.agent_id);
+  const bool is_member = member_it != job->members.end();
+
+  if (job->phase == Phase::kEnded) {
+    const bool next_round = spec.restart_count > job->restart_count;
+    if (is_member && !next_round) {
+      // A reconnect after the end (its first stream broke before the assignment reached it):
+      // tell it how the job ended, and end the join, as for a resume, so that the agent exits
+      // with the root cause now instead of waiting on a stream that will carry nothing more.
+      out.sends.push_back({stream, *job->abort});
+      out.closes.push_back({stream, absl::OkStatus()});
+      return;
+    }
+    if (!next_round && job->attached > 0) {
+      out.closes.push_back(
+          {stream, absl::UnavailableError(absl::StrFormat(
+                       "job %s is still ending its previous run; try again", job->id))});
+      return;
+    }
+    // A restart (next_round), or the same job id starting afresh (a requeued job).
+    for (auto& [id, member] : job->members) {
+      if (member.stream != 0) {
+        out.closes.push_back({member.stream, absl::AbortedError("a new round started")});
+      }
+    }
+    OpenRound(*job, spec);
+    job->last_progress = now;
+  } else if (job->min_agents != spec.min_agents || job->max_agents != spec.max_agents) {
+    out.closes.push_back(
+        {stream, absl::FailedPreconditionError(absl::StrFormat(
+                     "this agent expects --nnodes %s but job %s was started with --nnodes %s; "
+                     "give every agent the same --nnodes",
+                     SizeText(spec.min_agents, spec.max_agents), job->id,
+                     SizeText(job->min_agents, job->max_agents)))});
+    return;
+  }
+  if (spec.max_restarts && job->max_restarts && *spec.max_restarts != *job->max_restarts) {
+    out.closes.push_back(
+        {stream, absl::FailedPreconditionError(
+                     absl::StrFormat("this agent has --max-restarts %d but job %s was started with "
+                                     "--max-restarts %d; give every agent the same --max-restarts",
+                                     *spec.max_restarts, job->id, *job->max_restarts))});
+    return;
+  }
+
+  member_it = job->members.find(spec.agent.agent_id);
+  if (member_it != job->members.end()) {
+    // The same agent again (a retried join): the new stream replaces the old one.
+    Member& member = member_it->second;
+    if (absl::Status s = SameShape(job->id, member.spec.agent, spec.agent); !s.ok()) {
+      out.closes.push_back({stream, std::move(s)});
+      return;
+    }
+    if (member.stream != 0 && member.stream != stream) {
+      out.closes.push_back({member.stream, absl::AbortedError("replaced by a newer join")});
+    }
+    Attach(*job, member, stream);
+    if (job->phase == Phase::kRunning) {
+      AssignmentEvent a = job->assignment;
+      a.slot = member.slot;
+      out.sends.push_back({stream, a});
+    }
+    return;
+  }
+
+  if (job->phase == Phase::kRunning) {
+    out.closes.push_back(
+        {stream,
+         absl::FailedPreconditionError(absl::StrFormat(
+             "job %s already started (round %d, %d agents); this agent on %s came too "
+             "late: check --nnodes, and that the job id is not reused",
+             job->id, job->round, static_cast<int>(job->members.size()), spec.agent.host))});
+    return;
+  }
+
+  if (!job->members.empty()) {
+    const AgentSpec& other = job->members.begin()->second.spec.agent;
+    if (absl::Status s = SameRanking(job->id, other, spec.agent); !s.ok()) {
+      out.closes.push_back({stream, std::move(s)});
+      return;
+    }
+  }
+
+  // A fixed master endpoint must be the same wherever it is given: otherwise one agent could
+  // point every worker of the job somewhere else.
+  const bool addr_differs = !spec.master_addr_override.empty() && job->addr_givers > 0 &&
+                            spec.master_addr_override != job->addr_override;
+  const bool port_differs = spec.master_port_override > 0 && job->port_givers > 0 &&
+                            spec.master_port_override != job->port_override;
+  if (addr_differs || port_differs) {
+    // Refusals only: name one member that set what this agent contradicts.
+    const JoinSpec* o = nullptr;
+    for (const auto& [id, other] : job->members) {
+      const JoinSpec& c = other.spec;
+      if ((addr_differs && !c.master_addr_override.empty()) ||
+          (port_differs && c.master_port_override > 0)) {
+        o = &c;
+        break;
+      }
+    }
+    out.closes.push_back(
+        {stream, absl::FailedPreconditionError(absl::StrFormat(
+                     "the agent on %s sets the master to %s:%d but the agent on %s set %s:%d; "
+                     "give every agent the same --master-addr and --master-port, or none",
+                     spec.agent.host, spec.master_addr_override, spec.master_port_override,
+                     o ? o->agent.host : "?", o ? o->master_addr_override : job->addr_override,
+                     o ? o->master_port_override : job->port_override))});
+    return;
+  }
+
+  const int64_t claim = ClaimKey(spec.agent);
+  if (claim >= 0) {
+    auto [it, inserted] = job->claims.emplace(claim, spec.agent.agent_id);
+    if (!inserted) {
+      const Member& holder = job->members.at(it->second);
+      out.closes.push_back(
+          {stream,
+           absl::FailedPreconditionError(absl::StrFormat(
+               "%s %d of job %s is already taken by the agent on %s; give each %s its own",
+               spec.agent.order >= 0 ? "global position" : "node rank", claim, job->id,
+               holder.spec.agent.host, spec.agent.order >= 0 ? "agent" : "node --node-rank"))});
+      return;
+    }
+  }
+  if (static_cast<int32_t>(job->members.size()) >= job->max_agents) {
+    out.closes.push_back(
+        {stream, absl::FailedPreconditionError(absl::StrFormat(
+                     "job %s already has all %d agents; this agent on %s is one too many: "
+                     "check --nnodes",
+                     job->id, job->max_agents, spec.agent.host))});
+    return;
+  }
+
+  Member& member = job->members[spec.agent.agent_id];
+  if (!job->max_restarts) job->max_restarts = spec.max_restarts;
+  if (job->node_list.empty()) job->node_list = spec.node_list;
+  member.spec = spec;
+  member.peer_address = caller.peer_address;
+  job->CountOverride(spec, +1);
+  Attach(*job, member, stream);
+  job->last_join = now;
+  if (static_cast<int32_t>(job->members.size()) == job->max_agents) {
+    CompleteRound(*job, out);
+    EraseIfDone(spec.job_id);  // a round that could not be ranked leaves nobody
+  }
+}
+
+void RendezvousState::CompleteRound(Job& job, Decisions& out) {
+  std::vector<const Member*> members;
+  std::vector<AgentSpec> specs;
+  members.reserve(job.members.size());
+  specs.reserve(job.members.size());
+  for (const auto& [id, member] : job.members) {
+    members.push_back(&member);
+    specs.push_back(member.spec.agent);
+  }
+  absl::StatusOr<RankTable> table = AssignRanks(specs);
+  if (!table.ok()) {
+    for (const Member* m : members) {
+      if (m->stream != 0) out.closes.push_back({m->stream, table.status()});
+    }
+    // Nobody can use this round: forget it so that corrected agents can start over.
+    for (auto& [id, member] : job.members) Detach(job, member);
+    job.members.clear();
+    job.ClearOverrides();
+    job.left = 0;
+    job.claims.clear();
+    return;
+  }
+
+  const JoinSpec& master = members[table->master_agent]->spec;
+  AssignmentEvent shared;
+  shared.round = job.round;
+  shared.world_size = table->world_size;
+  shared.group_world_size = table->group_world_size;
+  shared.restart_count = job.restart_count;
+  shared.agents = static_cast<int32_t>(members.size());
+  for (const Member* m : members) {
+    job.longest_heartbeat_interval =
+        std::max(job.longest_heartbeat_interval, m->spec.longest_heartbeat_interval);
+  }
+  shared.longest_heartbeat_interval = job.longest_heartbeat_interval;
+  std::vector<const std::string*> peers;
+  peers.reserve(members.size());
+  for (const Member* m : members) peers.push_back(&m->peer_address);
+  shared.master_addr =
+      ChooseMasterAddress(master, members[table->master_agent]->peer_address, peers);
+  shared.master_port = master.master_port;
+  for (const Member* m : members) {
+    if (!m->spec.master_addr_override.empty()) shared.master_addr = m->spec.master_addr_override;
+    if (m->spec.master_port_override > 0) shared.master_port = m->spec.master_port_override;
+  }
+  job.assignment = shared;
+  job.world_size = table->world_size;
+  job.phase = Phase::kRunning;
+
+  for (size_t i = 0; i < members.size(); ++i) {
+    Member& m = job.members.at(members[i]->spec.agent.agent_id);
+    m.slot = table->slots[i];
+    if (m.stream == 0) continue;
+    AssignmentEvent a = shared;
+    a.slot = m.slot;
+    out.sends.push_back({m.stream, std::move(a)});
+  }
+}
+
+void RendezvousState::EndJob(Job& job, Micros now, AbortEvent abort, Decisions& out) {
+  const bool filling = job.phase == Phase::kFilling;
+  job.phase = Phase::kEnded;
+  job.ended_at = now;
+  job.abort = std::move(abort);
+  for (auto& [id, member] : job.members) {
+    if (member.stream == 0 || member.left) continue;
+    out.sends.push_back({member.stream, *job.abort});
+    // A waiter's join ends with the abort: no assignment will follow it.
+    if (filling) {
+      out.closes.push_back({member.stream, absl::OkStatus()});
+      Detach(job, member);
+    }
+  }
+  if (filling) job.last_detach = now;
+}
+
+void RendezvousState::StreamClosed(Micros now, StreamId stream, Decisions& out) {
+  auto owner_it = streams_.find(stream);
+  if (owner_it == streams_.end()) return;
+  const StreamOwner owner = owner_it->second;
+  Job* job = FindJob(owner.job_id);
+  if (job == nullptr) return;
+  auto member_it = job->members.find(owner.agent_id);
+  if (member_it == job->members.end()) return;
+  Member& member = member_it->second;
+  Detach(*job, member);
+  job->last_detach = now;
+
+  switch (job->phase) {
+    case Phase::kFilling:
+      // A waiter gave up (deadline, Ctrl-C): it is no longer part of the round.
+      job->claims.erase(ClaimKey(member.spec.agent));
+      job->CountOverride(member.spec, -1);
+      job->members.erase(member_it);
+      break;
+    case Phase::kRunning:
+      if (!member.left) {
+        EndJob(*job, now,
+               AbortForLostAgent(member.spec.agent.host, member.slot.group_rank,
+                                 member.slot.rank_offset,
+                                 member.slot.rank_offset + member.spec.agent.nproc - 1),
+               out);
+      }
+      break;
+    case Phase::kEnded:
+      break;
+  }
+  EraseIfDone(owner.job_id);
+}
+
+absl::StatusOr<AbortEvent> RendezvousState::ReportFailure(Micros now, const std::string& job_id,
+                                                          const std::string& agent_id,
+                                                          const FailureInfo& failure,
+                                                          Decisions& out) {
+  if (failure.cause != AbortCause::kWorkerFailed && failure.cause != AbortCause::kWorkerHung &&
+      failure.cause != AbortCause::kAgentSignalled) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a failure report names a worker's failure or hang or an agent's stop request, not %s",
+        AbortCauseName(failure.cause)));
+  }
+  Job* job = FindJob(job_id);
+  if (job == nullptr || !job->members.contains(agent_id)) {
+    return absl::NotFoundError(
+        absl::StrFormat("job %s has no agent %s (did the server restart?)", job_id, agent_id));
+  }
+  if (job->phase != Phase::kEnded) {
+    EndJob(*job, now, AbortFor(failure), out);
+  } else if (job->abort) {
+    // A hang that began first names the culprit, however late its report came.
+    if (std::optional<AbortEvent> better =
+            RefineAbortWithHang(*job->abort, now - job->ended_at, failure)) {
+      EndJob(*job, job->ended_at, *std::move(better), out);
+    }
+  }
+  return *job->abort;
+}
+
+absl::Status RendezvousState::Leave(Micros now, const std::string& job_id,
+                                    const std::string& agent_id, Decisions& out) {
+  Job* job = FindJob(job_id);
+  if (job == nullptr || !job->members.contains(agent_id)) {
+    return absl::NotFoundError(absl::StrFormat(
+        "job %s has no agent %s to leave (did the server restart?)", job_id, agent_id));
+  }
+  auto it = job->members.find(agent_id);
+  Member& member = it->second;
+  if (member.stream != 0) out.closes.push_back({member.stream, absl::OkStatus()});
+  Detach(*job, member);
+  job->last_detach = now;
+  if (job->phase == Phase::kFilling) {
+    job->claims.erase(ClaimKey(member.spec.agent));
+    job->CountOverride(member.spec, -1);
+    job->members.erase(it);
+  } else if (!member.left) {
+    member.left = true;
+    ++job->left;
+  }
+  EraseIfDone(job_id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AbortEvent> RendezvousState::Abort(Micros now, const std::string& job_id,
+                                                  AbortEvent abort, Decisions& out) {
+  Job* job = FindJob(job_id);
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrFormat("rdzvd has no job %s; see rdzvctl status", job_id));
+  }
+  if (job->phase != Phase::kEnded) EndJob(*job, now, std::move(abort), out);
+  return *job->abort;
+}
+
+void RendezvousState::EraseIfDone(const std::string& job_id) {
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return;
+  const bool everyone_left = job->left == job->members.size();
+  if (job->phase == Phase::kFilling ? job->members.empty() : everyone_left) jobs_.erase(job_id);
+}
+
+ProgressEvent RendezvousState::MakeProgress(const Job& job) const {
+  ProgressEvent p;
+  p.joined = static_cast<int32_t>(job.members.size());
+  p.expected = job.max_agents;
+  std::vector<std::string> hosts;
+  hosts.reserve(job.members.size());
+  for (const auto& [id, member] : job.members) hosts.push_back(member.spec.agent.host);
+  std::sort(hosts.begin(), hosts.end());
+  hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
+  if (hosts.size() > kProgressHosts) hosts.resize(kProgressHosts);
+  p.joined_hosts = std::move(hosts);
+  if (!job.claims.empty()) {
+    for (int64_t i = 0; i < job.max_agents && p.missing_node_indices.size() < kProgressMissing;
+         ++i) {
+      if (!job.claims.contains(i)) p.missing_node_indices.push_back(i);
+    }
+  }
+  return p;
+}
+
+void RendezvousState::Tick(Micros now, Decisions& out) {
+  std::vector<std::string> expired;
+  for (auto& [id, job_ptr] : jobs_) {
+    Job& job = *job_ptr;
+    if (job.phase == Phase::kFilling) {
+      const auto joined = static_cast<int32_t>(job.members.size());
+      if (joined >= job.min_agents && now - job.last_join >= job.last_call) {
+        CompleteRound(job, out);
+        if (job.members.empty()) expired.push_back(id);  // the round could not be ranked
+      } else if (now - job.last_progress >= options_.progress_interval) {
+        job.last_progress = now;
+        const ProgressEvent p = MakeProgress(job);
+        for (const auto& [agent, member] : job.members) {
+          if (member.stream != 0) out.sends.push_back({member.stream, p});
+        }
+      }
+    } else if (job.phase == Phase::kRunning && job.resume_deadline != 0 &&
+               now >= job.resume_deadline) {
+      job.resume_deadline = 0;
+      AbortEvent abort;
+      abort.cause = AbortCause::kResumeTimedOut;
+      abort.reason = absl::StrFormat(
+          "%d of %d agents did not come back within %ds after the rendezvous server restarted",
+          job.assignment.agents - static_cast<int32_t>(job.members.size()), job.assignment.agents,
+          options_.resume_window / 1'000'000);
+      abort.exit_code = 1;
+      EndJob(job, now, std::move(abort), out);
+    } else if (job.phase == Phase::kEnded && job.attached == 0 &&
+               now - std::max(job.ended_at, job.last_detach) >= options_.ended_job_ttl) {
+      expired.push_back(id);
+    } else if (job.phase == Phase::kEnded && job.attached > 0 &&
+               now - job.ended_at >= options_.ended_job_ttl) {
+      // Every agent heard the abort long ago; one that still holds its stream open (hung, or
+      // not a real agent) does not keep the job alive: its stream is ended with the abort.
+      for (auto& [agent, member] : job.members) {
+        if (member.stream == 0) continue;
+        out.closes.push_back({member.stream, absl::AbortedError(job.abort->reason)});
+        Detach(job, member);
+      }
+      expired.push_back(id);
+    }
+  }
+  for (const std::string& id : expired) jobs_.erase(id);
+}
+
+std::vector<JobStatusView> RendezvousState::Status(const std::string& job_id) const {
+  std::vector<JobStatusView> views;
+  for (const auto& [id, job_ptr] : jobs_) {
+    if (!job_id.empty() && id != job_id) continue;
+    const Job& job = *job_ptr;
+    JobStatusView v;
+    v.job_id = id;
+    v.round = job.round;
+    v.state = PhaseName(job.phase);
+    v.joined = static_cast<int32_t>(job.members.size());
+    v.min_agents = job.min_agents;
+    v.max_agents = job.max_agents;
+    v.world_size = job.world_size;
+    v.node_list = job.node_list;
+    for (const auto& [agent_id, m] : job.members) {
+      AgentStatusView a;
+      a.agent_id = agent_id;
+      a.host = m.spec.agent.host;
+      a.node_index = m.spec.agent.node_index;
+      a.nproc = m.spec.agent.nproc;
+      a.rank_offset = job.phase == Phase::kFilling ? -1 : m.slot.rank_offset;
+      a.state = m.left ? "left" : (m.stream != 0 ? "attached" : "detached");
+      v.agents.push_back(std::move(a));
+    }
+    std::sort(v.agents.begin(), v.agents.end(),
+              [](const AgentStatusView& l, const AgentStatusView& r) {
+                return std::tie(l.rank_offset, l.host, l.agent_id) <
+                       std::tie(r.rank_offset, r.host, r.agent_id);
+              });
+    views.push_back(std::move(v));
+  }
+  std::sort(views.begin(), views.end(),
+            [](const JobStatusView& l, const JobStatusView& r) { return l.job_id < r.job_id; });
+  return views;
+}
+
+}  // namespace rdzv

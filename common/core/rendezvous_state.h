@@ -1,0 +1,154 @@
+// RendezvousState: every job a server knows, as a pure state machine.
+//
+// It holds no clock, socket or thread. The server shell feeds it events stamped with the time
+// (a join on a new stream, a stream closing, an exit report, a departure, a periodic tick) and
+// carries out the Decisions it returns: messages to send on streams and streams to close. A
+// stream is named by a StreamId the shell chooses; the state never sees the stream itself.
+//
+// A job goes Filling -> Running -> Ended. A round fills until max_agents have joined, or until
+// at least min_agents have and the last-call window has passed since the latest join. Then the
+// ranks are assigned (rank_assignment.h) and every member gets its Assignment. After that, a
+// failure report or a lost stream ends the job and every attached member gets the Abort. A
+// member that joins again with a higher restart count opens the next round.
+//
+// Not thread-safe: the shell serialises calls.
+#ifndef RDZV_COMMON_CORE_RENDEZVOUS_STATE_H_
+#define RDZV_COMMON_CORE_RENDEZVOUS_STATE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/core/rank_assignment.h"
+#include "common/core/rendezvous_types.h"
+
+namespace rdzv {
+
+using StreamId = uint64_t;
+
+// Who is calling, as the server shell sees it.
+struct CallerInfo {
+  // The address the agent connected from ("" when unknown or in-process).
+  std::string peer_address;
+};
+
+using Event = std::variant<ProgressEvent, AssignmentEvent, AbortEvent>;
+
+struct Decisions {
+  struct Send {
+    StreamId stream;
+    Event event;
+  };
+  struct Close {
+    StreamId stream;
+    absl::Status status;  // OK for a clean end
+  };
+  std::vector<Send> sends;
+  std::vector<Close> closes;
+};
+
+// The most workers one agent may run; rdzv-agent caps --nproc-per-node at the same.
+inline constexpr int32_t kMaxWorkersPerAgent = 4096;
+// The longest span a join may carry (its last-call window, its longest heartbeat interval).
+inline constexpr Micros kMaxJoinSpan = Micros{365} * 24 * 3600 * 1'000'000;
+
+// Why `spec` can join no job at all, or OK: the checks that need no job, every id and number of
+// the spec against its range. Join applies it; rdzvd applies it as soon as a join arrives.
+absl::Status ValidateJoinSpec(const JoinSpec& spec);
+
+struct StateOptions {
+  // How often a waiting agent hears how the round is filling.
+  Micros progress_interval = 3'000'000;
+  // How long an ended job is kept (so reconnecting agents learn how it ended) once no agent
+  // is attached any more.
+  Micros ended_job_ttl = 60'000'000;
+  // How long a job that this server rebuilds from resuming agents (it restarted while the job
+  // ran) waits for the rest of them; then the missing ones count as lost and the job ends.
+  Micros resume_window = 30'000'000;
+};
+
+class RendezvousState {
+ public:
+  explicit RendezvousState(StateOptions options = {});
+  ~RendezvousState();
+  RendezvousState(const RendezvousState&) = delete;
+  RendezvousState& operator=(const RendezvousState&) = delete;
+
+  // An agent opened `stream` to join `spec.job_id`. A refusal (bad spec, wrong size, late,
+  // duplicate node rank, a node rank where the others give none) comes back as a Close of
+  // `stream` in `out`; the round goes on for the others. A member joining again after the job
+  // ended gets the job's Abort, and then its stream is closed. With `spec.resume` the agent asks
+  // back into the round it runs in: it gets that assignment again, the job's Abort if the job
+  // ended, or a refusal if the job moved on to another round or its claim disagrees with the
+  // job's (master endpoint, restart count, sizes).
+  void Join(Micros now, StreamId stream, const JoinSpec& spec, const CallerInfo& caller,
+            Decisions& out);
+  void Join(Micros now, StreamId stream, const JoinSpec& spec, Decisions& out) {
+    Join(now, stream, spec, CallerInfo{}, out);
+  }
+
+  // `stream` ended from the agent's side (cancelled, deadline, connection lost).
+  void StreamClosed(Micros now, StreamId stream, Decisions& out);
+
+  // An agent's worker failed, or the agent was told to stop. Ends the job unless it already
+  // ended; returns the job's first failure (which may be an earlier one from another agent).
+  // NotFound for an unknown job or agent; InvalidArgument for a failure of another cause.
+  absl::StatusOr<AbortEvent> ReportFailure(Micros now, const std::string& job_id,
+                                           const std::string& agent_id, const FailureInfo& failure,
+                                           Decisions& out);
+
+  // An agent is done with the job (its workers ended, or it gave up). Closes its stream
+  // cleanly; the job is forgotten once every member has left. A member that left already may
+  // leave again (OK) while the job is kept; NotFound for a job or agent this state does not know.
+  absl::Status Leave(Micros now, const std::string& job_id, const std::string& agent_id,
+                     Decisions& out);
+
+  // The operator ends `job_id` (rdzvctl abort) with `abort`: every attached member hears it, as
+  // after a failure. Returns how the job ended: `abort`, or the earlier end of a job that had
+  // ended already. NotFound for a job this state does not know.
+  absl::StatusOr<AbortEvent> Abort(Micros now, const std::string& job_id, AbortEvent abort,
+                                   Decisions& out);
+
+  // Time passes: last-call windows close, waiters hear progress, ended jobs are forgotten.
+  void Tick(Micros now, Decisions& out);
+
+  // A snapshot of one job, or of all jobs when `job_id` is empty.
+  std::vector<JobStatusView> Status(const std::string& job_id) const;
+
+  size_t job_count() const;
+  bool has_job(const std::string& job_id) const { return jobs_.contains(job_id); }
+
+ private:
+  struct Job;
+  struct Member;
+
+  Job* FindJob(const std::string& job_id);
+  void CompleteRound(Job& job, Decisions& out);
+  void EndJob(Job& job, Micros now, AbortEvent abort, Decisions& out);
+  void OpenRound(Job& job, const JoinSpec& spec);
+  void Resume(Micros now, StreamId stream, const JoinSpec& spec, const CallerInfo& caller,
+              Decisions& out);
+  // Makes `stream` the member's (detaching any earlier one).
+  void Attach(Job& job, Member& member, StreamId stream);
+  void Detach(Job& job, Member& member);
+  void EraseIfDone(const std::string& job_id);
+  ProgressEvent MakeProgress(const Job& job) const;
+
+  StateOptions options_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_;
+  struct StreamOwner {
+    std::string job_id;
+    std::string agent_id;
+  };
+  absl::flat_hash_map<StreamId, StreamOwner> streams_;
+};
+
+}  // namespace rdzv
+
+#endif  // RDZV_COMMON_CORE_RENDEZVOUS_STATE_H_
