@@ -18,7 +18,7 @@ trap '"$root/deploy/slurm/local-cluster.sh" stop' EXIT
 deploy/slurm/local-cluster.sh start
 eval "$(deploy/slurm/local-cluster.sh env)"
 
-export PATH="$root/build/release/client:$PATH"
+export PATH="$root/build/release/client/agent:$PATH"
 # Debian's python3 has torch; a python3 earlier on PATH (pyenv, venv) may not.
 python=/usr/bin/python3
 cd /tmp

@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "client/agent/agent.h"
 #include "client/agent/core/agent_options.h"
+#include "client/agent/shaping_launcher.h"
 #include "common/logging.h"
 #include "common/process_env.h"
 

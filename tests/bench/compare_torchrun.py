@@ -156,7 +156,7 @@ def wait_all(procs, timeout):
 
 class Tools:
     def __init__(self, args, logdir):
-        self.agent = os.path.join(args.build_dir, "client", "rdzv-agent")
+        self.agent = os.path.join(args.build_dir, "client", "agent", "rdzv-agent")
         self.rdzvd = os.path.join(args.build_dir, "server", "rdzvd")
         self.python = args.python
         self.logdir = logdir

@@ -4,8 +4,8 @@ under `rdzv-agent --standalone`: wall seconds and peak RSS of each (the worker's
 agent's and its worker's under rdzv). A benchmark: it prints figures and checks only that the
 last redraw came through.
 
-    tests/bench/progress_bar.py build/release/client/rdzv-agent            # 8,000,000 redraws
-    tests/bench/progress_bar.py build/release/client/rdzv-agent 1000000 stdout
+    tests/bench/progress_bar.py build/release/client/agent/rdzv-agent            # 8,000,000 redraws
+    tests/bench/progress_bar.py build/release/client/agent/rdzv-agent 1000000 stdout
 
 The worker writes to stderr, one write per redraw as tqdm does (default), or to stdout, which
 Python buffers into large writes when it is not a terminal.

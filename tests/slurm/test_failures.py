@@ -12,7 +12,7 @@ RDZV_AGENT_BIN, RDZVD_BIN, RDZV_SOURCE_DIR and RDZV_TORCH_PYTHON, and the cluste
 (ctest's slurm_cluster fixture starts it).
 
   sudo deploy/slurm/local-cluster.sh start
-  RDZV_AGENT_BIN=build/client/rdzv-agent RDZVD_BIN=build/server/rdzvd \\
+  RDZV_AGENT_BIN=build/client/agent/rdzv-agent RDZVD_BIN=build/server/rdzvd \\
       /usr/bin/python3 tests/slurm/test_failures.py -v
 """
 import os

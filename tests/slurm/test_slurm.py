@@ -17,7 +17,7 @@ fixture starts and stops it). When it is not, every test fails with a message th
 this suite never passes by skipping.
 
   sudo deploy/slurm/local-cluster.sh start
-  RDZV_AGENT_BIN=build/client/rdzv-agent RDZVD_BIN=build/server/rdzvd \
+  RDZV_AGENT_BIN=build/client/agent/rdzv-agent RDZVD_BIN=build/server/rdzvd \
       /usr/bin/python3 tests/slurm/test_slurm.py -v
 """
 import json
