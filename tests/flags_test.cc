@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "common/core/env.h"
 
 namespace rdzv {
@@ -226,6 +228,139 @@ INSTANTIATE_TEST_SUITE_P(
                     BoolCase{"OFF", false}, BoolCase{"", std::nullopt}, BoolCase{"2", std::nullopt},
                     BoolCase{"y", std::nullopt}, BoolCase{" true", std::nullopt},
                     BoolCase{"enabled", std::nullopt}, BoolCase{"true\n", std::nullopt}));
+
+// The setters store what they parse and leave the target alone on an error.
+TEST(SetterTest, StringSetterStoresTheValueAsGiven) {
+  std::string s = "before";
+  ASSERT_TRUE(StringSetter(&s)("a b=c").ok());
+  EXPECT_EQ(s, "a b=c");
+  ASSERT_TRUE(StringSetter(&s)("").ok());
+  EXPECT_EQ(s, "");
+}
+
+TEST(SetterTest, BoolSetter) {
+  bool b = false;
+  ASSERT_TRUE(BoolSetter(&b)("yes").ok());
+  EXPECT_TRUE(b);
+  ASSERT_TRUE(BoolSetter(&b)("off").ok());
+  EXPECT_FALSE(b);
+  b = true;
+  absl::Status s = BoolSetter(&b)("maybe");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "\"maybe\" is not a switch value; expected true or false");
+  EXPECT_TRUE(b);
+}
+
+struct IntCase {
+  std::string text;
+  int64_t min, max;
+  std::string expected;  // ParseInt's `expected`
+  std::optional<int64_t> want;
+  std::string error;  // when want is nullopt
+};
+
+class ParseIntTest : public testing::TestWithParam<IntCase> {};
+
+TEST_P(ParseIntTest, ReadsWholeNumbersInRange) {
+  const IntCase& c = GetParam();
+  absl::StatusOr<int64_t> got = ParseInt(c.text, c.min, c.max, c.expected);
+  if (c.want) {
+    ASSERT_TRUE(got.ok()) << c.text << ": " << got.status();
+    EXPECT_EQ(*got, *c.want);
+    return;
+  }
+  ASSERT_FALSE(got.ok()) << c.text << " parsed as " << *got;
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(got.status().message(), c.error);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ParseIntTest,
+    testing::Values(IntCase{"1", 1, 10, "", 1, ""}, IntCase{"10", 1, 10, "", 10, ""},
+                    IntCase{"+7", 1, 10, "", 7, ""}, IntCase{"-3", -5, 0, "", -3, ""},
+                    IntCase{"9223372036854775807", 0, INT64_MAX, "", INT64_MAX, ""},
+                    IntCase{"0", 1, 10, "", std::nullopt, "expected a whole number in 1..10"},
+                    IntCase{"11", 1, 10, "", std::nullopt, "expected a whole number in 1..10"},
+                    IntCase{"", 1, 10, "", std::nullopt, "expected a whole number in 1..10"},
+                    IntCase{"2.5", 1, 10, "", std::nullopt, "expected a whole number in 1..10"},
+                    IntCase{"4x", 1, 10, "", std::nullopt, "expected a whole number in 1..10"},
+                    IntCase{"0x4", 1, 10, "", std::nullopt, "expected a whole number in 1..10"},
+                    IntCase{"9223372036854775808", 0, INT64_MAX, "", std::nullopt,
+                            "expected a whole number in 0..9223372036854775807"},
+                    IntCase{"-1", 0, 5, "a count >= 0", std::nullopt, "expected a count >= 0"}));
+
+TEST(SetterTest, IntSetterStoresInItsType) {
+  int32_t i = 5;
+  ASSERT_TRUE(IntSetter(&i, 1, 65535)("65535").ok());
+  EXPECT_EQ(i, 65535);
+  absl::Status s = IntSetter(&i, 1, 65535)("65536");
+  EXPECT_EQ(s.message(), "expected a whole number in 1..65535");
+  EXPECT_EQ(i, 65535);
+
+  std::optional<int32_t> maybe;
+  ASSERT_TRUE(IntSetter(&maybe, 0, 100)("0").ok());
+  EXPECT_EQ(maybe, 0);
+  std::optional<int32_t> untouched;
+  EXPECT_FALSE(IntSetter(&untouched, 0, 100)("x").ok());
+  EXPECT_EQ(untouched, std::nullopt);
+
+  int count = 0;
+  s = IntSetter(&count, 0, INT32_MAX, "a whole number >= 0")("-1");
+  EXPECT_EQ(s.message(), "expected a whole number >= 0");
+}
+
+struct DurationCase {
+  std::string text;
+  std::optional<absl::Duration> want;
+  std::string error;  // when want is nullopt
+};
+
+class DurationSetterTest : public testing::TestWithParam<DurationCase> {};
+
+TEST_P(DurationSetterTest, ReadsSecondsOrDurations) {
+  const DurationCase& c = GetParam();
+  absl::Duration d = absl::Seconds(-1);
+  absl::Status s = DurationSetter(&d)(c.text);
+  if (c.want) {
+    ASSERT_TRUE(s.ok()) << c.text << ": " << s;
+    EXPECT_EQ(d, *c.want) << c.text;
+    return;
+  }
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.text;
+  EXPECT_EQ(s.message(), c.error) << c.text;
+  EXPECT_EQ(d, absl::Seconds(-1)) << c.text;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, DurationSetterTest,
+    testing::Values(
+        DurationCase{"30", absl::Seconds(30), ""}, DurationCase{"1.5", absl::Seconds(1.5), ""},
+        DurationCase{"0", absl::ZeroDuration(), ""},
+        DurationCase{"500ms", absl::Milliseconds(500), ""},
+        DurationCase{"2m", absl::Minutes(2), ""}, DurationCase{"1h30m", absl::Minutes(90), ""},
+        DurationCase{"8760h", kMaxFlagDuration, ""},
+        DurationCase{"-1", std::nullopt, "expected a duration of 0 or more"},
+        DurationCase{"-5s", std::nullopt, "expected a duration of 0 or more"},
+        DurationCase{"nan", std::nullopt, "expected a duration of 0 or more"},
+        DurationCase{"fast", std::nullopt, "expected a duration such as 30, 30s, 500ms or 2m"},
+        DurationCase{"", std::nullopt, "expected a duration such as 30, 30s, 500ms or 2m"},
+        DurationCase{"8761h", std::nullopt, "expected a duration of at most 365 days (8760h)"},
+        DurationCase{"1e19", std::nullopt, "expected a duration of at most 365 days (8760h)"},
+        DurationCase{"inf", std::nullopt, "expected a duration of at most 365 days (8760h)"}));
+
+TEST(SetterTest, MillisSetter) {
+  absl::Duration d = absl::Seconds(7);
+  ASSERT_TRUE(MillisSetter(&d)("250").ok());
+  EXPECT_EQ(d, absl::Milliseconds(250));
+  ASSERT_TRUE(MillisSetter(&d)("0").ok());
+  EXPECT_EQ(d, absl::ZeroDuration());
+  d = absl::Seconds(7);
+  for (const char* bad : {"-1", "1.5", "3s", "", "99999999999999999999"}) {
+    absl::Status s = MillisSetter(&d)(bad);
+    EXPECT_EQ(s.message(), "expected milliseconds, a whole number >= 0") << bad;
+    EXPECT_EQ(d, absl::Seconds(7)) << bad;
+  }
+}
 
 }  // namespace
 }  // namespace rdzv

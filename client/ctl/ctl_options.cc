@@ -1,5 +1,7 @@
 #include "client/ctl/ctl_options.h"
 
+#include <limits>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
@@ -34,53 +36,28 @@ absl::Status ParseSeconds(absl::string_view v, absl::Duration* out) {
 FlagParser MakeParser(CtlOptions& o) {
   FlagParser p("rdzvctl", kUsage);
   p.Add({"rdzv-endpoint", "RDZV_ENDPOINT", "HOST:PORT", "the rdzvd to talk to",
-         [&o](absl::string_view v) {
-           o.endpoint = std::string(v);
-           return absl::OkStatus();
-         }});
+         StringSetter(&o.endpoint)});
   p.Add({"rdzv-token-file", "RDZV_TOKEN_FILE", "FILE",
          "the job's token, for an rdzvd with --auth token (default: MUNGE)",
-         [&o](absl::string_view v) {
-           o.token_file = std::string(v);
-           return absl::OkStatus();
-         }});
+         StringSetter(&o.token_file)});
   p.Add({"munge-socket", "RDZV_MUNGE_SOCKET", "PATH", "munged's socket (default: libmunge's)",
-         [&o](absl::string_view v) {
-           o.munge_socket = std::string(v);
-           return absl::OkStatus();
-         }});
+         StringSetter(&o.munge_socket)});
   p.Add({"server-uid", "RDZV_SERVER_UID", "UID",
          "under MUNGE, the uid rdzvd runs as: one that cannot prove it is refused (default: any)",
          UidSetter(&o.server_uid)});
   p.Add({"tls-ca", "RDZV_TLS_CA", "FILE",
          "talk TLS to rdzvd and verify its certificate with this CA (PEM)",
-         [&o](absl::string_view v) {
-           o.tls_ca = std::string(v);
-           return absl::OkStatus();
-         }});
+         StringSetter(&o.tls_ca)});
   p.Add({"tls-server-name", "RDZV_TLS_SERVER_NAME", "NAME",
          "with --tls-ca, the name rdzvd's certificate must hold (default: the endpoint's host)",
-         [&o](absl::string_view v) {
-           o.tls_server_name = std::string(v);
-           return absl::OkStatus();
-         }});
-  p.Add({"json", "", "", "print JSON instead of a table", [&o](absl::string_view v) {
-           absl::StatusOr<bool> b = ParseBool(v);
-           if (!b.ok()) return b.status();
-           o.json = *b;
-           return absl::OkStatus();
-         }});
+         StringSetter(&o.tls_server_name)});
+  p.Add({"json", "", "", "print JSON instead of a table", BoolSetter(&o.json)});
   p.Add({"timeout", "RDZVCTL_TIMEOUT", "SECONDS", "deadline of each call (default 5)",
          [&o](absl::string_view v) { return ParseSeconds(v, &o.timeout); }});
   p.Add({"interval", "", "SECONDS", "watch: seconds between refreshes (default 2)",
          [&o](absl::string_view v) { return ParseSeconds(v, &o.interval); }});
   p.Add({"count", "", "N", "watch: stop after N refreshes (default: until interrupted)",
-         [&o](absl::string_view v) {
-           if (!absl::SimpleAtoi(v, &o.count) || o.count < 0) {
-             return absl::InvalidArgumentError("expected a whole number >= 0");
-           }
-           return absl::OkStatus();
-         }});
+         IntSetter(&o.count, 0, std::numeric_limits<int>::max(), "a whole number >= 0")});
   p.Add({"nodelist", "", "HOSTLIST",
          "status/watch: the job's nodes, e.g. $(squeue -h -o %N -j ID), to name the missing "
          "(default: the nodes its agents named, under Slurm)",
@@ -92,17 +69,9 @@ FlagParser MakeParser(CtlOptions& o) {
            return absl::OkStatus();
          }});
   p.Add({"all", "", "", "status/watch: every job, even in a worker (where JOB is its own)",
-         [&o](absl::string_view v) {
-           absl::StatusOr<bool> b = ParseBool(v);
-           if (!b.ok()) return b.status();
-           o.all = *b;
-           return absl::OkStatus();
-         }});
+         BoolSetter(&o.all)});
   p.Add({"reason", "", "TEXT", "abort: why, in a few words (the agents print it)",
-         [&o](absl::string_view v) {
-           o.reason = std::string(v);
-           return absl::OkStatus();
-         }});
+         StringSetter(&o.reason)});
   p.Add({"help", "", "", "print this help", [&o](absl::string_view) {
            o.help = true;
            return absl::OkStatus();

@@ -123,7 +123,65 @@ absl::StatusOr<uid_t> ParseUid(absl::string_view text) {
   return static_cast<uid_t>(uid);
 }
 
-std::function<absl::Status(absl::string_view)> UidSetter(std::optional<uid_t>* target) {
+absl::StatusOr<int64_t> ParseInt(absl::string_view text, int64_t min, int64_t max,
+                                 absl::string_view expected) {
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(text, &n) || n < min || n > max) {
+    return absl::InvalidArgumentError(
+        expected.empty() ? absl::StrFormat("expected a whole number in %d..%d", min, max)
+                         : absl::StrCat("expected ", expected));
+  }
+  return n;
+}
+
+FlagSetter StringSetter(std::string* target) {
+  return [target](absl::string_view v) {
+    *target = std::string(v);
+    return absl::OkStatus();
+  };
+}
+
+FlagSetter BoolSetter(bool* target) {
+  return [target](absl::string_view v) {
+    absl::StatusOr<bool> b = ParseBool(v);
+    if (!b.ok()) return b.status();
+    *target = *b;
+    return absl::OkStatus();
+  };
+}
+
+FlagSetter DurationSetter(absl::Duration* target) {
+  return [target](absl::string_view v) {
+    double seconds;
+    absl::Duration d;
+    if (absl::SimpleAtod(v, &seconds)) {
+      // NaN fails both comparisons; infinity is over the maximum.
+      if (!(seconds >= 0)) return absl::InvalidArgumentError("expected a duration of 0 or more");
+      d = seconds > absl::ToDoubleSeconds(kMaxFlagDuration) ? absl::InfiniteDuration()
+                                                            : absl::Seconds(seconds);
+    } else if (!absl::ParseDuration(v, &d)) {
+      return absl::InvalidArgumentError("expected a duration such as 30, 30s, 500ms or 2m");
+    } else if (d < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("expected a duration of 0 or more");
+    }
+    if (d > kMaxFlagDuration) {
+      return absl::InvalidArgumentError("expected a duration of at most 365 days (8760h)");
+    }
+    *target = d;
+    return absl::OkStatus();
+  };
+}
+
+FlagSetter MillisSetter(absl::Duration* target) {
+  return [target](absl::string_view v) {
+    absl::StatusOr<int64_t> ms = ParseInt(v, 0, INT64_MAX, "milliseconds, a whole number >= 0");
+    if (!ms.ok()) return ms.status();
+    *target = absl::Milliseconds(*ms);
+    return absl::OkStatus();
+  };
+}
+
+FlagSetter UidSetter(std::optional<uid_t>* target) {
   return [target](absl::string_view v) {
     absl::StatusOr<uid_t> uid = ParseUid(v);
     if (!uid.ok()) return uid.status();

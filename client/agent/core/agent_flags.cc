@@ -6,7 +6,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "client/agent/core/agent_options.h"
@@ -32,69 +31,6 @@ Examples:
   rdzv-agent --rdzv-endpoint head:29400 --rdzv-id exp1 --nnodes 2 --node-rank 0 \
              --nproc-per-node 4 -- python train.py --lr 1e-3)";
 
-absl::Status SetInt(absl::string_view v, int64_t min, int64_t max, int64_t* out) {
-  int64_t parsed;
-  if (!absl::SimpleAtoi(v, &parsed) || parsed < min || parsed > max) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("expected a whole number in %d..%d", min, max));
-  }
-  *out = parsed;
-  return absl::OkStatus();
-}
-
-template <typename T>
-std::function<absl::Status(absl::string_view)> IntSetter(T* target, int64_t min, int64_t max) {
-  return [target, min, max](absl::string_view v) {
-    int64_t parsed = 0;
-    if (absl::Status s = SetInt(v, min, max, &parsed); !s.ok()) return s;
-    *target = static_cast<T>(parsed);
-    return absl::OkStatus();
-  };
-}
-
-std::function<absl::Status(absl::string_view)> StringSetter(std::string* target) {
-  return [target](absl::string_view v) {
-    *target = std::string(v);
-    return absl::OkStatus();
-  };
-}
-
-std::function<absl::Status(absl::string_view)> BoolSetter(bool* target) {
-  return [target](absl::string_view v) {
-    absl::StatusOr<bool> b = ParseBool(v);
-    if (!b.ok()) return b.status();
-    *target = *b;
-    return absl::OkStatus();
-  };
-}
-
-// The longest duration any flag takes. Far beyond any real timeout, and small enough that
-// microseconds, milliseconds and the deadlines computed from it never overflow.
-constexpr absl::Duration kMaxDuration = absl::Hours(24 * 365);
-
-// "30" is seconds; "500ms", "2m", "1.5s" are absl durations. From 0 to kMaxDuration.
-std::function<absl::Status(absl::string_view)> DurationSetter(absl::Duration* target) {
-  return [target](absl::string_view v) {
-    double seconds;
-    absl::Duration d;
-    if (absl::SimpleAtod(v, &seconds)) {
-      // NaN fails both comparisons; infinity is over the maximum.
-      if (!(seconds >= 0)) return absl::InvalidArgumentError("expected a duration of 0 or more");
-      d = seconds > absl::ToDoubleSeconds(kMaxDuration) ? absl::InfiniteDuration()
-                                                        : absl::Seconds(seconds);
-    } else if (!absl::ParseDuration(v, &d)) {
-      return absl::InvalidArgumentError("expected a duration such as 30, 30s, 500ms or 2m");
-    } else if (d < absl::ZeroDuration()) {
-      return absl::InvalidArgumentError("expected a duration of 0 or more");
-    }
-    if (d > kMaxDuration) {
-      return absl::InvalidArgumentError("expected a duration of at most 365 days (8760h)");
-    }
-    *target = d;
-    return absl::OkStatus();
-  };
-}
-
 FlagParser MakeParser(AgentFlags& f) {
   FlagParser p("rdzv-agent", kUsage);
   p.Add({"nnodes", "RDZV_NNODES", "N|MIN:MAX",
@@ -102,33 +38,23 @@ FlagParser MakeParser(AgentFlags& f) {
          "--last-call (default under Slurm: the step's node or task count)",
          [&f](absl::string_view v) -> absl::Status {
            std::vector<absl::string_view> parts = absl::StrSplit(v, ':');
-           int64_t lo, hi;
-           if (parts.size() > 2 || !SetInt(parts.front(), 1, 1'000'000, &lo).ok() ||
-               !SetInt(parts.back(), 1, 1'000'000, &hi).ok() || lo > hi) {
+           absl::StatusOr<int64_t> lo = ParseInt(parts.front(), 1, 1'000'000);
+           absl::StatusOr<int64_t> hi = ParseInt(parts.back(), 1, 1'000'000);
+           if (parts.size() > 2 || !lo.ok() || !hi.ok() || *lo > *hi) {
              return absl::InvalidArgumentError("expected N or MIN:MAX with 1 <= MIN <= MAX");
            }
-           f.nnodes_min = static_cast<int32_t>(lo);
-           f.nnodes_max = static_cast<int32_t>(hi);
+           f.nnodes_min = static_cast<int32_t>(*lo);
+           f.nnodes_max = static_cast<int32_t>(*hi);
            return absl::OkStatus();
          }});
   p.Add({"nproc-per-node", "RDZV_NPROC_PER_NODE", "N",
          "workers to start on this node (default: SLURM_GPUS_ON_NODE, else the devices in\n"
          "CUDA_VISIBLE_DEVICES, else 1)",
-         [&f](absl::string_view v) {
-           int64_t n = 0;
-           if (absl::Status s = SetInt(v, 1, kMaxNprocPerNode, &n); !s.ok()) return s;
-           f.nproc_per_node = static_cast<int32_t>(n);
-           return absl::OkStatus();
-         }});
+         IntSetter(&f.nproc_per_node, 1, kMaxNprocPerNode)});
   p.Add({"node-rank", "RDZV_NODE_RANK", "N",
          "this node's index 0..nnodes-1; orders the nodes (default: SLURM_NODEID; without it\n"
          "nodes are ordered by host name)",
-         [&f](absl::string_view v) {
-           int64_t n = 0;
-           if (absl::Status s = SetInt(v, 0, 1'000'000, &n); !s.ok()) return s;
-           f.node_rank = n;
-           return absl::OkStatus();
-         }});
+         IntSetter(&f.node_rank, 0, 1'000'000)});
   p.Add({"rdzv-endpoint", "RDZV_ENDPOINT", "HOST:PORT",
          "the rdzvd to meet at (default: none; under Slurm node 0 hosts one in-process)",
          StringSetter(&f.rdzv_endpoint)});
@@ -225,11 +151,11 @@ FlagParser MakeParser(AgentFlags& f) {
          [&f](absl::string_view v) {
            f.local_ranks_filter.clear();
            for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipWhitespace())) {
-             int64_t r = 0;
-             if (absl::Status s = SetInt(part, 0, 1'000'000, &r); !s.ok()) {
+             absl::StatusOr<int64_t> r = ParseInt(part, 0, 1'000'000);
+             if (!r.ok()) {
                return absl::InvalidArgumentError("expected local ranks such as 0 or 0,1");
              }
-             f.local_ranks_filter.push_back(static_cast<int32_t>(r));
+             f.local_ranks_filter.push_back(static_cast<int32_t>(*r));
            }
            return absl::OkStatus();
          }});

@@ -1,0 +1,140 @@
+#include "server/server_flags.h"
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/core/flags.h"
+#include "server/authenticator.h"
+
+namespace rdzv {
+namespace {
+
+constexpr char kUsage[] =
+    R"(rdzvd: rendezvous server for rdzv-agent; serves many jobs at once, keyed by job id.
+
+Usage: rdzvd [--listen HOST:PORT] [--auth munge|token|none] [--metrics-listen HOST:PORT]
+             [--tls-cert FILE --tls-key FILE] [--log-level LEVEL]
+Example: rdzvd --listen 0.0.0.0:29400    (agents then use --rdzv-endpoint head:29400)
+Every call is authenticated (MUNGE by default) and each job belongs to the user who created
+it: other users can neither see nor touch it. Serves grpc.health.v1 beside the rendezvous
+service, tells systemd when it is ready (Type=notify), and stops cleanly on SIGTERM or SIGINT.)";
+
+// rdzvd's limits have always been worded "from MIN to MAX".
+FlagSetter CountSetter(int64_t* target, int64_t min, int64_t max) {
+  return IntSetter(target, min, max, absl::StrFormat("a whole number from %d to %d", min, max));
+}
+
+// The values that ServerOptions keeps in other units than the flags take.
+struct Converted {
+  absl::Duration progress_interval;
+  int64_t memory_mb = 0;
+};
+
+FlagParser MakeParser(ServerFlags& f, Converted& c) {
+  ServerOptions& o = f.options;
+  FlagParser p("rdzvd", kUsage);
+  p.Add({"auth", "RDZV_AUTH", "MODE",
+         "how callers prove who they are: munge (default; munged on every host),\n"
+         "token (each job's agents share a --rdzv-token-file; the job is theirs) or none\n"
+         "(refused unless --listen is a loopback address)",
+         [&o](absl::string_view v) {
+           absl::StatusOr<AuthMode> mode = ParseAuthMode(v);
+           if (!mode.ok()) return mode.status();
+           o.service.auth.mode = *mode;
+           return absl::OkStatus();
+         }});
+  p.Add({"munge-socket", "RDZV_MUNGE_SOCKET", "PATH",
+         "munged's socket (default: libmunge's, /run/munge/munge.socket.2)",
+         StringSetter(&o.service.auth.munge_socket)});
+  p.Add({"admin-group", "RDZV_ADMIN_GROUP", "GROUP,...",
+         "groups whose members see every user's jobs (root always does)",
+         StringSetter(&f.admin_groups)});
+  p.Add({"listen", "RDZV_LISTEN", "HOST:PORT", "address to serve on (default 0.0.0.0:29400)",
+         StringSetter(&o.listen)});
+  p.Add({"tls-cert", "RDZV_TLS_CERT", "FILE",
+         "serve TLS with this PEM certificate (chain); needs --tls-key, and agents then\n"
+         "pass --tls-ca with the CA that signed it (default: plaintext)",
+         StringSetter(&f.tls_cert)});
+  p.Add({"tls-key", "RDZV_TLS_KEY", "FILE",
+         "the private key of --tls-cert, PEM, readable by rdzvd's user only (chmod 600)",
+         StringSetter(&f.tls_key)});
+  p.Add({"metrics-listen", "RDZV_METRICS_LISTEN", "HOST:PORT",
+         "serve Prometheus metrics over HTTP at /metrics (default: off)",
+         StringSetter(&o.metrics_listen)});
+  p.Add({"log-level", "RDZV_LOG_LEVEL", "LEVEL",
+         "trace, debug, info, warn, error or off (default info)", StringSetter(&f.log_level)});
+  p.Add({"progress-interval-ms", "RDZV_PROGRESS_INTERVAL_MS", "MS",
+         "how often waiting agents hear how their round fills (default 3000)",
+         MillisSetter(&c.progress_interval)});
+  p.Add({"keepalive-ms", "RDZV_KEEPALIVE_MS", "MS",
+         "ping each agent this often; one that does not answer within\n"
+         "--keepalive-timeout-ms is lost and its job ends (default 1000; 0 turns pings off)",
+         MillisSetter(&o.keepalive)});
+  p.Add({"keepalive-timeout-ms", "RDZV_KEEPALIVE_TIMEOUT_MS", "MS",
+         "how long a ping may wait for its answer (default 1000)",
+         MillisSetter(&o.keepalive_timeout)});
+  p.Add({"max-jobs-per-user", "RDZV_MAX_JOBS_PER_USER", "N",
+         "jobs one user may have on this server at once (default 1000)",
+         CountSetter(&o.service.max_jobs_per_user, 1, 1'000'000)});
+  p.Add({"max-agents-per-user", "RDZV_MAX_AGENTS_PER_USER", "N",
+         "agents one user may have attached at once (default 100000)",
+         CountSetter(&o.service.max_agents_per_user, 1, 10'000'000)});
+  p.Add({"memory-limit-mb", "RDZV_MEMORY_LIMIT_MB", "MB",
+         "memory gRPC may use for all connections and calls together (default 4096)",
+         CountSetter(&c.memory_mb, 64, 1 << 24)});
+  // A value is ignored, as it always was: --help=no still prints the help.
+  p.Add({"help", "", "", "print this help", [&f](absl::string_view) {
+           f.help = true;
+           return absl::OkStatus();
+         }});
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<ServerFlags> ParseServerFlags(const std::vector<std::string>& args,
+                                             const EnvLookup& env) {
+  ServerFlags f;
+  ServerOptions& o = f.options;
+  Converted c{absl::Microseconds(o.service.state.progress_interval),
+              static_cast<int64_t>(o.memory_limit_bytes >> 20)};
+  absl::StatusOr<std::vector<std::string>> rest = MakeParser(f, c).Parse(args, env);
+  if (!rest.ok()) return rest.status();
+  if (f.help) return f;
+  if (!rest->empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument \"", rest->front(), "\"; see rdzvd --help"));
+  }
+  // Saturates rather than overflows for a value in milliseconds beyond any use.
+  o.service.state.progress_interval = absl::ToInt64Microseconds(c.progress_interval);
+  o.memory_limit_bytes = static_cast<size_t>(c.memory_mb) << 20;
+
+  if (o.keepalive > absl::ZeroDuration() && o.keepalive_timeout == absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--keepalive-timeout-ms is 0; give a ping at least 1 ms");
+  }
+  // For --auth none the check is only whether --listen is loopback, which needs no I/O, so it is
+  // made here too; main() runs CheckServerAuth again, which for --auth munge asks munged.
+  if (o.service.auth.mode == AuthMode::kNone) {
+    if (absl::Status s = CheckServerAuth(o.service.auth, o.listen); !s.ok()) {
+      return absl::InvalidArgumentError(s.message());
+    }
+  }
+  if (f.tls_cert.empty() != f.tls_key.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        f.tls_cert.empty() ? "--tls-key without --tls-cert" : "--tls-cert without --tls-key",
+        "; give both --tls-cert and --tls-key, or neither"));
+  }
+  return f;
+}
+
+std::string ServerHelp() {
+  ServerFlags f;
+  Converted c;
+  return MakeParser(f, c).Help();
+}
+
+}  // namespace rdzv
