@@ -24,7 +24,6 @@
 #include "client/client.h"
 #include "client/local_endpoint.h"
 #include "client/rdzv.h"
-#include "common/auth.h"
 #include "common/core/flags.h"
 #include "common/net.h"
 
@@ -237,12 +236,11 @@ rdzv_code CreateClient(const char* kFn, const char* endpoint, double join_timeou
                   absl::StrCat(kFn, ": auth is ", static_cast<int>(auth),
                                "; it must be RDZV_AUTH_AUTO, _MUNGE, _TOKEN or _NONE"));
   }
-  if (!Empty(token_file) && auth != RDZV_AUTH_NONE && auth != RDZV_AUTH_MUNGE) {
-    absl::StatusOr<std::string> token = ReadTokenFile(token_file);
-    if (!token.ok()) return FromStatus(kFn, token.status());
-    options.auth.token = *std::move(token);
-  }
   if (!Empty(munge_socket)) options.auth.munge_socket = munge_socket;
+  absl::StatusOr<ClientAuth> loaded =
+      LoadClientAuth(std::move(options.auth), Empty(token_file) ? "" : token_file);
+  if (!loaded.ok()) return FromStatus(kFn, loaded.status());
+  options.auth = *std::move(loaded);
   if (const char* uid = std::getenv("RDZV_SERVER_UID"); !Empty(uid)) {
     absl::StatusOr<uid_t> parsed = ParseUid(uid);
     if (!parsed.ok()) {

@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "client/agent/agent.h"
 #include "client/agent/core/agent_options.h"
+#include "client/client.h"
 #include "common/logging.h"
 #include "common/process_env.h"
 
@@ -72,6 +73,13 @@ int main(int argc, char** argv) {
   absl::StatusOr<rdzv::AgentConfig> config =
       rdzv::ResolveAgentConfig(*flags, env, {HostName(), getpid(), geteuid()});
   if (!config.ok()) return Fail(config.status().message(), kUsageError);
+  // A token file that cannot be used is bad input, as a bad flag is. A standalone agent's
+  // rendezvous is in-process: it proves nothing and reads no token.
+  if (config->mode != "standalone") {
+    absl::StatusOr<rdzv::ClientAuth> auth = rdzv::LoadClientAuth(config->auth, config->token_file);
+    if (!auth.ok()) return Fail(auth.status().message(), kUsageError);
+    config->auth = *std::move(auth);
+  }
   rdzv::WorkerShape shape = config->worker_shape;
   rdzv::Agent agent(std::move(*config),
                     rdzv::NewShapingLauncher(std::move(shape), rdzv::NewPosixProcessLauncher()));

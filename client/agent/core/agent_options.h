@@ -98,8 +98,9 @@ struct AgentConfig {
   // This agent hosts the server in-process, listening on the first free port of
   // embedded_ports (0: any free port) on embedded_listen_host.
   bool embedded_server = false;
-  // How this agent proves who it is (mode and munge socket; the token is read from token_file
-  // when the agent starts), and the uid its server must prove it runs as.
+  // How this agent proves who it is (mode and munge socket; rdzv-agent's main reads the token
+  // from token_file and resolves the mode, LoadClientAuth), and the uid its server must prove it
+  // runs as.
   ClientAuth auth;
   std::string token_file;
   // TLS toward an rdzvd (never toward a server hosted by an agent, which serves plaintext).
