@@ -3,8 +3,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -14,6 +12,7 @@
 #include "client/client.h"
 #include "common/logging.h"
 #include "common/process_env.h"
+#include "common/site_config.h"
 
 namespace {
 
@@ -32,28 +31,8 @@ std::string HostName() {
 
 }  // namespace
 
-// The site configuration (/etc/rdzv.conf, or the file RDZV_CONFIG names) under the process
-// environment: admins set RDZV_ENDPOINT for everyone there, and users can still override it.
-absl::StatusOr<rdzv::EnvLookup> LoadEnv() {
-  const rdzv::EnvLookup process = rdzv::ProcessEnv();
-  const std::optional<std::string> named = process("RDZV_CONFIG");
-  const std::string path = named.value_or("/etc/rdzv.conf");
-  std::ifstream file(path);
-  if (!file) {
-    if (named) return absl::NotFoundError("RDZV_CONFIG=" + path + " cannot be read");
-    return process;
-  }
-  std::stringstream text;
-  text << file.rdbuf();
-  absl::StatusOr<rdzv::EnvList> vars = rdzv::ParseConfigText(text.str());
-  if (!vars.ok()) {
-    return absl::InvalidArgumentError(path + ": " + std::string(vars.status().message()));
-  }
-  return rdzv::EnvWithFallback(process, rdzv::EnvFromList(std::move(*vars)));
-}
-
 int main(int argc, char** argv) {
-  absl::StatusOr<rdzv::EnvLookup> loaded = LoadEnv();
+  absl::StatusOr<rdzv::EnvLookup> loaded = rdzv::WithSiteConfig(rdzv::ProcessEnv());
   if (!loaded.ok()) return Fail(loaded.status().message(), kUsageError);
   const rdzv::EnvLookup& env = *loaded;
   absl::StatusOr<rdzv::AgentFlags> flags =
