@@ -3,7 +3,6 @@
 // catches every exception, so that nothing C++ crosses the boundary.
 #include <unistd.h>
 
-#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -19,12 +18,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/local_endpoint.h"
 #include "client/rdzv.h"
+#include "common/clock.h"
 #include "common/core/flags.h"
+#include "common/host_name.h"
 #include "common/net.h"
 
 // The handle behind rdzv_client*. Defined outside namespace rdzv: it is the C type.
@@ -119,12 +119,6 @@ class InCall {
  private:
   rdzv_client* const client_;
 };
-
-std::string HostName() {
-  char name[HOST_NAME_MAX + 1] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
-  return name;
-}
 
 rdzv_abort_cause CauseOf(AbortCause cause) { return static_cast<rdzv_abort_cause>(cause); }
 
@@ -349,7 +343,7 @@ rdzv_code ReportFailure(rdzv_client* client, const rdzv_failure* failure, rdzv_a
   info.exit_code = failure->exit_code;
   info.signal = failure->signal;
   if (failure->message != nullptr) info.error_message = failure->message;
-  info.time_us = absl::ToUnixMicros(absl::Now());
+  info.time_us = WallMicros();
   absl::StatusOr<AbortEvent> abort = client->client->ReportFailure(info);
   if (!abort.ok()) return FromStatus(kFn, abort.status());
   if (first != nullptr) FillAbort(*abort, *first);

@@ -10,6 +10,7 @@
 #include "client/agent/agent.h"
 #include "client/agent/core/agent_options.h"
 #include "client/client.h"
+#include "common/host_name.h"
 #include "common/logging.h"
 #include "common/process_env.h"
 #include "common/site_config.h"
@@ -21,12 +22,6 @@ constexpr int kUsageError = 2;
 int Fail(absl::string_view message, int code) {
   std::fprintf(stderr, "rdzv-agent: %.*s\n", static_cast<int>(message.size()), message.data());
   return code;
-}
-
-std::string HostName() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
-  return buf;
 }
 
 }  // namespace
@@ -50,7 +45,7 @@ int main(int argc, char** argv) {
     return Fail(s.message(), kUsageError);
   }
   absl::StatusOr<rdzv::AgentConfig> config =
-      rdzv::ResolveAgentConfig(*flags, env, {HostName(), getpid(), geteuid()});
+      rdzv::ResolveAgentConfig(*flags, env, {rdzv::HostName(), getpid(), geteuid()});
   if (!config.ok()) return Fail(config.status().message(), kUsageError);
   // A token file that cannot be used is bad input, as a bad flag is. A standalone agent's
   // rendezvous is in-process: it proves nothing and reads no token.
