@@ -53,7 +53,8 @@ struct Decisions {
   std::vector<Close> closes;
 };
 
-// The most workers one agent may run; rdzv-agent caps --nproc-per-node at the same.
+// The most workers one agent may run; rdzv-agent caps --nproc-per-node at the same
+// (kMaxNprocPerNode).
 inline constexpr int32_t kMaxWorkersPerAgent = 4096;
 // The longest span a join may carry (its last-call window, its longest heartbeat interval).
 inline constexpr Micros kMaxJoinSpan = Micros{365} * 24 * 3600 * 1'000'000;

@@ -22,14 +22,15 @@
 #include "client/agent/core/worker_shape.h"
 #include "client/client.h"
 #include "common/core/env.h"
+#include "common/core/rendezvous_state.h"
 #include "common/core/rendezvous_types.h"
 
 namespace rdzv {
 
-// What the user asked for, before defaults are filled in from the environment.
-// The most workers one agent starts.
-inline constexpr int32_t kMaxNprocPerNode = 4096;
+// The most workers one agent starts: as many as the rendezvous lets one agent run.
+inline constexpr int32_t kMaxNprocPerNode = kMaxWorkersPerAgent;
 
+// What the user asked for, before defaults are filled in from the environment.
 struct AgentFlags {
   std::optional<int32_t> nnodes_min, nnodes_max;  // --nnodes N or MIN:MAX
   std::optional<int32_t> nproc_per_node;          // --nproc-per-node
