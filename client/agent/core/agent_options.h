@@ -147,6 +147,9 @@ int DerivedPort(absl::string_view job_id, absl::string_view step_id);
 // count is one of several steps, one per node, that form one job: its id is the Slurm job's, the
 // node index --node-rank (else the node's place in SLURM_JOB_NODELIST), and the agent on the
 // allocation's first node hosts the server at a port derived from the job id alone.
+//
+// The join it makes passes the rendezvous's own checks (ValidateJoinSpec), or their one-line
+// refusal comes back.
 absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const EnvLookup& env,
                                                const LocalProcess& self);
 
