@@ -9,6 +9,7 @@
 #include "absl/strings/string_view.h"
 #include "client/agent/agent.h"
 #include "client/agent/core/agent_options.h"
+#include "client/agent/shaping_launcher.h"
 #include "client/client.h"
 #include "common/host_name.h"
 #include "common/logging.h"
