@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,9 @@ struct BadToken {
   mode_t mode;
   std::string why;  // in the one line the user sees
 };
+
+// gtest names a case by this, not by the struct's bytes.
+void PrintTo(const BadToken& bad, std::ostream* os) { *os << bad.name; }
 
 std::vector<BadToken> BadTokens() {
   const std::string fix = "openssl rand -hex 32 >";
