@@ -60,6 +60,12 @@ struct ClientAuth {
 // token.
 absl::StatusOr<ClientAuth> ResolveClientAuth(ClientAuth auth);
 
+// `auth` with the job's token read from `token_file` ("" for none) when its mode may use one
+// (kAuto, kToken), then resolved as ResolveClientAuth does. The file must pass common/auth.h
+// ReadTokenFile's checks; else one line naming the file and the fix. Reads the file, and under
+// kAuto looks for munged's socket.
+absl::StatusOr<ClientAuth> LoadClientAuth(ClientAuth auth, const std::string& token_file);
+
 // Puts the credential `auth` (resolved) calls for on a call of `method` on `job`: a MUNGE
 // credential made for this one call, or the job's token. With a `nonce` (common/auth.h NewNonce)
 // it also asks the server to prove itself in its answer. Blocks on munged under MUNGE.

@@ -22,6 +22,17 @@ absl::StatusOr<ClientAuth> ResolveClientAuth(ClientAuth auth) {
   return auth;
 }
 
+absl::StatusOr<ClientAuth> LoadClientAuth(ClientAuth auth, const std::string& token_file) {
+  const bool may_use_token =
+      auth.mode == ClientAuth::Mode::kAuto || auth.mode == ClientAuth::Mode::kToken;
+  if (may_use_token && !token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadTokenFile(token_file);
+    if (!token.ok()) return token.status();
+    auth.token = *std::move(token);
+  }
+  return ResolveClientAuth(std::move(auth));
+}
+
 absl::Status AttachCredential(grpc::ClientContext& ctx, const ClientAuth& auth,
                               absl::string_view method, absl::string_view job,
                               absl::string_view nonce) {

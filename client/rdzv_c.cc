@@ -3,7 +3,6 @@
 // catches every exception, so that nothing C++ crosses the boundary.
 #include <unistd.h>
 
-#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -19,13 +18,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/local_endpoint.h"
 #include "client/rdzv.h"
-#include "common/auth.h"
+#include "common/clock.h"
 #include "common/core/flags.h"
+#include "common/host_name.h"
 #include "common/net.h"
 
 // The handle behind rdzv_client*. Defined outside namespace rdzv: it is the C type.
@@ -120,12 +119,6 @@ class InCall {
  private:
   rdzv_client* const client_;
 };
-
-std::string HostName() {
-  char name[HOST_NAME_MAX + 1] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
-  return name;
-}
 
 rdzv_abort_cause CauseOf(AbortCause cause) { return static_cast<rdzv_abort_cause>(cause); }
 
@@ -237,12 +230,11 @@ rdzv_code CreateClient(const char* kFn, const char* endpoint, double join_timeou
                   absl::StrCat(kFn, ": auth is ", static_cast<int>(auth),
                                "; it must be RDZV_AUTH_AUTO, _MUNGE, _TOKEN or _NONE"));
   }
-  if (!Empty(token_file) && auth != RDZV_AUTH_NONE && auth != RDZV_AUTH_MUNGE) {
-    absl::StatusOr<std::string> token = ReadTokenFile(token_file);
-    if (!token.ok()) return FromStatus(kFn, token.status());
-    options.auth.token = *std::move(token);
-  }
   if (!Empty(munge_socket)) options.auth.munge_socket = munge_socket;
+  absl::StatusOr<ClientAuth> loaded =
+      LoadClientAuth(std::move(options.auth), Empty(token_file) ? "" : token_file);
+  if (!loaded.ok()) return FromStatus(kFn, loaded.status());
+  options.auth = *std::move(loaded);
   if (const char* uid = std::getenv("RDZV_SERVER_UID"); !Empty(uid)) {
     absl::StatusOr<uid_t> parsed = ParseUid(uid);
     if (!parsed.ok()) {
@@ -351,7 +343,7 @@ rdzv_code ReportFailure(rdzv_client* client, const rdzv_failure* failure, rdzv_a
   info.exit_code = failure->exit_code;
   info.signal = failure->signal;
   if (failure->message != nullptr) info.error_message = failure->message;
-  info.time_us = absl::ToUnixMicros(absl::Now());
+  info.time_us = WallMicros();
   absl::StatusOr<AbortEvent> abort = client->client->ReportFailure(info);
   if (!abort.ok()) return FromStatus(kFn, abort.status());
   if (first != nullptr) FillAbort(*abort, *first);

@@ -50,6 +50,16 @@ class MungeContext {
   munge_ctx_t ctx_;
 };
 
+// Where `text` holds its first byte that gRPC does not carry in a metadata value (printable
+// ASCII, space included), or npos. gRPC aborts the process on any other.
+size_t FirstNonPrintable(absl::string_view text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto u = static_cast<unsigned char>(text[i]);
+    if (u < 0x20 || u > 0x7e) return i;
+  }
+  return absl::string_view::npos;
+}
+
 std::string SocketName(const std::string& socket) {
   return socket.empty() ? std::string("munged's default socket") : socket;
 }
@@ -205,10 +215,17 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
       if (n <= 0) break;
       have += static_cast<size_t>(n);
     }
-    token = std::string(absl::StripAsciiWhitespace(absl::string_view(buf, have)));
+    const absl::string_view text = absl::StripAsciiWhitespace(absl::string_view(buf, have));
+    token = std::string(text);
+    const size_t bad = FirstNonPrintable(text);
     if (have > kMaxTokenBytes) {
       status = absl::InvalidArgumentError(
           absl::StrFormat("the token file %s is longer than %d bytes", path, kMaxTokenBytes));
+    } else if (bad != absl::string_view::npos) {
+      status = absl::InvalidArgumentError(absl::StrFormat(
+          "the token file %s holds byte 0x%02x at offset %d, and a token is printable ASCII "
+          "text; write a new one (for example: openssl rand -hex 32 > %s)",
+          path, static_cast<unsigned char>(text[bad]), (text.data() - buf) + bad, path));
     } else if (token.size() < kMinTokenBytes) {
       status = absl::InvalidArgumentError(absl::StrFormat(
           "the token in %s is %d characters; use at least %d random ones (for example: "

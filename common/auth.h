@@ -82,8 +82,9 @@ bool MungeWorks(const std::string& socket);
 bool MungeSocketPresent(const std::string& socket);
 
 // Reads a job token from `path`: a regular file (not a link) owned by the caller, readable
-// and writable by the owner only (0600 or 0400), 16 to 4096 bytes of text; surrounding
-// whitespace is dropped. One-line errors name the file and the fix.
+// and writable by the owner only (0600 or 0400), 16 to 4096 bytes of printable ASCII text;
+// surrounding whitespace is dropped. Does not block on a FIFO. One-line errors name the file and
+// the fix; a NUL, control or non-ASCII byte is InvalidArgument (gRPC could not send it).
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
 // The token's SHA-256, in hex: how a server keys and compares tokens without keeping them.

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "absl/time/clock.h"
+
 namespace rdzv {
 
 Clock SteadyClock() {
@@ -11,5 +13,7 @@ Clock SteadyClock() {
         .count();
   };
 }
+
+Micros WallMicros() { return absl::ToUnixMicros(absl::Now()); }
 
 }  // namespace rdzv

@@ -16,7 +16,7 @@
 #include <variant>
 
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/agent/agent_names.h"
 #include "client/agent/agent_rendezvous.h"
 #include "client/agent/core/agent_lifecycle.h"
@@ -38,9 +38,6 @@ constexpr absl::Duration kOutputDrainLimit = absl::Milliseconds(500);
 constexpr absl::Duration kLostPeerLinger = absl::Milliseconds(100);
 // How often the hosting agent looks whether the other agents have gone.
 constexpr std::chrono::milliseconds kAwaitPoll(50);
-
-// For failure records, which the server compares across hosts.
-int64_t WallMicros() { return absl::ToUnixMicros(absl::Now()); }
 
 // `path` from the agent's working directory, which a worker may leave; "" stays "".
 std::string AbsolutePath(const std::string& path) {

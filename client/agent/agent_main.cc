@@ -3,8 +3,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -12,8 +10,11 @@
 #include "client/agent/agent.h"
 #include "client/agent/core/agent_options.h"
 #include "client/agent/shaping_launcher.h"
+#include "client/client.h"
+#include "common/host_name.h"
 #include "common/logging.h"
 #include "common/process_env.h"
+#include "common/site_config.h"
 
 namespace {
 
@@ -24,36 +25,10 @@ int Fail(absl::string_view message, int code) {
   return code;
 }
 
-std::string HostName() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
-  return buf;
-}
-
 }  // namespace
 
-// The site configuration (/etc/rdzv.conf, or the file RDZV_CONFIG names) under the process
-// environment: admins set RDZV_ENDPOINT for everyone there, and users can still override it.
-absl::StatusOr<rdzv::EnvLookup> LoadEnv() {
-  const rdzv::EnvLookup process = rdzv::ProcessEnv();
-  const std::optional<std::string> named = process("RDZV_CONFIG");
-  const std::string path = named.value_or("/etc/rdzv.conf");
-  std::ifstream file(path);
-  if (!file) {
-    if (named) return absl::NotFoundError("RDZV_CONFIG=" + path + " cannot be read");
-    return process;
-  }
-  std::stringstream text;
-  text << file.rdbuf();
-  absl::StatusOr<rdzv::EnvList> vars = rdzv::ParseConfigText(text.str());
-  if (!vars.ok()) {
-    return absl::InvalidArgumentError(path + ": " + std::string(vars.status().message()));
-  }
-  return rdzv::EnvWithFallback(process, rdzv::EnvFromList(std::move(*vars)));
-}
-
 int main(int argc, char** argv) {
-  absl::StatusOr<rdzv::EnvLookup> loaded = LoadEnv();
+  absl::StatusOr<rdzv::EnvLookup> loaded = rdzv::WithSiteConfig(rdzv::ProcessEnv());
   if (!loaded.ok()) return Fail(loaded.status().message(), kUsageError);
   const rdzv::EnvLookup& env = *loaded;
   absl::StatusOr<rdzv::AgentFlags> flags =
@@ -71,8 +46,15 @@ int main(int argc, char** argv) {
     return Fail(s.message(), kUsageError);
   }
   absl::StatusOr<rdzv::AgentConfig> config =
-      rdzv::ResolveAgentConfig(*flags, env, {HostName(), getpid(), geteuid()});
+      rdzv::ResolveAgentConfig(*flags, env, {rdzv::HostName(), getpid(), geteuid()});
   if (!config.ok()) return Fail(config.status().message(), kUsageError);
+  // A token file that cannot be used is bad input, as a bad flag is. A standalone agent's
+  // rendezvous is in-process: it proves nothing and reads no token.
+  if (config->mode != "standalone") {
+    absl::StatusOr<rdzv::ClientAuth> auth = rdzv::LoadClientAuth(config->auth, config->token_file);
+    if (!auth.ok()) return Fail(auth.status().message(), kUsageError);
+    config->auth = *std::move(auth);
+  }
   rdzv::WorkerShape shape = config->worker_shape;
   rdzv::Agent agent(std::move(*config),
                     rdzv::NewShapingLauncher(std::move(shape), rdzv::NewPosixProcessLauncher()));

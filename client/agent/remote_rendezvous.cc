@@ -10,7 +10,6 @@
 #include <thread>
 #include <utility>
 
-#include "common/auth.h"
 #include "common/clock.h"
 
 namespace rdzv {
@@ -128,26 +127,18 @@ absl::StatusOr<ConnectedRendezvous> ConnectRendezvous(const AgentConfig& config,
     connected.rendezvous = NewLocalRendezvous(SteadyClock(), std::move(post));
     return connected;
   }
-  ClientAuth auth = config.auth;
-  if (!config.token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadTokenFile(config.token_file);
-    if (!token.ok()) return token.status();
-    auth.token = *std::move(token);
-  }
-  absl::StatusOr<ClientAuth> resolved = ResolveClientAuth(std::move(auth));
-  if (!resolved.ok()) return resolved.status();
   if (config.mode == "slurm step per node") {
     spdlog::info(
         "one step per node: this step joins job {} as node {} of {}, at the rendezvous on the "
         "allocation's first node {}; it waits up to --join-timeout for the other steps",
         config.join.job_id, config.join.agent.node_index, config.join.max_agents, config.rdzv_host);
   }
-  absl::StatusOr<ServerLocation> location = LocateServer(config, *resolved);
+  absl::StatusOr<ServerLocation> location = LocateServer(config, config.auth);
   if (!location.ok()) return location.status();
   connected.location = *std::move(location);
   const std::vector<std::string>& endpoints = connected.location.endpoints;
   ClientOptions options;
-  options.auth = *std::move(resolved);
+  options.auth = config.auth;
   options.tls = config.tls;
   options.endpoint = endpoints.front();
   options.alternate_endpoints.assign(endpoints.begin() + 1, endpoints.end());

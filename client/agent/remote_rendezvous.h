@@ -1,7 +1,7 @@
 // Where an agent's rendezvous comes from: the whole setup between its configuration and a
-// rendezvous to join. A standalone agent keeps one in-process; any other proves who it is
-// (reading its token file, or choosing MUNGE), finds or starts the server (server_locator.h)
-// and connects to it.
+// rendezvous to join. A standalone agent keeps one in-process; any other finds or starts the
+// server (server_locator.h) and connects to it, proving who it is as config.auth says (loaded
+// with its token and resolved by LoadClientAuth, client/client.h, before the agent starts).
 //
 // Runs before the agent's event loop starts: it may block on name resolution, scontrol and
 // munged. Thread-compatible (a free function).
@@ -24,8 +24,7 @@ struct ConnectedRendezvous {
 };
 
 // The rendezvous for `config`, reporting through `post` (AgentRendezvous). The errors name
-// what to fix: an unreadable token file, a server that cannot be found or started, a malformed
-// endpoint.
+// what to fix: a server that cannot be found or started, a malformed endpoint.
 absl::StatusOr<ConnectedRendezvous> ConnectRendezvous(const AgentConfig& config,
                                                       AgentRendezvous::Post post);
 

@@ -13,7 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 
 namespace rdzv {
 namespace {
@@ -21,8 +21,6 @@ namespace {
 constexpr std::chrono::milliseconds kPollInterval(100);
 // Reads of the FIFO's buffer in one go.
 constexpr int kMaxReadsAtOnce = 64;
-
-Micros WallMicros() { return absl::ToUnixMicros(absl::Now()); }
 
 // The parent of `pid` from /proc/PID/stat ("PID (COMM) STATE PPID ..."; COMM may hold spaces
 // and parentheses, so the fields are counted from the last ')'); 0 when it cannot be read.

@@ -33,12 +33,7 @@ absl::StatusOr<ClientAuth> CtlAuth(const CtlOptions& options) {
   ClientAuth auth;
   auth.munge_socket = options.munge_socket;
   auth.server_uid = options.server_uid;
-  if (!options.token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadTokenFile(options.token_file);
-    if (!token.ok()) return token.status();
-    auth.token = *std::move(token);
-  }
-  return ResolveClientAuth(std::move(auth));
+  return LoadClientAuth(std::move(auth), options.token_file);
 }
 
 // One call of `method` on `job`, with the caller's credential and a nonce for rdzvd's proof,
@@ -180,6 +175,13 @@ int Health(const std::shared_ptr<grpc::Channel>& channel, const CtlOptions& opti
 }  // namespace
 
 int RunCtlCommand(const CtlOptions& options, std::ostream& out, std::ostream& err) {
+  // A token file that cannot be used is bad input, as a bad flag is: said once, before any call.
+  if (options.command != CtlCommand::kHealth) {
+    if (absl::StatusOr<ClientAuth> auth = CtlAuth(options); !auth.ok()) {
+      err << "rdzvctl: " << auth.status().message() << "\n";
+      return 2;
+    }
+  }
   std::string ca_pem;
   if (!options.tls_ca.empty()) {
     absl::StatusOr<std::string> ca = LoadTlsCa(options.tls_ca, "--tls-ca");

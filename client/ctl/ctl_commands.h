@@ -12,7 +12,8 @@ namespace rdzv {
 
 // Runs `options.command`; writes results to `out` and one-line errors to `err`. Returns the
 // process exit code: 0 on success (health: rdzvd is SERVING), 1 when rdzvd could not be asked
-// or refused, 3 when health says it is not serving. Blocks; watch runs until its --count.
+// or refused, 2 when the token file cannot be used (bad input, as a bad flag is), 3 when health
+// says it is not serving. Blocks; watch runs until its --count.
 int RunCtlCommand(const CtlOptions& options, std::ostream& out, std::ostream& err);
 
 }  // namespace rdzv

@@ -53,13 +53,15 @@ struct Decisions {
   std::vector<Close> closes;
 };
 
-// The most workers one agent may run; rdzv-agent caps --nproc-per-node at the same.
+// The most workers one agent may run; rdzv-agent caps --nproc-per-node at the same
+// (kMaxNprocPerNode).
 inline constexpr int32_t kMaxWorkersPerAgent = 4096;
 // The longest span a join may carry (its last-call window, its longest heartbeat interval).
 inline constexpr Micros kMaxJoinSpan = Micros{365} * 24 * 3600 * 1'000'000;
 
 // Why `spec` can join no job at all, or OK: the checks that need no job, every id and number of
-// the spec against its range. Join applies it; rdzvd applies it as soon as a join arrives.
+// the spec against its range. Join applies it; rdzvd applies it as soon as a join arrives, and
+// rdzv-agent to its configuration before it starts.
 absl::Status ValidateJoinSpec(const JoinSpec& spec);
 
 struct StateOptions {

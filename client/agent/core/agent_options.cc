@@ -1,7 +1,6 @@
 #include "client/agent/core/agent_options.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -372,14 +371,12 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
   absl::StatusOr<AgentConfig> c = Resolve(flags, env, self);
   if (!c.ok()) return c;
   if (absl::Status s = CheckHostName(c->join.agent.host, flags); !s.ok()) return s;
-  // Ranks are 32-bit in torch and on the wire: the largest world the job may grow to must fit.
-  const int64_t world = int64_t{c->join.agent.nproc} * c->join.max_agents;
-  if (world > std::numeric_limits<int32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%d agents of %d workers each make %d ranks, over the limit of %d; lower --nnodes or "
-        "--nproc-per-node",
-        c->join.max_agents, c->join.agent.nproc, world, std::numeric_limits<int32_t>::max()));
-  }
+  // What no rendezvous accepts (a world past 32-bit ranks, say) is refused now, with the
+  // rendezvous's own words, rather than by the server once the agent has started. The agent's
+  // id is made when it starts; a stand-in takes its place here.
+  JoinSpec join = c->join;
+  join.agent.agent_id = "-";
+  if (absl::Status s = ValidateJoinSpec(join); !s.ok()) return s;
   return c;
 }
 

@@ -22,14 +22,15 @@
 #include "client/agent/core/worker_shape.h"
 #include "client/client.h"
 #include "common/core/env.h"
+#include "common/core/rendezvous_state.h"
 #include "common/core/rendezvous_types.h"
 
 namespace rdzv {
 
-// What the user asked for, before defaults are filled in from the environment.
-// The most workers one agent starts.
-inline constexpr int32_t kMaxNprocPerNode = 4096;
+// The most workers one agent starts: as many as the rendezvous lets one agent run.
+inline constexpr int32_t kMaxNprocPerNode = kMaxWorkersPerAgent;
 
+// What the user asked for, before defaults are filled in from the environment.
 struct AgentFlags {
   std::optional<int32_t> nnodes_min, nnodes_max;  // --nnodes N or MIN:MAX
   std::optional<int32_t> nproc_per_node;          // --nproc-per-node
@@ -98,8 +99,9 @@ struct AgentConfig {
   // This agent hosts the server in-process, listening on the first free port of
   // embedded_ports (0: any free port) on embedded_listen_host.
   bool embedded_server = false;
-  // How this agent proves who it is (mode and munge socket; the token is read from token_file
-  // when the agent starts), and the uid its server must prove it runs as.
+  // How this agent proves who it is (mode and munge socket; rdzv-agent's main reads the token
+  // from token_file and resolves the mode, LoadClientAuth), and the uid its server must prove it
+  // runs as.
   ClientAuth auth;
   std::string token_file;
   // TLS toward an rdzvd (never toward a server hosted by an agent, which serves plaintext).
@@ -145,6 +147,9 @@ int DerivedPort(absl::string_view job_id, absl::string_view step_id);
 // count is one of several steps, one per node, that form one job: its id is the Slurm job's, the
 // node index --node-rank (else the node's place in SLURM_JOB_NODELIST), and the agent on the
 // allocation's first node hosts the server at a port derived from the job id alone.
+//
+// The join it makes passes the rendezvous's own checks (ValidateJoinSpec), or their one-line
+// refusal comes back.
 absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const EnvLookup& env,
                                                const LocalProcess& self);
 
