@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "client/agent/shaping_launcher.h"
 #include "common/core/env.h"
 
 namespace rdzv {
