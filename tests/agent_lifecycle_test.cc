@@ -158,7 +158,7 @@ TEST(AgentLifecycleTest, HostingAgentWaitsForTheOthersBeforeItExits) {
   EXPECT_EQ(One<act::Exit>(gone)->code, 0);
 }
 
-TEST(AgentLifecycleTest, WorkerFailureIsReportedAndTheServersFirstFailureIsTheRootCause) {
+TEST(AgentLifecycleTest, ServersFirstReportedFailureIsTheRootCause) {
   Running r;
   const AgentActions failed = r.life.WorkerEnded(Ended(1, 3), kT0 + kSecond);
   ASSERT_EQ(Kinds(failed), "ReportFailure,StopWorkers");
@@ -191,7 +191,7 @@ TEST(AgentLifecycleTest, WorkerFailureIsReportedAndTheServersFirstFailureIsTheRo
   EXPECT_EQ(One<act::Exit>(left)->code, 7);
 }
 
-TEST(AgentLifecycleTest, UnansweredFailureReportStillEndsTheJobWithTheLocalCause) {
+TEST(AgentLifecycleTest, UnansweredFailureReportEndsJobWithLocalCause) {
   Running r;
   ASSERT_EQ(Kinds(r.life.WorkerEnded(Ended(0, 0, SIGSEGV), kT0)), "ReportFailure,StopWorkers");
   EXPECT_EQ(Kinds(r.life.AllWorkersDone()), "");
@@ -227,7 +227,7 @@ TEST(AgentLifecycleTest, RestartsUpToTheLimitCountingTheJobsRestarts) {
   EXPECT_EQ(Kinds(last), "Leave");
 }
 
-TEST(AgentLifecycleTest, LateJoinerTakesTheRestartCountFromTheJobNotFromItself) {
+TEST(AgentLifecycleTest, LateJoinerTakesTheJobsRestartCount) {
   LifecycleOptions o = Options();
   o.max_restarts = 5;
   // This node joins a job that has already restarted three times.
@@ -243,7 +243,7 @@ TEST(AgentLifecycleTest, LateJoinerTakesTheRestartCountFromTheJobNotFromItself) 
   EXPECT_TRUE(absl::StrContains(Logs(restart), "restart 4 of 5")) << Logs(restart);
 }
 
-TEST(AgentLifecycleTest, SignalWhileJoiningCancelsTheJoinAndExitsWithTheSignalsCode) {
+TEST(AgentLifecycleTest, SignalWhileJoiningCancelsAndExitsWithItsCode) {
   AgentLifecycle life(Options());
   const int32_t g = One<act::Join>(life.Start())->generation;
   const AgentActions sig = life.Signal(SIGTERM, kT0);
@@ -253,7 +253,7 @@ TEST(AgentLifecycleTest, SignalWhileJoiningCancelsTheJoinAndExitsWithTheSignalsC
   EXPECT_EQ(One<act::Exit>(joined)->code, 128 + SIGTERM);
 }
 
-TEST(AgentLifecycleTest, SignalWhileRunningStopsTheJobEverywhereAndNeverRestarts) {
+TEST(AgentLifecycleTest, SignalWhileRunningStopsJobEverywhereNoRestart) {
   LifecycleOptions o = Options();
   o.max_restarts = 3;
   Running r(o);
@@ -280,7 +280,7 @@ TEST(AgentLifecycleTest, UserSignalsAreForwardedWithoutStoppingAnything) {
   EXPECT_EQ(r.life.phase(), AgentLifecycle::Phase::kRunning);
 }
 
-TEST(AgentLifecycleTest, LostServerWithoutReconnectEndsTheJobNonZeroAndLingers) {
+TEST(AgentLifecycleTest, LostServerNoReconnectEndsJobNonZeroAndLingers) {
   Running r;
   const AgentActions lost =
       r.life.ServerLost(r.generation, absl::UnavailableError("socket closed"));

@@ -23,6 +23,7 @@
 #include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
 #include "tests/testing/output.h"
+#include "tests/testing/process_fixture.h"
 #include "tests/testing/subprocess.h"
 
 namespace rdzv {
@@ -59,49 +60,12 @@ constexpr const char* kWorkerVars[] = {"RANK",
 
 using WorkerEnv = std::map<std::string, std::string>;
 
-class AgentTest : public ::testing::Test {
+class AgentTest : public testing::ProcessTest {
  protected:
-  void SetUp() override { marker_ = testing::UniqueMarker(); }
-
-  void TearDown() override {
-    // Whatever a test left running (it failed, or it did not wait) is killed now, and nothing
-    // that carried this test's marker may outlive it.
-    procs_.clear();
-    EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker_, absl::Seconds(10)), "\n"),
-              "")
-        << "processes left behind";
-  }
-
-  Subprocess& Start(std::vector<std::string> argv,
-                    std::vector<std::pair<std::string, std::string>> env = {}) {
-    SubprocessOptions options;
-    options.argv = std::move(argv);
-    // A test run inside a Slurm allocation, with RDZV_* set or on a host with an
-    // /etc/rdzv.conf, must not change what the agents do; nor a user's OMP_NUM_THREADS what the
-    // workers see.
-    options.unset_env_prefixes = {"SLURM_", "RDZV_", "OMP_NUM_THREADS", "TORCHELASTIC_",
-                                  "PYTHONFAULTHANDLER"};
-    options.env = std::move(env);
-    options.env.emplace_back("RDZV_CONFIG", "/dev/null");
-    procs_.push_back(std::make_unique<Subprocess>(std::move(options)));
-    return *procs_.back();
-  }
-
-  // A real rdzvd on a free loopback port; returns once it accepts connections.
-  Subprocess& StartRdzvd() {
-    for (int attempt = 0; attempt < 5; ++attempt) {
-      const int port = testing::FreeLoopbackPort();
-      Subprocess& rdzvd =
-          Start({RDZVD_BIN, "--auth", "none", "--listen", absl::StrCat("127.0.0.1:", port)});
-      if (testing::WaitForLoopbackPort(port, kLongWait) && rdzvd.Running()) {
-        endpoint_ = absl::StrCat("127.0.0.1:", port);
-        return rdzvd;
-      }
-      // Someone took the port between picking and binding it: try another.
-      rdzvd.Kill();
-    }
-    ADD_FAILURE() << "rdzvd did not start";
-    return *procs_.back();
+  AgentTest() {
+    // Nor may a user's OMP_NUM_THREADS change what the workers see.
+    unset_env_prefixes_.insert(unset_env_prefixes_.end(),
+                               {"OMP_NUM_THREADS", "PYTHONFAULTHANDLER"});
   }
 
   // An agent of job `job` at this test's rdzvd, with `flags` and the env-writing worker.
@@ -198,9 +162,6 @@ class AgentTest : public ::testing::Test {
   }
 
   ScopedTempDir dir_;
-  std::string marker_;
-  std::string endpoint_;
-  std::vector<std::unique_ptr<Subprocess>> procs_;  // destroyed (killed) before dir_
 };
 
 int WaitOk(Subprocess& p) {
@@ -326,8 +287,7 @@ TEST_F(AgentTest, FailingWorkerStopsTheWholeJobWithItsExitCode) {
   }
   EXPECT_TRUE(Contains(agents[1]->Stderr(), "rank 3 gives up"));
   EXPECT_TRUE(Contains(agents[1]->Stderr(), "exited with code 3"));
-  EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker_, absl::Seconds(10)), "\n"),
-            "");
+  EXPECT_TRUE(testing::NoProcessLeft(marker_));
 }
 
 TEST_F(AgentTest, WorkerKilledBySignalGives128PlusSignal) {
@@ -353,8 +313,7 @@ TEST_F(AgentTest, WorkerKilledBySignalGives128PlusSignal) {
     EXPECT_TRUE(Contains(LineWith(a->Stderr(), "job segv failed"), "rank 1")) << a->Stderr();
     EXPECT_TRUE(Contains(LineWith(a->Stderr(), "job segv failed"), "SIGSEGV")) << a->Stderr();
   }
-  EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker_, absl::Seconds(10)), "\n"),
-            "");
+  EXPECT_TRUE(testing::NoProcessLeft(marker_));
 }
 
 TEST_F(AgentTest, UnreachableEndpointFailsAfterTheJoinTimeout) {
@@ -507,7 +466,8 @@ TEST_F(AgentTest, UsersOwnTimerFileAndFaulthandlerAreKept) {
 }
 
 TEST_F(AgentTest, RdzvdStopsOnSigterm) {
-  Subprocess& rdzvd = StartRdzvd();
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  Subprocess& rdzvd = *rdzvd_;
   // With an agent waiting on it, too.
   Subprocess& agent = StartAgent("waiter", "stopping", 2, {});
   ASSERT_NO_FATAL_FAILURE(WaitForJoined("stopping", 1));
@@ -583,7 +543,7 @@ TEST(SubprocessTest, TimeoutKillsTheGroupAndFails) {
   ASSERT_TRUE(WaitForMatches(marker, 2)) << "the shell and its child";
   EXPECT_NONFATAL_FAILURE(EXPECT_EQ(p->Wait(absl::Milliseconds(300)), Subprocess::kTimedOut),
                           "did not exit within");
-  EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker, absl::Seconds(10)), "\n"), "");
+  EXPECT_TRUE(testing::NoProcessLeft(marker));
 }
 
 TEST(SubprocessTest, DestructorKillsTheGroupAndNothingIsLeft) {
@@ -593,7 +553,7 @@ TEST(SubprocessTest, DestructorKillsTheGroupAndNothingIsLeft) {
                            absl::StrCat("(exec -a ", marker, "-child sleep 120) & wait"), marker}});
     ASSERT_TRUE(WaitForMatches(marker, 2)) << "the shell and its child";
   }
-  EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker, absl::Seconds(10)), "\n"), "");
+  EXPECT_TRUE(testing::NoProcessLeft(marker));
 }
 
 TEST(SubprocessTest, MissingProgramFailsTheTest) {

@@ -28,6 +28,7 @@
 #include "client/client.h"
 #include "client/rdzv.h"
 #include "tests/testing/output.h"
+#include "tests/testing/rdzvd_fixture.h"
 #include "tests/testing/subprocess.h"
 
 namespace rdzv {
@@ -80,24 +81,12 @@ class AuthTest : public ::testing::Test {
 
   // rdzvd on a free loopback port with `auth` ("munge" or "token") and `extra` flags.
   void StartRdzvd(const std::string& auth, const std::vector<std::string>& extra = {}) {
-    for (int attempt = 0; attempt < 5; ++attempt) {
-      const int port = testing::FreeLoopbackPort();
-      std::vector<std::string> argv = {RDZVD_BIN,
-                                       "--auth",
-                                       auth,
-                                       "--munge-socket",
-                                       socket_,
-                                       "--listen",
-                                       absl::StrCat("127.0.0.1:", port)};
-      argv.insert(argv.end(), extra.begin(), extra.end());
-      rdzvd_.emplace(SubprocessOptions{.argv = argv, .unset_env_prefixes = {"RDZV_", "SLURM_"}});
-      if (testing::WaitForLoopbackPort(port, kWait) && rdzvd_->Running()) {
-        endpoint_ = absl::StrCat("127.0.0.1:", port);
-        return;
-      }
-      rdzvd_.reset();
-    }
-    FAIL() << "rdzvd did not start";
+    std::vector<std::string> args = {"--auth", auth, "--munge-socket", socket_};
+    args.insert(args.end(), extra.begin(), extra.end());
+    rdzvd_.emplace(std::move(args), SubprocessOptions{.unset_env_prefixes = {"RDZV_", "SLURM_"}},
+                   kWait);
+    ASSERT_TRUE(rdzvd_->started());
+    endpoint_ = rdzvd_->endpoint();
   }
 
   // An agent of the job `job` (node `node` of 2) running as root; its worker prints its rank
@@ -237,7 +226,7 @@ class AuthTest : public ::testing::Test {
   std::string endpoint_;
   std::vector<std::string> munged_argv_;
   std::optional<Subprocess> munged_;
-  std::optional<Subprocess> rdzvd_;
+  std::optional<testing::RdzvdProcess> rdzvd_;
 };
 
 // munged restarting while agents (told to use MUNGE) start: their joins wait for it instead of
@@ -272,7 +261,7 @@ TEST_F(AuthTest, AnotherUserCannotSeeStopOrJoinAJob) {
   StartRdzvd("munge");
   const std::vector<std::string> auth = {"--munge-socket", socket_};
   Subprocess node0(Agent("victim", 0, auth));
-  ASSERT_TRUE(WaitForJob("victim")) << node0.Stderr() << rdzvd_->Stderr();
+  ASSERT_TRUE(WaitForJob("victim")) << node0.Stderr() << rdzvd_->process().Stderr();
 
   // Status lists only the caller's own jobs.
   Subprocess status = Probe("munge:" + socket_, "status", "");
@@ -308,7 +297,7 @@ TEST_F(AuthTest, CallsWithoutAValidCredentialAreRefusedWhileTheJobRuns) {
   StartRdzvd("munge");
   const std::vector<std::string> auth = {"--munge-socket", socket_};
   Subprocess node0(Agent("victim", 0, auth));
-  ASSERT_TRUE(WaitForJob("victim")) << node0.Stderr() << rdzvd_->Stderr();
+  ASSERT_TRUE(WaitForJob("victim")) << node0.Stderr() << rdzvd_->process().Stderr();
 
   Subprocess none = Probe("none", "status", "");
   EXPECT_EQ(none.Wait(kWait), 1);

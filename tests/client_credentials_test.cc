@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "common/auth.h"
+#include "tests/testing/rdzvd_fixture.h"
 #include "tests/testing/subprocess.h"
 
 namespace rdzv {
@@ -51,19 +52,10 @@ class ClientCredentialsTest : public ::testing::Test {
                  "--seed-file=" + dir_.File("munged.seed")}});
     for (int i = 0; i < 100 && !MungeWorks(socket_); ++i) usleep(50'000);
     ASSERT_TRUE(MungeWorks(socket_)) << munged_->Stderr();
-    for (int attempt = 0; attempt < 5 && endpoint_.empty(); ++attempt) {
-      const int port = testing::FreeLoopbackPort();
-      rdzvd_.emplace(
-          SubprocessOptions{.argv = {RDZVD_BIN, "--auth", "munge", "--munge-socket", socket_,
-                                     "--listen", absl::StrCat("127.0.0.1:", port)},
-                            .unset_env_prefixes = {"RDZV_", "SLURM_"}});
-      if (testing::WaitForLoopbackPort(port, kWait) && rdzvd_->Running()) {
-        endpoint_ = absl::StrCat("127.0.0.1:", port);
-      } else {
-        rdzvd_.reset();
-      }
-    }
-    ASSERT_FALSE(endpoint_.empty()) << "rdzvd did not start";
+    rdzvd_.emplace(std::vector<std::string>{"--auth", "munge", "--munge-socket", socket_},
+                   SubprocessOptions{.unset_env_prefixes = {"RDZV_", "SLURM_"}}, kWait);
+    ASSERT_TRUE(rdzvd_->started());
+    endpoint_ = rdzvd_->endpoint();
   }
 
   void TearDown() override {
@@ -105,7 +97,7 @@ class ClientCredentialsTest : public ::testing::Test {
   std::string socket_;
   std::string endpoint_;
   std::optional<Subprocess> munged_;
-  std::optional<Subprocess> rdzvd_;
+  std::optional<testing::RdzvdProcess> rdzvd_;
 };
 
 TEST_F(ClientCredentialsTest, LeaveAsyncReturnsWhileMungedHasNotAnswered) {
@@ -128,7 +120,7 @@ TEST_F(ClientCredentialsTest, LeaveAsyncReturnsWhileMungedHasNotAnswered) {
   EXPECT_TRUE(status.ok()) << status;
 }
 
-TEST_F(ClientCredentialsTest, ReportFailureAsyncReturnsWhileMungedHasNotAnswered) {
+TEST_F(ClientCredentialsTest, ReportFailureAsyncReturnsBeforeMungedAnswers) {
   std::unique_ptr<Client> client = JoinedClient("report");
   ASSERT_NE(client, nullptr);
   munged_->Signal(SIGSTOP);

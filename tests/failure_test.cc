@@ -26,6 +26,7 @@
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "tests/testing/output.h"
+#include "tests/testing/process_fixture.h"
 #include "tests/testing/subprocess.h"
 
 namespace rdzv {
@@ -65,20 +66,15 @@ bool ProcessAlive(pid_t pid) {
          stat[paren + 2] != 'X';
 }
 
-class FailureTest : public ::testing::Test {
+class FailureTest : public testing::ProcessTest {
  protected:
   void SetUp() override {
-    marker_ = testing::UniqueMarker();
     std::filesystem::create_directory(TmpDir());
+    env_.emplace_back("TMPDIR", TmpDir());
   }
 
   void TearDown() override {
-    // Whatever a test left running (it failed, or it did not wait) is killed now, and nothing
-    // that carried this test's marker may outlive it.
-    procs_.clear();
-    EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker_, absl::Seconds(10)), "\n"),
-              "")
-        << "processes left behind";
+    ProcessTest::TearDown();
     // Nor any agent's private directory (the workers' error files), however the agent ended.
     std::vector<std::string> left;
     std::error_code ec;
@@ -90,37 +86,6 @@ class FailureTest : public ::testing::Test {
 
   // The agents' TMPDIR.
   std::string TmpDir() const { return absl::StrCat(dir_.path(), "/tmp"); }
-
-  Subprocess& Start(std::vector<std::string> argv,
-                    std::vector<std::pair<std::string, std::string>> env = {}) {
-    SubprocessOptions options;
-    options.argv = std::move(argv);
-    // Neither a surrounding Slurm allocation nor a site config may change what the agents do.
-    options.unset_env_prefixes = {"SLURM_", "RDZV_", "TORCHELASTIC_"};
-    options.env = std::move(env);
-    options.env.emplace_back("RDZV_CONFIG", "/dev/null");
-    options.env.emplace_back("TMPDIR", TmpDir());
-    procs_.push_back(std::make_unique<Subprocess>(std::move(options)));
-    return *procs_.back();
-  }
-
-  // A real rdzvd on a free loopback port; returns once it accepts connections.
-  void StartRdzvd(std::vector<std::string> extra_args = {}) {
-    for (int attempt = 0; attempt < 5; ++attempt) {
-      const int port = testing::FreeLoopbackPort();
-      std::vector<std::string> argv = {RDZVD_BIN, "--auth", "none", "--listen",
-                                       absl::StrCat("127.0.0.1:", port)};
-      argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-      Subprocess& rdzvd = Start(argv);
-      if (testing::WaitForLoopbackPort(port, kLongWait) && rdzvd.Running()) {
-        endpoint_ = absl::StrCat("127.0.0.1:", port);
-        rdzvd_ = &rdzvd;
-        return;
-      }
-      rdzvd.Kill();  // someone took the port between picking and binding it
-    }
-    FAIL() << "rdzvd did not start";
-  }
 
   // The agent of node `node` (host name "n<node>") of job `job` at this test's rdzvd. Its
   // workers run Worker(then, first).
@@ -238,17 +203,9 @@ class FailureTest : public ::testing::Test {
     FAIL() << "job " << job << " never had " << joined << " agents";
   }
 
-  void ExpectNothingLeft() {
-    EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker_, absl::Seconds(10)), "\n"),
-              "")
-        << "processes left behind";
-  }
+  void ExpectNothingLeft() { EXPECT_TRUE(testing::NoProcessLeft(marker_)); }
 
   ScopedTempDir dir_;
-  std::string marker_;
-  std::string endpoint_;
-  Subprocess* rdzvd_ = nullptr;
-  std::vector<std::unique_ptr<Subprocess>> procs_;  // destroyed (killed) before dir_
 };
 
 std::string Describe(Subprocess& p) {
@@ -377,10 +334,7 @@ TEST_F(FailureTest, RestartedRdzvdTakesTheRunningJobBack) {
   rdzvd_->Kill();
   const std::vector<std::string> argv = {RDZVD_BIN, "--auth", "none", "--listen", endpoint_};
   Subprocess& again = Start(argv);
-  ASSERT_TRUE(testing::WaitForLoopbackPort(std::stoi(endpoint_.substr(endpoint_.rfind(':') + 1)),
-                                           kLongWait) &&
-              again.Running())
-      << again.Stderr();
+  ASSERT_TRUE(testing::WaitForLoopbackPort(port_, kLongWait) && again.Running()) << again.Stderr();
   ASSERT_NO_FATAL_FAILURE(WaitForJoined("comeback", 2));
   for (Subprocess* a : agents) {
     EXPECT_TRUE(a->WaitForOutput("back in touch with the rendezvous server", kLongWait))

@@ -490,7 +490,7 @@ TEST_F(LifecycleHangTest, HungWorkerThatWroteNothingStillCompletesTheReport) {
 // deadline had passed a second earlier. The last look the agent takes as the abort arrives
 // finds rank 3 overdue: it is stopped with SIGABRT for its stack and reported, the server's
 // comparison of hangs names it, and the root cause shows its stack.
-TEST_F(LifecycleHangTest, CulpritFoundOnlyWhenTheAbortArrivesIsStoppedAsHungAndNamed) {
+TEST_F(LifecycleHangTest, CulpritFoundAtAbortIsStoppedAsHungAndNamed) {
   const AbortEvent victim_first = AbortFor(Hang(0, 41 * kS));
   const WorkerHang overdue{1, 3, 1, 40 * kS, "timer \"step\" expired 1.0s ago (pid 7)"};
   AgentActions a = lc_.Aborted(1, victim_first, overdue);

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tests/testing/output.h"
+#include "tests/testing/process_fixture.h"
 #include "tests/testing/subprocess.h"
 
 namespace rdzv {
@@ -35,34 +36,18 @@ constexpr absl::Duration kLongWait = absl::Seconds(60);
 // The forwarder's limit on a line (client/agent/output_forwarder.h), as the user sees it.
 constexpr size_t kMaxLineBytes = 64 * 1024;
 
-class HostileInputTest : public ::testing::Test {
+class HostileInputTest : public testing::ProcessTest {
  protected:
-  void SetUp() override { marker_ = testing::UniqueMarker(); }
-
-  void TearDown() override {
-    procs_.clear();
-    EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker_, absl::Seconds(10)), "\n"),
-              "")
-        << "processes left behind";
-  }
-
   // A standalone agent with `flags` running the bash `script` as its one worker. The marker in
   // the worker's command line lets TearDown find leftovers.
   Subprocess& StartAgent(const std::string& script, std::vector<std::string> flags = {}) {
-    SubprocessOptions options;
-    options.argv = {RDZV_AGENT_BIN, "--standalone"};
-    options.argv.insert(options.argv.end(), flags.begin(), flags.end());
-    options.argv.insert(options.argv.end(),
-                        {"--", "bash", "-c", absl::StrCat(script, " # ", marker_)});
-    options.unset_env_prefixes = {"SLURM_", "RDZV_", "TORCHELASTIC_"};
-    options.env = {{"RDZV_CONFIG", "/dev/null"}};
-    procs_.push_back(std::make_unique<Subprocess>(std::move(options)));
-    return *procs_.back();
+    std::vector<std::string> argv = {RDZV_AGENT_BIN, "--standalone"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), {"--", "bash", "-c", absl::StrCat(script, " # ", marker_)});
+    return Start(std::move(argv));
   }
 
-  std::string marker_;
   ScopedTempDir dir_;
-  std::vector<std::unique_ptr<Subprocess>> procs_;
 };
 
 // The longest line of `text`, split at '\n' and '\r'.
@@ -74,7 +59,7 @@ size_t LongestLine(const std::string& text) {
   return longest;
 }
 
-TEST_F(HostileInputTest, ProgressBarRedrawnWithoutNewlineArrivesAndTheAgentFinishes) {
+TEST_F(HostileInputTest, ProgressBarWithoutNewlineArrivesAndAgentEnds) {
   // tqdm's way: "\r" then the bar, on stderr, never a newline; 300,000 redraws (about 6 MB).
   Subprocess& agent =
       StartAgent(absl::StrCat("exec ", RDZV_TORCH_PYTHON, " -c '",
@@ -220,7 +205,7 @@ TEST_F(HostileInputTest, OrphansBeyondAPageOfPidsAreAllKilled) {
                                               " & done; sleep 1; echo started; exit 0"));
   EXPECT_EQ(agent.Wait(kLongWait), 0) << agent.Stderr();
   EXPECT_TRUE(absl::StrContains(agent.Stdout(), "started"));
-  EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(sleep, absl::Seconds(10)), "\n"), "");
+  EXPECT_TRUE(testing::NoProcessLeft(sleep));
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
 #include "tests/testing/output.h"
+#include "tests/testing/process_fixture.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/tcp_proxy.h"
 
@@ -42,46 +43,8 @@ constexpr absl::Duration kLongWait = absl::Seconds(60);
 // the minute an ended job keeps a stream open and the agents' --join-timeout.
 constexpr absl::Duration kPrompt = absl::Seconds(20);
 
-class JoinOutcomeTest : public ::testing::Test {
+class JoinOutcomeTest : public testing::ProcessTest {
  protected:
-  void SetUp() override { marker_ = testing::UniqueMarker(); }
-
-  void TearDown() override {
-    procs_.clear();
-    EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker_, absl::Seconds(10)), "\n"),
-              "")
-        << "processes left behind";
-  }
-
-  Subprocess& Start(std::vector<std::string> argv) {
-    SubprocessOptions options;
-    options.argv = std::move(argv);
-    options.unset_env_prefixes = {"SLURM_", "RDZV_", "TORCHELASTIC_"};
-    options.env = {{"RDZV_CONFIG", "/dev/null"}};
-    procs_.push_back(std::make_unique<Subprocess>(std::move(options)));
-    return *procs_.back();
-  }
-
-  // A real rdzvd on a free loopback port; returns once it accepts connections.
-  void StartRdzvd(std::vector<std::string> extra_args = {}) {
-    for (int attempt = 0; attempt < 5; ++attempt) {
-      const int port = testing::FreeLoopbackPort();
-      std::vector<std::string> argv = {RDZVD_BIN, "--auth", "none", "--listen",
-                                       absl::StrCat("127.0.0.1:", port)};
-      argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-      Subprocess& rdzvd = Start(argv);
-      if (testing::WaitForLoopbackPort(port, kLongWait) && rdzvd.Running()) {
-        port_ = port;
-        rdzvd_ = &rdzvd;
-        return;
-      }
-      rdzvd.Kill();  // someone took the port between picking and binding it
-    }
-    FAIL() << "rdzvd did not start";
-  }
-
-  std::string Endpoint() const { return absl::StrCat("127.0.0.1:", port_); }
-
   // An agent on host "n<host>" of a job of `nnodes`, meeting at `endpoint`; `flags` come before
   // its worker, a bash script that carries the test's marker.
   Subprocess& StartAgent(const std::string& endpoint, const std::string& job, int host, int nnodes,
@@ -106,7 +69,7 @@ class JoinOutcomeTest : public ::testing::Test {
 
   std::unique_ptr<v1::Rendezvous::Stub> Stub() {
     return v1::Rendezvous::NewStub(
-        grpc::CreateChannel(Endpoint(), grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(endpoint_, grpc::InsecureChannelCredentials()));
   }
 
   // `job` as rdzvd shows it, or an empty one while it has none.
@@ -130,11 +93,6 @@ class JoinOutcomeTest : public ::testing::Test {
     }
     return false;
   }
-
-  std::string marker_;
-  int port_ = 0;
-  Subprocess* rdzvd_ = nullptr;
-  std::vector<std::unique_ptr<Subprocess>> procs_;
 };
 
 // n0's connection breaks just as the round completes: the assignment never reaches it, and
@@ -149,7 +107,7 @@ TEST_F(JoinOutcomeTest, AgentBackInAJobThatEndedExitsAtOnceWithTheRootCause) {
                               {"--node-rank", "0"}, "sleep 60");
   ASSERT_TRUE(WaitForJob("j", "filling", 1)) << n0.Stderr();
   path.DropReplies();
-  Subprocess& n1 = StartAgent(Endpoint(), "j", 1, 2, {"--node-rank", "1"}, "sleep 60");
+  Subprocess& n1 = StartAgent(endpoint_, "j", 1, 2, {"--node-rank", "1"}, "sleep 60");
   ASSERT_TRUE(WaitForJob("j", "running", 2)) << n1.Stderr();
   EXPECT_FALSE(absl::StrContains(n0.Stderr(), "round 1:")) << "the assignment reached n0";
 
@@ -168,12 +126,12 @@ TEST_F(JoinOutcomeTest, AgentBackInAJobThatEndedExitsAtOnceWithTheRootCause) {
 // An agent without --node-rank among agents that give one is refused at once with the line
 // that says what differs and what to do; the agent already waiting goes on, and completes its
 // round with a correct one.
-TEST_F(JoinOutcomeTest, AgentWithoutANodeRankAmongOthersIsRefusedAndTheRoundGoesOn) {
+TEST_F(JoinOutcomeTest, AgentWithoutNodeRankIsRefusedRoundGoesOn) {
   StartRdzvd();
-  Subprocess& n0 = StartAgent(Endpoint(), "j", 0, 2, {"--node-rank", "0"}, "echo ran-$RANK");
+  Subprocess& n0 = StartAgent(endpoint_, "j", 0, 2, {"--node-rank", "0"}, "echo ran-$RANK");
   ASSERT_TRUE(WaitForJob("j", "filling", 1)) << n0.Stderr();
 
-  Subprocess& loose = StartAgent(Endpoint(), "j", 7, 2, {});
+  Subprocess& loose = StartAgent(endpoint_, "j", 7, 2, {});
   EXPECT_EQ(loose.Wait(kLongWait), 1) << loose.Stderr();
   EXPECT_TRUE(Contains(LineWith(loose.Stderr(), "job j:"),
                        "the agent on n7 gives no --node-rank, but the agent on n0, already in "
@@ -183,7 +141,7 @@ TEST_F(JoinOutcomeTest, AgentWithoutANodeRankAmongOthersIsRefusedAndTheRoundGoes
   EXPECT_TRUE(n0.Running()) << n0.Stderr();
   EXPECT_EQ(JobStatus("j").joined(), 1);
 
-  Subprocess& n1 = StartAgent(Endpoint(), "j", 1, 2, {"--node-rank", "1"}, "echo ran-$RANK");
+  Subprocess& n1 = StartAgent(endpoint_, "j", 1, 2, {"--node-rank", "1"}, "echo ran-$RANK");
   EXPECT_EQ(n0.Wait(kLongWait), 0) << n0.Stderr();
   EXPECT_EQ(n1.Wait(kLongWait), 0) << n1.Stderr();
   EXPECT_TRUE(Contains(n0.Stdout(), "ran-0"));
@@ -195,7 +153,7 @@ TEST_F(JoinOutcomeTest, AgentWithoutANodeRankAmongOthersIsRefusedAndTheRoundGoes
 // says so in one line and exits non-zero.
 TEST_F(JoinOutcomeTest, JoinEndedWithoutAnAssignmentIsReportedAndTheAgentExits) {
   StartRdzvd();
-  Subprocess& n0 = StartAgent(Endpoint(), "j", 0, 2, {"--node-rank", "0"}, "echo ran");
+  Subprocess& n0 = StartAgent(endpoint_, "j", 0, 2, {"--node-rank", "0"}, "echo ran");
   ASSERT_TRUE(WaitForJob("j", "filling", 1)) << n0.Stderr();
   v1::LeaveRequest leave;
   leave.set_job_id("j");

@@ -91,7 +91,7 @@ TEST(ProtoConvertTest, MillisecondsBeyondMicrosecondsSaturate) {
 // A restarted rdzvd rebuilds a running job from the agents that come back; when one does not
 // come back within the resume window, the others are aborted with kResumeTimedOut, and that is
 // the cause they read off the wire.
-TEST(ProtoConvertTest, AgentsSeeResumeTimedOutWhenTheRestartedServerStopsWaiting) {
+TEST(ProtoConvertTest, ResumeTimedOutWhenRestartedServerStopsWaiting) {
   JoinSpec specs[2];
   for (int i = 0; i < 2; ++i) {
     specs[i].job_id = "j";

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,82 +17,41 @@
 #include "rdzv/v1/rdzv.grpc.pb.h"
 #include "server/request_limits.h"
 #include "server/server.h"
+#include "tests/testing/wire.h"
 
 namespace rdzv {
 namespace {
 
-constexpr auto kWait = std::chrono::seconds(30);
+using testing::Joined;
+using testing::JoinOf;
+using testing::ReadUntil;
+
+// As a client with a large message limit of its own, so that rdzvd's limits are what refuse.
+grpc::ChannelArguments LargeMessages() {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(64 << 20);
+  return args;
+}
 
 class ServerLimitsTest : public ::testing::Test {
  protected:
   void Start(ServiceOptions service = {}) {
-    ServerOptions options;
-    options.listen = "127.0.0.1:0";
-    options.tick_interval = absl::Milliseconds(20);
+    ServerOptions options = testing::LoopbackServerOptions();
     options.service = service;
     options.service.auth.mode = AuthMode::kNone;
-    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = std::move(*server);
+    server_ = testing::StartLoopbackServer(options);
+    ASSERT_NE(server_, nullptr);
+    wire_.emplace(server_->port(), LargeMessages());
   }
 
-  // A stub on a connection of its own, as each agent has.
-  std::unique_ptr<v1::Rendezvous::Stub> Stub() {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    args.SetMaxSendMessageSize(64 << 20);
-    auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_->port()),
-                                             grpc::InsecureChannelCredentials(), args);
-    return v1::Rendezvous::NewStub(channel);
-  }
-
-  static v1::JoinRequest JoinOf(const std::string& job, const std::string& agent, int nnodes) {
-    v1::JoinRequest r;
-    r.set_job_id(job);
-    r.set_agent_id(agent);
-    r.set_host(agent);
-    r.set_node_index(-1);
-    r.set_order(-1);
-    r.set_nproc(1);
-    r.set_min_agents(nnodes);
-    r.set_max_agents(nnodes);
-    r.add_addresses("127.0.0.1");
-    r.set_master_port(29500);
-    return r;
-  }
-
-  // An open Join stream and what it has received.
-  struct Joined {
-    std::unique_ptr<grpc::ClientContext> context = std::make_unique<grpc::ClientContext>();
-    std::unique_ptr<grpc::ClientReader<v1::JoinEvent>> reader;
-    std::unique_ptr<v1::Rendezvous::Stub> stub;
-  };
-
-  Joined Join(const v1::JoinRequest& request) {
-    Joined j;
-    j.stub = Stub();
-    j.context->set_deadline(std::chrono::system_clock::now() + kWait);
-    j.reader = j.stub->Join(j.context.get(), request);
-    return j;
-  }
+  std::unique_ptr<v1::Rendezvous::Stub> Stub() { return wire_->Stub(); }
+  Joined Join(const v1::JoinRequest& request) { return wire_->Join(request); }
 
   // The status a refused join ends with (after any events).
-  static grpc::Status Refusal(Joined& j) {
-    v1::JoinEvent event;
-    while (j.reader->Read(&event)) {
-    }
-    return j.reader->Finish();
-  }
-
-  // Reads events until one of `kind` arrives; false when the stream ends first.
-  static bool ReadUntil(Joined& j, v1::JoinEvent::EventCase kind, v1::JoinEvent* event) {
-    while (j.reader->Read(event)) {
-      if (event->event_case() == kind) return true;
-    }
-    return false;
-  }
+  static grpc::Status Refusal(Joined& j) { return testing::End(j); }
 
   std::unique_ptr<Server> server_;
+  std::optional<testing::WireClient> wire_;
 };
 
 TEST_F(ServerLimitsTest, OversizedFieldsAreRefusedNamingTheField) {
@@ -121,7 +81,7 @@ TEST_F(ServerLimitsTest, OversizedFieldsAreRefusedNamingTheField) {
   EXPECT_TRUE(absl::StrContains(s.error_message(), "the reason")) << s.error_message();
 }
 
-TEST_F(ServerLimitsTest, RequestLargerThanAnyRealOneIsRefusedAndTheServerGoesOn) {
+TEST_F(ServerLimitsTest, OversizedRequestIsRefusedAndServerGoesOn) {
   Start();
   v1::JoinRequest huge = JoinOf("j", "a0", 1);
   huge.set_host(std::string(8 << 20, 'h'));
@@ -260,7 +220,7 @@ TEST_F(ServerLimitsTest, NodeListIsBoundedAndTheJobShowsTheFirstOne) {
   v1::StatusRequest request;
   request.set_job_id("j");
   v1::StatusResponse status;
-  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  const auto deadline = std::chrono::steady_clock::now() + testing::kWireDeadline;
   while (status.jobs_size() == 0 && std::chrono::steady_clock::now() < deadline) {
     grpc::ClientContext ctx;
     ASSERT_TRUE(Stub()->GetStatus(&ctx, request, &status).ok());

@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,22 +24,21 @@
 #include "rdzv/v1/rdzv.grpc.pb.h"
 #include "server/request_limits.h"
 #include "server/server.h"
+#include "tests/testing/wire.h"
 
 namespace rdzv {
 namespace {
 
-constexpr auto kWait = std::chrono::seconds(30);
+using testing::End;
+using testing::Joined;
+using testing::JoinOf;
+using testing::ReadUntil;
+
+constexpr auto kWait = testing::kWireDeadline;
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
 constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int32_t kInt32Min = std::numeric_limits<int32_t>::min();
-
-// An open Join stream.
-struct Joined {
-  std::unique_ptr<grpc::ClientContext> context = std::make_unique<grpc::ClientContext>();
-  std::unique_ptr<grpc::ClientReader<v1::JoinEvent>> reader;
-  std::unique_ptr<v1::Rendezvous::Stub> stub;
-};
 
 // A stream reading its events on a thread of its own until it ends, as an agent does.
 class Reading {
@@ -70,64 +70,19 @@ class Reading {
 class ServerWireTest : public ::testing::Test {
  protected:
   void Start(AuthMode auth = AuthMode::kNone, size_t memory_limit = size_t{4} << 30) {
-    ServerOptions options;
-    options.listen = "127.0.0.1:0";
-    options.tick_interval = absl::Milliseconds(20);
+    ServerOptions options = testing::LoopbackServerOptions();
     options.service.auth.mode = auth;
     options.memory_limit_bytes = memory_limit;
-    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = std::move(*server);
+    server_ = testing::StartLoopbackServer(options);
+    ASSERT_NE(server_, nullptr);
+    wire_.emplace(server_->port());
   }
 
-  // A stub on a connection of its own, as each agent has.
-  std::shared_ptr<grpc::Channel> Channel() {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    return grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_->port()),
-                                     grpc::InsecureChannelCredentials(), args);
-  }
-  std::unique_ptr<v1::Rendezvous::Stub> Stub() { return v1::Rendezvous::NewStub(Channel()); }
-
-  static v1::JoinRequest JoinOf(const std::string& job, const std::string& agent, int nnodes,
-                                int64_t node = -1) {
-    v1::JoinRequest r;
-    r.set_job_id(job);
-    r.set_agent_id(agent);
-    r.set_host(agent);
-    r.set_node_index(node);
-    r.set_order(-1);
-    r.set_nproc(1);
-    r.set_min_agents(nnodes);
-    r.set_max_agents(nnodes);
-    r.add_addresses("127.0.0.1");
-    r.set_master_port(29500);
-    return r;
-  }
-
+  std::shared_ptr<grpc::Channel> Channel() { return wire_->Channel(); }
+  std::unique_ptr<v1::Rendezvous::Stub> Stub() { return wire_->Stub(); }
   Joined Join(const v1::JoinRequest& request, const std::string& token = "",
               v1::Rendezvous::Stub* on = nullptr) {
-    Joined j;
-    if (on == nullptr) j.stub = Stub();
-    j.context->set_deadline(std::chrono::system_clock::now() + kWait);
-    if (!token.empty()) j.context->AddMetadata(kTokenMetadata, token);
-    j.reader = (on != nullptr ? on : j.stub.get())->Join(j.context.get(), request);
-    return j;
-  }
-
-  // How a stream ends (after any events).
-  static grpc::Status End(Joined& j) {
-    v1::JoinEvent event;
-    while (j.reader->Read(&event)) {
-    }
-    return j.reader->Finish();
-  }
-
-  static bool ReadUntil(Joined& j, v1::JoinEvent::EventCase kind, v1::JoinEvent* event) {
-    while (j.reader->Read(event)) {
-      if (event->event_case() == kind) return true;
-    }
-    return false;
+    return wire_->Join(request, token, on);
   }
 
   // The jobs the server shows to the holder of `token`.
@@ -166,6 +121,7 @@ class ServerWireTest : public ::testing::Test {
   }
 
   std::unique_ptr<Server> server_;
+  std::optional<testing::WireClient> wire_;
 };
 
 struct WireCase {
@@ -174,7 +130,7 @@ struct WireCase {
   std::string message_has;
 };
 
-TEST_F(ServerWireTest, JoinNumbersAtTheEndsOfTheirTypesAreRefusedNamingTheField) {
+TEST_F(ServerWireTest, JoinNumbersAtTypeLimitsRefusedNamingField) {
   Start();
   const WireCase cases[] = {
       {"last_call_ms max", [](v1::JoinRequest& r) { r.set_last_call_ms(kInt64Max); },
@@ -408,7 +364,7 @@ TEST_F(ServerWireTest, LeaveOfAJobTheCallerDoesNotOwnIsNotFound) {
 // stream and a call or two). A call past them waits in the client for a free one: it ends at its
 // own deadline if none frees up, and goes through once one does. Other connections are served
 // meanwhile, and the streams already open are untouched.
-TEST_F(ServerWireTest, CallsPastTheStreamLimitOfAConnectionWaitAndEndByTheirDeadline) {
+TEST_F(ServerWireTest, CallsPastConnectionStreamLimitWaitForDeadline) {
   Start();
   auto stub = v1::Rendezvous::NewStub(Channel());
   std::vector<std::unique_ptr<Reading>> held;
@@ -450,7 +406,7 @@ TEST_F(ServerWireTest, CallsPastTheStreamLimitOfAConnectionWaitAndEndByTheirDead
 // with RESOURCE_EXHAUSTED (gRPC resets the stream) or UNAVAILABLE (it closes a connection) and
 // never hang; to make room gRPC may also reset streams that were open already, so every call is
 // expected to end one way or the other. Once the burst is over rdzvd serves a new job as before.
-TEST_F(ServerWireTest, CallsPastTheMemoryQuotaAreRefusedAndRdzvdServesOnAfterwards) {
+TEST_F(ServerWireTest, CallsPastMemoryQuotaRefusedThenServesOn) {
   Start(AuthMode::kNone, size_t{256} << 10);
   std::vector<std::unique_ptr<Reading>> joins;
   for (int i = 0; i < 40; ++i) {

@@ -70,7 +70,7 @@ TEST(ServiceMetricsTest, ARoundIsCountedOnceWithItsFillingTime) {
   EXPECT_EQ(metrics.rounds_completed().value(), 1u);
 }
 
-TEST(ServiceMetricsTest, AnAbortIsCountedOncePerRoundByCauseAndARestartOpensARound) {
+TEST(ServiceMetricsTest, AbortCountedOncePerRoundByCauseRestartOpensRound) {
   Metrics metrics("test");
   ServiceMetrics m(&metrics);
   m.OnJoin(0, 1, Spec("a"));

@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "tests/testing/output.h"
+#include "tests/testing/wire.h"
 
 namespace rdzv {
 namespace {
@@ -38,14 +39,10 @@ constexpr absl::Duration kLongWait = absl::Seconds(60);
 using testing::Contains;
 
 std::unique_ptr<Server> StartServer(absl::Duration keepalive = absl::Seconds(1)) {
-  ServerOptions options;
+  // Loopback, without authentication: that has its own tests.
+  ServerOptions options = testing::LoopbackServerOptions();
   options.keepalive = keepalive;
-  options.listen = "127.0.0.1:0";
-  options.tick_interval = absl::Milliseconds(20);
-  options.service.auth.mode = AuthMode::kNone;  // loopback; authentication has its own tests
-  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
-  EXPECT_TRUE(server.ok()) << server.status();
-  return server.ok() ? std::move(*server) : nullptr;
+  return testing::StartLoopbackServer(options);
 }
 
 std::string Endpoint(const Server& server) { return absl::StrCat("127.0.0.1:", server.port()); }

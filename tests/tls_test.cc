@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tests/testing/output.h"
+#include "tests/testing/process_fixture.h"
 #include "tests/testing/subprocess.h"
 
 namespace rdzv {
@@ -46,7 +47,7 @@ std::vector<std::string> Lines(const std::string& text) {
   return absl::StrSplit(text, '\n', absl::SkipWhitespace());
 }
 
-class TlsTest : public ::testing::Test {
+class TlsTest : public testing::ProcessTest {
  protected:
   // One CA, a server certificate it signed for localhost and 127.0.0.1, and a second CA that
   // signed nothing here; made once for all tests.
@@ -74,46 +75,13 @@ class TlsTest : public ::testing::Test {
   }
   static std::string Cert(const std::string& name) { return certs_->File(name); }
 
-  void SetUp() override { marker_ = testing::UniqueMarker(); }
-
-  void TearDown() override {
-    procs_.clear();
-    EXPECT_EQ(absl::StrJoin(testing::WaitUntilNoProcessMatches(marker_, absl::Seconds(10)), "\n"),
-              "")
-        << "processes left behind";
-  }
-
-  Subprocess& Start(std::vector<std::string> argv) {
-    SubprocessOptions options;
-    options.argv = std::move(argv);
-    // Neither a surrounding Slurm allocation nor a site config may change what the agents do.
-    options.unset_env_prefixes = {"SLURM_", "RDZV_", "TORCHELASTIC_"};
-    options.env = {{"RDZV_CONFIG", "/dev/null"}, {"TMPDIR", dir_.path()}};
-    procs_.push_back(std::make_unique<Subprocess>(std::move(options)));
-    return *procs_.back();
-  }
+  TlsTest() { env_.emplace_back("TMPDIR", dir_.path()); }
 
   // rdzvd with `tls_args` on a free loopback port; returns its port once it accepts connections.
-  int StartRdzvd(const std::vector<std::string>& tls_args) {
-    for (int attempt = 0; attempt < 5; ++attempt) {
-      const int port = testing::FreeLoopbackPort();
-      std::vector<std::string> argv = {RDZVD_BIN, "--auth", "none", "--listen",
-                                       absl::StrCat("127.0.0.1:", port)};
-      argv.insert(argv.end(), tls_args.begin(), tls_args.end());
-      argv.push_back("--log-level=info");
-      Subprocess& rdzvd = Start(argv);
-      const absl::Time deadline = absl::Now() + kLongWait;
-      while (rdzvd.Running() && absl::Now() < deadline) {
-        if (testing::WaitForLoopbackPort(port, absl::Milliseconds(100))) return port;
-      }
-      if (rdzvd.Running() || !absl::StrContains(rdzvd.Stderr(), "cannot listen")) {
-        ADD_FAILURE() << "rdzvd did not start: " << rdzvd.Stderr();
-        return 0;
-      }
-      // Someone took the port between picking and binding it: try another.
-    }
-    ADD_FAILURE() << "rdzvd did not start";
-    return 0;
+  int StartRdzvd(std::vector<std::string> tls_args) {
+    tls_args.push_back("--log-level=info");
+    ProcessTest::StartRdzvd(std::move(tls_args));
+    return port_;
   }
 
   int StartTlsRdzvd() {
@@ -176,8 +144,6 @@ class TlsTest : public ::testing::Test {
 
   static ScopedTempDir* certs_;
   ScopedTempDir dir_;
-  std::string marker_;
-  std::vector<std::unique_ptr<Subprocess>> procs_;  // destroyed (killed) before dir_
 };
 
 ScopedTempDir* TlsTest::certs_ = nullptr;

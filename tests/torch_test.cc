@@ -15,11 +15,11 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/torch_job.h"
 
 namespace rdzv {
 namespace {
 
-using ::rdzv::testing::FreeLoopbackPort;
 using ::rdzv::testing::Subprocess;
 using ::rdzv::testing::SubprocessOptions;
 using ::testing::HasSubstr;
@@ -58,50 +58,20 @@ std::vector<RankLine> RankLines(const std::string& out) {
   return lines;
 }
 
+// Agent `node` of a 2-node job with `nproc` workers running train_ddp.py `train_args`.
 SubprocessOptions Agent(int port, const std::string& job, int node, int nproc,
                         std::vector<std::string> train_args) {
-  SubprocessOptions o;
-  o.argv = {RDZV_AGENT_BIN,
-            "--rdzv-endpoint",
-            absl::StrCat("127.0.0.1:", port),
-            "--rdzv-id",
-            job,
-            "--nnodes",
-            "2",
-            "--node-rank",
-            absl::StrCat(node),
-            "--nproc-per-node",
-            absl::StrCat(nproc),
-            "--",
-            RDZV_TORCH_PYTHON,
-            kTrain};
-  o.argv.insert(o.argv.end(), train_args.begin(), train_args.end());
-  o.unset_env_prefixes = {"SLURM_", "RDZV_", "TORCHELASTIC_", "MASTER_"};
-  o.env = {{"RDZV_CONFIG", "/dev/null"}};
-  return o;
+  std::vector<std::string> worker = {kTrain};
+  worker.insert(worker.end(), train_args.begin(), train_args.end());
+  return testing::TorchAgent(
+      {.port = port, .job = job, .node = node, .nproc = nproc, .worker = std::move(worker)});
 }
 
-class TorchTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    port_ = FreeLoopbackPort();
-    rdzvd_.emplace(SubprocessOptions{
-        .argv = {RDZVD_BIN, "--auth", "none", "--listen", absl::StrCat("127.0.0.1:", port_)},
-        .unset_env_prefixes = {"RDZV_"}});
-    ASSERT_TRUE(testing::WaitForLoopbackPort(port_, absl::Seconds(20))) << rdzvd_->Stderr();
-  }
-  void TearDown() override {
-    rdzvd_->Signal(SIGTERM);
-    EXPECT_EQ(rdzvd_->Wait(absl::Seconds(20)), 0) << rdzvd_->Stderr();
-  }
-
-  int port_ = 0;
-  std::optional<Subprocess> rdzvd_;
-};
+using TorchTest = testing::TorchJobTest;
 
 TEST_F(TorchTest, TwoAgentsTimesTwoWorkersTrainWithGloo) {
-  Subprocess node1(Agent(port_, "ddp-ok", 1, 2, {"--steps", "10"}));
-  Subprocess node0(Agent(port_, "ddp-ok", 0, 2, {"--steps", "10"}));
+  Subprocess node1(Agent(port(), "ddp-ok", 1, 2, {"--steps", "10"}));
+  Subprocess node0(Agent(port(), "ddp-ok", 0, 2, {"--steps", "10"}));
   ASSERT_EQ(node0.Wait(kTimeout), 0) << node0.Stdout() << node0.Stderr();
   ASSERT_EQ(node1.Wait(kTimeout), 0) << node1.Stdout() << node1.Stderr();
 
@@ -128,8 +98,8 @@ TEST_F(TorchTest, FailingWorkerGivesItsExitCodeToEveryAgent) {
   // Rank 3 exits with 7 after its first step; the other ranks would train for a long time.
   const std::vector<std::string> args = {"--steps", "1000000",     "--fail-rank",
                                          "3",       "--fail-code", "7"};
-  Subprocess node0(Agent(port_, "ddp-fail", 0, 2, args));
-  Subprocess node1(Agent(port_, "ddp-fail", 1, 2, args));
+  Subprocess node0(Agent(port(), "ddp-fail", 0, 2, args));
+  Subprocess node1(Agent(port(), "ddp-fail", 1, 2, args));
   EXPECT_EQ(node1.Wait(kTimeout), 7) << node1.Stderr();
   EXPECT_EQ(node0.Wait(kTimeout), 7) << node0.Stderr();
   EXPECT_THAT(node0.Stderr(), HasSubstr("rank 3 (local rank 1, node 1)"));
@@ -140,9 +110,9 @@ TEST_F(TorchTest, FailingWorkerGivesItsExitCodeToEveryAgent) {
 TEST(TorchStandaloneTest, OneNodeTwoWorkers) {
   Subprocess agent(
       SubprocessOptions{.argv = {RDZV_AGENT_BIN, "--standalone", "--nproc-per-node", "2", "--",
-                                 RDZV_TORCH_PYTHON, kTrain, "--steps", "5"},
+                                 testing::kTorchPython, kTrain, "--steps", "5"},
                         .env = {{"RDZV_CONFIG", "/dev/null"}},
-                        .unset_env_prefixes = {"SLURM_", "RDZV_", "TORCHELASTIC_", "MASTER_"}});
+                        .unset_env_prefixes = testing::TorchUnsetEnvPrefixes()});
   ASSERT_EQ(agent.Wait(kTimeout), 0) << agent.Stderr();
   EXPECT_EQ(RankLines(agent.Stdout()).size(), 2u) << agent.Stdout();
   EXPECT_THAT(agent.Stdout(), HasSubstr("final loss"));
@@ -194,7 +164,7 @@ class TwoHostsTest : public ::testing::Test {
     SubprocessOptions o;
     o.argv = {"ip", "netns", "exec", ns};
     o.argv.insert(o.argv.end(), argv.begin(), argv.end());
-    o.unset_env_prefixes = {"SLURM_", "RDZV_", "TORCHELASTIC_", "MASTER_"};
+    o.unset_env_prefixes = testing::TorchUnsetEnvPrefixes();
     o.env = {{"RDZV_CONFIG", "/dev/null"}, {"GLOO_SOCKET_IFNAME", link}};
     return o;
   }
@@ -236,7 +206,7 @@ TEST_F(TwoHostsTest, MasterAddrIsReachableFromTheOtherHost) {
                                     "--join-timeout",
                                     "60",
                                     "--",
-                                    RDZV_TORCH_PYTHON,
+                                    testing::kTorchPython,
                                     kTrain,
                                     "--steps",
                                     "5"};

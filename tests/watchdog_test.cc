@@ -18,12 +18,13 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/process_fixture.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/torch_job.h"
 
 namespace rdzv {
 namespace {
 
-using ::rdzv::testing::FreeLoopbackPort;
 using ::rdzv::testing::Subprocess;
 using ::rdzv::testing::SubprocessOptions;
 using ::testing::HasSubstr;
@@ -57,46 +58,24 @@ std::string RootCause(const std::string& err) {
   return absl::StrJoin(lines, "\n");
 }
 
-class WatchdogTest : public ::testing::Test {
+class WatchdogTest : public testing::TorchJobTest {
  protected:
-  void SetUp() override {
-    port_ = FreeLoopbackPort();
-    rdzvd_.emplace(SubprocessOptions{
-        .argv = {RDZVD_BIN, "--auth", "none", "--listen", absl::StrCat("127.0.0.1:", port_)},
-        .unset_env_prefixes = {"RDZV_"}});
-    ASSERT_TRUE(testing::WaitForLoopbackPort(port_, absl::Seconds(20))) << rdzvd_->Stderr();
-  }
   void TearDown() override {
-    rdzvd_->Signal(SIGTERM);
-    EXPECT_EQ(rdzvd_->Wait(absl::Seconds(20)), 0) << rdzvd_->Stderr();
-    const std::vector<std::string> left =
-        testing::WaitUntilNoProcessMatches(marker_, absl::Seconds(10));
-    EXPECT_TRUE(left.empty()) << absl::StrJoin(left, "\n");
+    TorchJobTest::TearDown();
+    EXPECT_TRUE(testing::NoProcessLeft(marker_));
   }
 
   SubprocessOptions Agent(const std::string& job, int node, std::vector<std::string> flags,
                           std::vector<std::string> worker_args, int nnodes = 2, int nproc = 2) {
-    SubprocessOptions o;
-    o.argv = {RDZV_AGENT_BIN,
-              "--rdzv-endpoint",
-              absl::StrCat("127.0.0.1:", port_),
-              "--rdzv-id",
-              job,
-              "--nnodes",
-              absl::StrCat(nnodes),
-              "--node-rank",
-              absl::StrCat(node),
-              "--nproc-per-node",
-              absl::StrCat(nproc)};
-    o.argv.insert(o.argv.end(), flags.begin(), flags.end());
-    for (const std::string& a : {std::string("--"), std::string(RDZV_TORCH_PYTHON), kWorker,
-                                 std::string("--marker"), marker_}) {
-      o.argv.push_back(a);
-    }
-    o.argv.insert(o.argv.end(), worker_args.begin(), worker_args.end());
-    o.unset_env_prefixes = {"SLURM_", "RDZV_", "TORCHELASTIC_", "MASTER_", "PYTHONFAULTHANDLER"};
-    o.env = {{"RDZV_CONFIG", "/dev/null"}};
-    return o;
+    std::vector<std::string> worker = {kWorker, "--marker", marker_};
+    worker.insert(worker.end(), worker_args.begin(), worker_args.end());
+    return testing::TorchAgent({.port = port(),
+                                .job = job,
+                                .node = node,
+                                .nnodes = nnodes,
+                                .nproc = nproc,
+                                .flags = std::move(flags),
+                                .worker = std::move(worker)});
   }
 
   // Runs both agents; returns how long after the first "hung" line the last one exited.
@@ -109,8 +88,6 @@ class WatchdogTest : public ::testing::Test {
     return absl::Now() - found;
   }
 
-  int port_ = 0;
-  std::optional<Subprocess> rdzvd_;
   const std::string marker_ = testing::UniqueMarker();
   std::vector<int> codes_;
 };

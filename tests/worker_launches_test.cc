@@ -59,7 +59,7 @@ TEST(WorkerLaunchesTest, RoundContextComesFromTheSpecAndTheAssignment) {
   EXPECT_EQ(RoundContext(unchecked, Assignment()).max_restarts, 0);
 }
 
-TEST(WorkerLaunchesTest, EachWorkerGetsItsRanksEnvironmentErrorFileAndCleanUp) {
+TEST(WorkerLaunchesTest, EachWorkerGetsItsRanksEnvErrorFileAndCleanUp) {
   WorkerContext ctx = RoundContext(Spec(), Assignment());
   ctx.rdzv_endpoint = "head:29400";
   ctx.error_file_dir = "/tmp/rdzv-exp1-abc";

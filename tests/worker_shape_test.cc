@@ -248,7 +248,7 @@ class RecordingLauncher : public ProcessLauncher {
   std::vector<ProcessSpec>* spawned_;
 };
 
-TEST(ShapingLauncherTest, TasksThatSeeOnlyTheirOwnGpuGetTheNodesInLocalRankOrder) {
+TEST(ShapingLauncherTest, TasksSeeingOnlyOwnGpuGetNodesInLocalRankOrder) {
   std::string base = (std::filesystem::temp_directory_path() / "shaping-XXXXXX");
   ASSERT_NE(mkdtemp(base.data()), nullptr);
   const std::string dir = base + "/rdzv-gpus-42.0-n1";
