@@ -199,7 +199,7 @@ TEST_F(RdzvCTest, TwoClientsJoinWithConsistentRanksAndHearProgress) {
   EXPECT_EQ(rdzv_leave(b.get()), RDZV_OK) << rdzv_last_error();
 }
 
-TEST_F(RdzvCTest, AFailureReportReachesTheOtherClientsAbortCallbackWithItsCause) {
+TEST_F(RdzvCTest, FailureReportReachesOtherClientsAbortCallback) {
   Events ea, eb;  // outlive the clients, whose callbacks point at them
   ClientPtr a = NewClient();
   ClientPtr b = NewClient();
