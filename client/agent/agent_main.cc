@@ -1,5 +1,6 @@
 // rdzv-agent: launched by srun (or by hand on each node); joins the rendezvous and runs the
 // training processes. See rdzv-agent --help.
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "client/agent/agent.h"
 #include "client/agent/core/agent_options.h"
+#include "client/agent/shaping_launcher.h"
 #include "common/logging.h"
 #include "common/process_env.h"
 
@@ -72,6 +74,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<rdzv::AgentConfig> config =
       rdzv::ResolveAgentConfig(*flags, env, {HostName(), getpid(), geteuid()});
   if (!config.ok()) return Fail(config.status().message(), kUsageError);
+  for (const std::string& warning : config->warnings) spdlog::warn("{}", warning);
   rdzv::WorkerShape shape = config->worker_shape;
   rdzv::Agent agent(std::move(*config),
                     rdzv::NewShapingLauncher(std::move(shape), rdzv::NewPosixProcessLauncher()));
