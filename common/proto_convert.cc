@@ -188,6 +188,7 @@ AssignmentEvent FromProto(const v1::Assignment& p) {
   a.restart_count = p.restart_count();
   a.agents = p.agents();
   a.longest_heartbeat_interval = MicrosFromMillis(p.longest_heartbeat_interval_ms());
+  a.workers_per_node = p.workers_per_node();
   return a;
 }
 
@@ -205,6 +206,7 @@ v1::Assignment ToProto(const AssignmentEvent& e) {
   a.set_restart_count(e.restart_count);
   a.set_agents(e.agents);
   a.set_longest_heartbeat_interval_ms(e.longest_heartbeat_interval / 1000);
+  a.set_workers_per_node(e.workers_per_node);
   return a;
 }
 

@@ -615,6 +615,104 @@ TEST(AgentOptionsTest, WorkerShapeFlags) {
             true);
 }
 
+// What an sbatch -N3 script on nodes n1..n3 runs with on its first node: the batch step's
+// SLURM_PROCID=0 and the allocation's layout, but no step id.
+EnvList BatchScript() {
+  return {{"SLURM_JOB_ID", "41"}, {"SLURM_JOB_NUM_NODES", "3"}, {"SLURM_JOB_NODELIST", "n[1-3]"},
+          {"SLURM_NNODES", "3"},  {"SLURM_NODELIST", "n[1-3]"}, {"SLURM_TASKS_PER_NODE", "1(x3)"},
+          {"SLURM_NODEID", "0"},  {"SLURM_PROCID", "0"},        {"SLURM_LOCALID", "0"},
+          {"SLURM_GTIDS", "0"},   {"SLURMD_NODENAME", "n1"}};
+}
+
+TEST(AgentOptionsTest, StandaloneInABatchScriptDescribesThisNodeAlone) {
+  absl::StatusOr<AgentConfig> c =
+      Resolve({"--standalone", "--nproc-per-node", "3", "--", "python", "train.py"}, BatchScript());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->mode, "standalone");
+  ASSERT_TRUE(c->worker_shape.slurm_tasks.has_value());
+  EXPECT_EQ(c->worker_shape.job_nodes, (std::vector<std::string>{"n1"}));
+  EXPECT_TRUE(c->worker_shape.hide_launcher_env);
+  EXPECT_TRUE(absl::StartsWith(c->join.job_id, "standalone-")) << c->join.job_id;
+  EXPECT_TRUE(c->warnings.empty());
+  // Outside Slurm there is nothing to describe.
+  c = Resolve({"--standalone", "--nproc-per-node", "3", "--", "python", "train.py"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->worker_shape.slurm_tasks.has_value());
+  EXPECT_TRUE(c->worker_shape.job_nodes.empty());
+}
+
+TEST(AgentOptionsTest, LauncherPlaceIsHiddenWhereTheAgentStartsTheWorkers) {
+  const EnvList per_node = {{"SLURM_JOB_ID", "5"},
+                            {"SLURM_STEP_ID", "0"},
+                            {"SLURM_PROCID", "1"},
+                            {"SLURM_NODEID", "1"},
+                            {"SLURM_LOCALID", "0"},
+                            {"SLURM_NNODES", "2"},
+                            {"SLURM_STEP_NODELIST", "n[1-2]"},
+                            {"SLURM_STEP_NUM_TASKS", "2"},
+                            {"PMI_RANK", "1"},
+                            {"PMI_SIZE", "2"},
+                            {"PMI_FD", "7"}};
+  EnvList per_task = per_node;
+  per_task.emplace_back("SLURM_STEP_TASKS_PER_NODE", "1,2");
+  per_task[7].second = "3";  // SLURM_STEP_NUM_TASKS
+  const struct {
+    const char* name;
+    std::vector<std::string> args;
+    EnvList env;
+    bool hidden;
+  } cases[] = {
+      {"per-node", {}, per_node, true},
+      {"per-node, --mpi-env keep", {"--mpi-env", "keep"}, per_node, false},
+      {"per-task: the worker is the launcher's task", {}, per_task, false},
+      {"standalone", {"--standalone"}, {}, true},
+      {"mpirun", {"--rdzv-endpoint", "h:1", "--rdzv-id", "x", "--nnodes", "2"}, {}, true},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> args = c.args;
+    for (const char* a : {"--", "python", "train.py"}) args.push_back(a);
+    absl::StatusOr<AgentConfig> config = Resolve(args, c.env);
+    ASSERT_TRUE(config.ok()) << c.name << ": " << config.status();
+    EXPECT_EQ(config->worker_shape.hide_launcher_env, c.hidden) << c.name;
+  }
+  EnvList keep = per_node;
+  keep.emplace_back("RDZV_MPI_ENV", "keep");
+  absl::StatusOr<AgentConfig> config = Resolve({"--", "python", "train.py"}, keep);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->worker_shape.hide_launcher_env);
+  EXPECT_EQ(Resolve({"--mpi-env", "no", "--", "x"}).status().message(),
+            "--mpi-env=\"no\": expected drop or keep");
+}
+
+TEST(AgentOptionsTest, SlurmEnvKeepWarnsWhereRanksRepeat) {
+  const EnvList step = {{"SLURM_JOB_ID", "5"},         {"SLURM_STEP_ID", "0"},
+                        {"SLURM_PROCID", "0"},         {"SLURM_NODEID", "0"},
+                        {"SLURM_LOCALID", "0"},        {"SLURM_NNODES", "1"},
+                        {"SLURM_STEP_NODELIST", "n1"}, {"SLURM_STEP_NUM_TASKS", "1"}};
+  absl::StatusOr<AgentConfig> c =
+      Resolve({"--slurm-env", "keep", "--nproc-per-node", "4", "--", "python", "train.py"}, step);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->warnings.size(), 1u);
+  EXPECT_NE(c->warnings[0].find("4 workers all keep its SLURM_PROCID"), std::string::npos)
+      << c->warnings[0];
+  EXPECT_NE(c->warnings[0].find("PyTorch Lightning"), std::string::npos) << c->warnings[0];
+  EXPECT_NE(c->warnings[0].find("submitit"), std::string::npos) << c->warnings[0];
+  // One worker per agent keeps a rank of its own; so does a worker outside Slurm.
+  c = Resolve({"--slurm-env", "keep", "--nproc-per-node", "1", "--", "python", "train.py"}, step);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->warnings.empty());
+  c = Resolve({"--slurm-env", "keep", "--standalone", "--nproc-per-node", "4", "--", "x"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->warnings.empty());
+  c = Resolve({"--slurm-env", "keep", "--standalone", "--nproc-per-node", "4", "--", "x"},
+              BatchScript());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->warnings.size(), 1u);
+  c = Resolve({"--nproc-per-node", "4", "--", "python", "train.py"}, step);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->warnings.empty());
+}
+
 // What `srun -N1 -n1 -w NODE` gives its task inside `sbatch -N3` on nodes n1..n3.
 EnvList OneNodeStep(const std::string& node, const std::string& step_id) {
   return {{"SLURM_JOB_ID", "40"},

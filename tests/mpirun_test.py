@@ -16,9 +16,12 @@ AGENT = os.environ.get("RDZV_AGENT_BIN", "")
 RDZVD = os.environ.get("RDZVD_BIN", "")
 WORKER = """import json, os, sys
 e = os.environ
+record = {k: e[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK",
+                            "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
+# mpirun's place of the agent (its rank among mpirun's processes) is not the worker's.
+record["launcher"] = sorted(k for k in e if k.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_")))
 with open(os.path.join(sys.argv[1], "rank-%s.json" % e["RANK"]), "w") as f:
-    json.dump({k: e[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK",
-                                 "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID")}, f)
+    json.dump(record, f)
 """
 
 
@@ -78,7 +81,8 @@ class MpirunTest(unittest.TestCase):
         self.assertEqual(len(run_ids), 1, run_ids)
         self.assertRegex(run_ids.pop(), r"^mpi-\S+$")
         expected = [{"RANK": str(r), "LOCAL_RANK": str(r % 2), "WORLD_SIZE": "4",
-                     "GROUP_RANK": str(r // 2), "GROUP_WORLD_SIZE": "2"} for r in range(4)]
+                     "GROUP_RANK": str(r // 2), "GROUP_WORLD_SIZE": "2", "launcher": []}
+                    for r in range(4)]
         self.assertEqual(sorted(table, key=lambda r: int(r["RANK"])), expected)
 
 

@@ -88,6 +88,16 @@ TEST(ProtoConvertTest, MillisecondsBeyondMicrosecondsSaturate) {
   EXPECT_EQ(FromProto(OverTheWire(assignment)).longest_heartbeat_interval, kMax);
 }
 
+TEST(ProtoConvertTest, AssignmentCarriesTheWorkersOfEveryNode) {
+  AssignmentEvent a;
+  a.world_size = 6;
+  a.group_world_size = 3;
+  a.workers_per_node = "2,1,3";
+  EXPECT_EQ(FromProto(OverTheWire(ToProto(a))).workers_per_node, "2,1,3");
+  // From a server that does not say.
+  EXPECT_EQ(FromProto(OverTheWire(v1::Assignment())).workers_per_node, "");
+}
+
 // A restarted rdzvd rebuilds a running job from the agents that come back; when one does not
 // come back within the resume window, the others are aborted with kResumeTimedOut, and that is
 // the cause they read off the wire.

@@ -56,6 +56,11 @@ TEST_P(AssignRanksTest, GivesEveryAgentItsSlot) {
     EXPECT_EQ(Describe(table->slots[i]), Describe(c.want[i])) << "agent on " << c.agents[i].host;
   }
   EXPECT_EQ(table->slots[table->master_agent].rank_offset, 0);
+  // Every node's count is the local world size of its agents.
+  ASSERT_EQ(table->workers_per_node.size(), static_cast<size_t>(c.group_world_size));
+  for (const Slot& s : table->slots) {
+    EXPECT_EQ(table->workers_per_node[s.group_rank], s.local_world_size);
+  }
 }
 
 // Slot{rank_offset, group_rank, local_rank_offset, local_world_size}

@@ -34,6 +34,7 @@ AssignmentEvent Assignment() {
   a.master_addr = "10.0.0.1";
   a.master_port = 29500;
   a.restart_count = 1;
+  a.workers_per_node = "4(x2),6,2";
   return a;
 }
 
@@ -84,6 +85,8 @@ TEST(WorkerLaunchesTest, EachWorkerGetsItsRanksEnvErrorFileAndCleanUp) {
     // The files before the directory that holds them.
     EXPECT_EQ(l.remove_if_orphaned,
               (std::vector<std::string>{error_file, ctx.timer_file, ctx.error_file_dir}));
+    // The whole job's layout, for the launch shape.
+    EXPECT_EQ(l.workers_per_node, "4(x2),6,2");
   }
   // The replaced value is said once, not once per worker.
   ASSERT_EQ(w.notes.size(), 1u);

@@ -18,8 +18,10 @@ namespace rdzv {
 namespace {
 
 // A worker's launch as the agent builds it: torchrun's variables over the agent's SLURM_*.
-ProcessSpec Worker(int rank, int local, int group, int world, int groups, int local_world) {
+ProcessSpec Worker(int rank, int local, int group, int world, int groups, int local_world,
+                   const std::string& workers_per_node = "") {
   ProcessSpec spec;
+  spec.workers_per_node = workers_per_node;
   spec.argv = {"python3", "train.py"};
   spec.env = {"SLURM_PROCID=1",
               "SLURM_LOCALID=0",
@@ -74,8 +76,9 @@ TEST(ShapeWorkerTest, PerNodeWorkersSeeSlurmTasksMatchingTheirRanks) {
   shape.slurm_tasks = TwoNodeStep();
   const struct { int rank, local, group; } workers[] = {{0, 0, 0}, {1, 1, 0}, {2, 0, 1}, {3, 1, 1}};
   for (const auto& w : workers) {
+    shape.slurm_tasks->node_name = w.group == 0 ? "n1" : "n2";
     absl::StatusOr<ShapedWorker> shaped =
-        ShapeWorker(shape, Worker(w.rank, w.local, w.group, 4, 2, 2));
+        ShapeWorker(shape, Worker(w.rank, w.local, w.group, 4, 2, 2, "2(x2)"));
     ASSERT_TRUE(shaped.ok()) << shaped.status();
     const ProcessSpec& s = shaped->spec;
     EXPECT_EQ(Value(s, "SLURM_PROCID"), absl::StrCat(w.rank));
@@ -85,7 +88,9 @@ TEST(ShapeWorkerTest, PerNodeWorkersSeeSlurmTasksMatchingTheirRanks) {
     EXPECT_EQ(Value(s, "SLURM_NTASKS_PER_NODE"), "2");
     EXPECT_EQ(Value(s, "SLURM_TASKS_PER_NODE"), "2(x2)");
     EXPECT_EQ(Value(s, "SLURM_NODELIST"), "n[1-2]");
+    EXPECT_EQ(Value(s, "SLURM_GTIDS"), w.group == 0 ? "0,1" : "2,3");
     EXPECT_EQ(Value(s, "SLURM_JOB_ID"), "42");  // job-wide ones stay
+    EXPECT_EQ(s.own_pid_variable, "SLURM_TASK_PID");
     EXPECT_EQ(s.argv, (std::vector<std::string>{"python3", "train.py"}));
     EXPECT_EQ(shaped->notes.size(), 1u);
     EXPECT_FALSE(shaped->warning);
@@ -96,11 +101,130 @@ TEST(ShapeWorkerTest, JobNodesNameTheNodesOfAJobOfSeveralSteps) {
   WorkerShape shape;
   shape.slurm_tasks = TwoNodeStep();
   shape.slurm_tasks->nodes = {"n2"};
+  shape.slurm_tasks->node_name = "n2";
   shape.job_nodes = {"n1", "n2", "n3"};
   absl::StatusOr<ShapedWorker> shaped = ShapeWorker(shape, Worker(2, 0, 1, 3, 3, 1));
   ASSERT_TRUE(shaped.ok()) << shaped.status();
   EXPECT_EQ(Value(shaped->spec, "SLURM_NODELIST"), "n[1-3]");
   EXPECT_EQ(Value(shaped->spec, "SLURM_STEP_NUM_NODES"), "3");
+}
+
+// Nodes running 2, 1 and 3 workers: every worker sees the whole job's counts, from the round's
+// assignment, and none sees the agent's SLURM_NTASKS_PER_NODE (srun sets none on uneven nodes).
+TEST(ShapeWorkerTest, UnevenNodesEachSeeTheWholeJob) {
+  const std::vector<int> counts = {2, 1, 3};
+  const std::vector<std::string> nodes = {"n1", "n2", "n3"};
+  int rank = 0;
+  for (int node = 0; node < 3; ++node) {
+    WorkerShape shape;
+    shape.slurm_tasks = TwoNodeStep();
+    shape.slurm_tasks->num_nodes = 3;
+    shape.slurm_tasks->nodes = nodes;
+    shape.slurm_tasks->tasks_per_node = {1, 1, 1};
+    shape.slurm_tasks->node_name = nodes[node];
+    int first = rank;
+    for (int local = 0; local < counts[node]; ++local, ++rank) {
+      ProcessSpec spec = Worker(rank, local, node, 6, 3, counts[node], "2,1,3");
+      spec.env.push_back("SLURM_NTASKS_PER_NODE=1");
+      spec.env.push_back("SLURM_TASKS_PER_NODE=1(x3)");
+      absl::StatusOr<ShapedWorker> shaped = ShapeWorker(shape, spec);
+      ASSERT_TRUE(shaped.ok()) << shaped.status();
+      const ProcessSpec& s = shaped->spec;
+      EXPECT_EQ(Value(s, "SLURM_PROCID"), absl::StrCat(rank));
+      EXPECT_EQ(Value(s, "SLURM_LOCALID"), absl::StrCat(local));
+      EXPECT_EQ(Value(s, "SLURM_NODEID"), absl::StrCat(node));
+      EXPECT_EQ(Value(s, "SLURM_NTASKS"), "6");
+      EXPECT_EQ(Value(s, "SLURM_TASKS_PER_NODE"), "2,1,3");
+      EXPECT_EQ(Value(s, "SLURM_NTASKS_PER_NODE"), "<unset>");
+      std::vector<std::string> gtids;
+      for (int i = 0; i < counts[node]; ++i) gtids.push_back(absl::StrCat(first + i));
+      EXPECT_EQ(Value(s, "SLURM_GTIDS"), absl::StrJoin(gtids, ","));
+      EXPECT_EQ(Value(s, "SLURM_NODELIST"), "n[1-3]");
+    }
+  }
+}
+
+// --standalone in an sbatch script: the batch step's SLURM_PROCID=0, SLURM_GTIDS=0 and the
+// allocation's node list give way to a one-node step of the workers.
+TEST(ShapeWorkerTest, StandaloneInABatchScriptIsAOneNodeStep) {
+  WorkerShape shape;
+  SlurmEnv batch;
+  batch.job_id = "42";
+  batch.proc_id = 0;
+  batch.node_id = 0;
+  batch.local_id = 0;
+  batch.num_nodes = 3;
+  batch.nodes = {"n1", "n2", "n3"};
+  batch.tasks_per_node = {1, 1, 1};
+  batch.node_name = "n1";
+  shape.slurm_tasks = batch;
+  shape.job_nodes = {"n1"};
+  for (int r = 0; r < 3; ++r) {
+    ProcessSpec spec = Worker(r, r, 0, 3, 1, 3, "3");
+    spec.env.push_back("SLURM_GTIDS=0");
+    spec.env.push_back("SLURM_NODELIST=n[1-3]");
+    spec.env.push_back("SLURM_TASK_PID=77");
+    absl::StatusOr<ShapedWorker> shaped = ShapeWorker(shape, spec);
+    ASSERT_TRUE(shaped.ok()) << shaped.status();
+    const ProcessSpec& s = shaped->spec;
+    EXPECT_EQ(Value(s, "SLURM_PROCID"), absl::StrCat(r));
+    EXPECT_EQ(Value(s, "SLURM_LOCALID"), absl::StrCat(r));
+    EXPECT_EQ(Value(s, "SLURM_NODEID"), "0");
+    EXPECT_EQ(Value(s, "SLURM_GTIDS"), "0,1,2");
+    EXPECT_EQ(Value(s, "SLURM_NTASKS"), "3");
+    EXPECT_EQ(Value(s, "SLURM_TASKS_PER_NODE"), "3");
+    EXPECT_EQ(Value(s, "SLURM_NNODES"), "1");
+    EXPECT_EQ(Value(s, "SLURM_NODELIST"), "n1");
+    EXPECT_EQ(s.own_pid_variable, "SLURM_TASK_PID");  // the launcher writes the worker's pid
+  }
+}
+
+TEST(ShapeWorkerTest, LauncherPlaceIsHiddenAndItsSocketClosed) {
+  ProcessSpec spec = Worker(1, 1, 0, 2, 1, 2);
+  for (const char* e :
+       {"PMI_RANK=1", "PMI_SIZE=2", "PMI_FD=7", "PMI_JOBID=5.0", "PMIX_RANK=1",
+        "PMIX_NAMESPACE=slurm.pmix.5.0", "OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_LOCAL_RANK=0",
+        "OMPI_UNIVERSE_SIZE=2", "OMPI_MCA_ess_base_jobid=3", "OMPI_MCA_orte_hnp_uri=x",
+        "MPI_LOCALRANKID=0", "MV2_COMM_WORLD_RANK=1", "OMPI_MCA_btl=self,tcp", "I_MPI_PIN=0",
+        "SLURM_MPI_TYPE=pmi2"}) {
+    spec.env.push_back(e);
+  }
+  WorkerShape shape;
+  shape.hide_launcher_env = true;
+  absl::StatusOr<ShapedWorker> shaped = ShapeWorker(shape, spec);
+  ASSERT_TRUE(shaped.ok()) << shaped.status();
+  for (const char* gone : {"PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_JOBID", "PMIX_RANK",
+                           "PMIX_NAMESPACE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                           "OMPI_UNIVERSE_SIZE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_hnp_uri",
+                           "MPI_LOCALRANKID", "MV2_COMM_WORLD_RANK"}) {
+    EXPECT_EQ(Value(shaped->spec, gone), "<unset>") << gone;
+  }
+  // The user's settings for MPI itself stay.
+  EXPECT_EQ(Value(shaped->spec, "OMPI_MCA_btl"), "self,tcp");
+  EXPECT_EQ(Value(shaped->spec, "I_MPI_PIN"), "0");
+  EXPECT_EQ(Value(shaped->spec, "SLURM_MPI_TYPE"), "pmi2");
+  EXPECT_EQ(Value(shaped->spec, "RANK"), "1");
+  EXPECT_EQ(shaped->spec.close_fds, std::vector<int>{7});
+  ASSERT_EQ(shaped->notes.size(), 1u);
+  EXPECT_NE(shaped->notes[0].find("PMI_FD, PMI_JOBID, PMI_RANK"), std::string::npos)
+      << shaped->notes[0];
+  EXPECT_NE(shaped->notes[0].find("--mpi-env keep"), std::string::npos) << shaped->notes[0];
+
+  // Per-task mode, or --mpi-env keep: as they were.
+  shaped = ShapeWorker(WorkerShape{}, spec);
+  ASSERT_TRUE(shaped.ok()) << shaped.status();
+  EXPECT_EQ(shaped->spec.env, spec.env);
+  EXPECT_TRUE(shaped->spec.close_fds.empty());
+  // Nothing to hide: no note; a descriptor that cannot be the launcher's is left alone.
+  ProcessSpec plain = Worker(0, 0, 0, 1, 1, 1);
+  shaped = ShapeWorker(shape, plain);
+  ASSERT_TRUE(shaped.ok()) << shaped.status();
+  EXPECT_TRUE(shaped->notes.empty());
+  plain.env.push_back("PMI_FD=1");
+  shaped = ShapeWorker(shape, plain);
+  ASSERT_TRUE(shaped.ok()) << shaped.status();
+  EXPECT_TRUE(shaped->spec.close_fds.empty());
+  EXPECT_EQ(Value(shaped->spec, "PMI_FD"), "<unset>");
 }
 
 TEST(ShapeWorkerTest, PassLocalRankAppendsIt) {
@@ -179,9 +303,10 @@ TEST(ResolveWorkerShapeTest, FromTheEnvironment) {
   EXPECT_FALSE(ResolveWorkerShape(false, false, step, env).slurm_tasks.has_value());
   EXPECT_FALSE(ResolveWorkerShape(true, false, std::nullopt, env).slurm_tasks.has_value());
   EXPECT_EQ(ResolveWorkerShape(true, false, std::nullopt, env).task_device, "");
+  // A batch script or salloc shell: its workers are described too (--standalone, mpirun).
   SlurmEnv batch = step;
   batch.step_id.clear();
-  EXPECT_FALSE(ResolveWorkerShape(true, false, batch, env).slurm_tasks.has_value());
+  EXPECT_TRUE(ResolveWorkerShape(true, false, batch, env).slurm_tasks.has_value());
   const EnvLookup several = EnvFromList({{"CUDA_VISIBLE_DEVICES", "0,1"}});
   EXPECT_EQ(ResolveWorkerShape(true, false, step, several).task_device, "");
 }

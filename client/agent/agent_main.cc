@@ -1,5 +1,6 @@
 // rdzv-agent: launched by srun (or by hand on each node); joins the rendezvous and runs the
 // training processes. See rdzv-agent --help.
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
     if (!auth.ok()) return Fail(auth.status().message(), kUsageError);
     config->auth = *std::move(auth);
   }
+  for (const std::string& warning : config->warnings) spdlog::warn("{}", warning);
   rdzv::WorkerShape shape = config->worker_shape;
   rdzv::Agent agent(std::move(*config),
                     rdzv::NewShapingLauncher(std::move(shape), rdzv::NewPosixProcessLauncher()));

@@ -143,6 +143,24 @@ constexpr int64_t kSameSignalNanos = 2'000'000'000;
   _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
 }
 
+// What the worker gets before exec besides its pipes: descriptors of the agent's that it must
+// not inherit, and the environment entry ("NAME=" and room for a pid) to hold its own pid.
+struct WorkerFixups {
+  const int* close_fds = nullptr;
+  size_t close_count = 0;
+  char* pid_entry = nullptr;  // null for none
+  size_t pid_at = 0;          // where the digits go
+};
+
+// Writes `pid` in decimal at `out`, with only async-signal-safe operations.
+void PutPid(char* out, pid_t pid) {
+  char digits[16];
+  int n = 0;
+  for (pid_t v = pid; v > 0 && n < 15; v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
+  for (int i = n - 1; i >= 0; --i) *out++ = digits[i];
+  *out = '\0';
+}
+
 // The process between the agent and one worker. It runs in the child of a fork from a
 // multithreaded process, so it makes only async-signal-safe calls. It puts the worker in a
 // process group of its own, passes the agent's signals on to that group, and when the worker
@@ -150,7 +168,7 @@ constexpr int64_t kSameSignalNanos = 2'000'000'000;
 // children never outlive the job, even when the agent is killed with SIGKILL.
 [[noreturn]] void GuardWorker(const char* program, char* const argv[], char* const envp[],
                               char* const orphan_paths[], int out_fd, int err_fd, int status_fd,
-                              pid_t agent) {
+                              pid_t agent, const WorkerFixups& fixups) {
   setpgid(0, 0);
   const sigset_t handled = GuardSignals();
   sigprocmask(SIG_BLOCK, &handled, nullptr);
@@ -175,12 +193,25 @@ constexpr int64_t kSameSignalNanos = 2'000'000'000;
     }
     dup2(out_fd, STDOUT_FILENO);
     dup2(err_fd, STDERR_FILENO);
+    for (size_t i = 0; i < fixups.close_count; ++i) {
+      const int fd = fixups.close_fds[i];
+      // The guard's own pipes are closed at exec already; the status pipe must stay open until
+      // then to report a failed exec.
+      if (fd > STDERR_FILENO && fd != status_fd) close(fd);
+    }
+    if (fixups.pid_entry != nullptr) PutPid(fixups.pid_entry + fixups.pid_at, getpid());
     execve(program, argv, envp);
     const int message[2] = {getpid(), errno};
     (void)!write(status_fd, message, sizeof(message));
     _exit(127);
   }
   setpgid(worker, worker);
+  // Nor does the guard need them: a launcher that waits for its socket to close sees it close
+  // when the agent's copy does.
+  for (size_t i = 0; i < fixups.close_count; ++i) {
+    const int fd = fixups.close_fds[i];
+    if (fd > STDERR_FILENO && fd != status_fd && fd != out_fd && fd != err_fd) close(fd);
+  }
   const int pid_message = worker;
   (void)!write(status_fd, &pid_message, sizeof(pid_message));
   close(out_fd);
@@ -238,8 +269,23 @@ class PosixProcessLauncher final : public ProcessLauncher {
     std::vector<char*> argv, envp;
     for (const std::string& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    for (const std::string& e : spec.env) envp.push_back(const_cast<char*>(e.c_str()));
+    // The worker's own pid is known only after fork: its entry gets room for the digits now.
+    std::string pid_entry;
+    WorkerFixups fixups;
+    for (const std::string& e : spec.env) {
+      if (!spec.own_pid_variable.empty() && e.starts_with(spec.own_pid_variable + "=")) continue;
+      envp.push_back(const_cast<char*>(e.c_str()));
+    }
+    if (!spec.own_pid_variable.empty()) {
+      pid_entry = spec.own_pid_variable + "=";
+      fixups.pid_at = pid_entry.size();
+      pid_entry.append(16, '\0');
+      fixups.pid_entry = pid_entry.data();
+      envp.push_back(pid_entry.data());
+    }
     envp.push_back(nullptr);
+    fixups.close_fds = spec.close_fds.data();
+    fixups.close_count = spec.close_fds.size();
     std::vector<char*> orphan_paths;
     for (const std::string& p : spec.remove_if_orphaned) {
       orphan_paths.push_back(const_cast<char*>(p.c_str()));
@@ -267,7 +313,7 @@ class PosixProcessLauncher final : public ProcessLauncher {
       close(err[0]);
       close(status_pipe[0]);
       GuardWorker(program->c_str(), argv.data(), envp.data(), orphan_paths.data(), out[1], err[1],
-                  status_pipe[1], agent);
+                  status_pipe[1], agent, fixups);
     }
     // Also from the parent, so that a signal sent right after Spawn reaches the guard.
     setpgid(pid, pid);

@@ -6,7 +6,9 @@
 // a process group of its own, signals to the guard are passed on to that group, and when the
 // worker ends or the agent dies (even by SIGKILL) the guard kills what is left of the group, so
 // no worker or child of one outlives the job. Spawn returns the guard's pid, whose exit status
-// is the worker's; it hands back pipes for the worker's stdout and stderr.
+// is the worker's; it hands back pipes for the worker's stdout and stderr. The worker inherits
+// none of the spec's close_fds (the guard closes its own copies too), and finds its own pid in
+// the spec's own_pid_variable.
 #ifndef RDZV_CLIENT_AGENT_PROCESS_LAUNCHER_H_
 #define RDZV_CLIENT_AGENT_PROCESS_LAUNCHER_H_
 

@@ -39,8 +39,12 @@ absl::Status WorkerGroup::Start(const std::vector<std::string>& command,
       status = output.status();
       break;
     }
-    absl::StatusOr<SpawnedProcess> spawned =
-        launcher_.Spawn({command, launch.env, launch.remove_if_orphaned});
+    ProcessSpec spec;
+    spec.argv = command;
+    spec.env = launch.env;
+    spec.remove_if_orphaned = launch.remove_if_orphaned;
+    spec.workers_per_node = launch.workers_per_node;
+    absl::StatusOr<SpawnedProcess> spawned = launcher_.Spawn(spec);
     if (!spawned.ok()) {
       status = spawned.status();
       break;

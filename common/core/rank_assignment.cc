@@ -104,6 +104,7 @@ absl::StatusOr<RankTable> AssignRanks(const std::vector<AgentSpec>& agents) {
   for (Slot& slot : table.slots) {
     slot.local_world_size = static_cast<int32_t>(node_workers[slot.group_rank]);
   }
+  table.workers_per_node.assign(node_workers.begin(), node_workers.end());
   table.world_size = static_cast<int32_t>(next_rank);
   table.master_agent = static_cast<int32_t>(by_position.front());
   return table;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/core/hang_verdict.h"
+#include "common/core/hostlist.h"
 
 namespace rdzv {
 
@@ -638,6 +639,7 @@ void RendezvousState::CompleteRound(Job& job, Decisions& out) {
   shared.group_world_size = table->group_world_size;
   shared.restart_count = job.restart_count;
   shared.agents = static_cast<int32_t>(members.size());
+  shared.workers_per_node = FormatTasksPerNode(table->workers_per_node);
   for (const Member* m : members) {
     job.longest_heartbeat_interval =
         std::max(job.longest_heartbeat_interval, m->spec.longest_heartbeat_interval);

@@ -56,6 +56,10 @@ struct AssignmentEvent {
   // The longest heartbeat interval the job's agents have reported, over all its rounds
   // (--hang-timeout auto).
   Micros longest_heartbeat_interval = 0;
+  // The workers on each node in node order (index = group_rank), in Slurm's compressed
+  // SLURM_TASKS_PER_NODE syntax ("2(x3),1"): every agent of a round gets it, and the syntax keeps
+  // it a few bytes for the usual job whose nodes run the same count. Empty when not known.
+  std::string workers_per_node;
 };
 
 // What an agent asks for when it joins a job.

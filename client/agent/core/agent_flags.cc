@@ -160,13 +160,25 @@ FlagParser MakeParser(AgentFlags& f) {
            return absl::OkStatus();
          }});
   p.Add({"slurm-env", "RDZV_SLURM_ENV", "tasks|keep",
-         "under Slurm, give each worker the SLURM_* task variables srun would give it as a task\n"
-         "(SLURM_PROCID=RANK, SLURM_LOCALID=LOCAL_RANK, SLURM_NTASKS=WORLD_SIZE, ...; tasks,\n"
-         "the default), or leave the agent's own (keep)",
+         "inside a Slurm job, give each worker the SLURM_* task variables srun would give it as\n"
+         "a task of the job's layout (SLURM_PROCID=RANK, SLURM_LOCALID=LOCAL_RANK,\n"
+         "SLURM_NTASKS=WORLD_SIZE, ...; tasks, the default), or leave the agent's own (keep:\n"
+         "the workers of one agent then share its Slurm rank)",
          [&f](absl::string_view v) {
            if (v != "tasks" && v != "keep")
              return absl::InvalidArgumentError("expected tasks or keep");
            f.slurm_env = std::string(v);
+           return absl::OkStatus();
+         }});
+  p.Add({"mpi-env", "RDZV_MPI_ENV", "drop|keep",
+         "where the agent starts its workers itself (all but per-task mode), drop the variables\n"
+         "and descriptors that give the agent its own place in srun --mpi or mpirun (PMI_RANK,\n"
+         "PMI_FD, PMIX_*, OMPI_COMM_WORLD_*, ...; drop, the default), or pass them on (keep)",
+         [&f](absl::string_view v) {
+           if (v != "drop" && v != "keep") {
+             return absl::InvalidArgumentError("expected drop or keep");
+           }
+           f.mpi_env = std::string(v);
            return absl::OkStatus();
          }});
   p.Add({"pass-local-rank", "RDZV_PASS_LOCAL_RANK", "",

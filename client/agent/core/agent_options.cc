@@ -285,6 +285,9 @@ absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& en
           "--standalone runs a single node; drop --nnodes or use --rdzv-endpoint");
     }
     c.mode = "standalone";
+    // Under sbatch or salloc the agent's SLURM_NODELIST is the allocation's, of which the
+    // workers of a standalone job see one node, this one.
+    if (*slurm && !(*slurm)->node_name.empty()) c.worker_shape.job_nodes = {(*slurm)->node_name};
     c.embedded_server = true;
     c.embedded_listen_host = "127.0.0.1";
     c.embedded_ports = {0};
@@ -370,6 +373,19 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
                                                const LocalProcess& self) {
   absl::StatusOr<AgentConfig> c = Resolve(flags, env, self);
   if (!c.ok()) return c;
+  // In per-task mode each worker is the launcher's task: its place is the worker's own.
+  const bool per_task = c->mode == "slurm per-task";
+  c->worker_shape.hide_launcher_env = flags.mpi_env == "drop" && !per_task;
+  const bool in_slurm =
+      !env("SLURM_JOB_ID").value_or("").empty() || !env("SLURM_JOBID").value_or("").empty();
+  if (flags.slurm_env == "keep" && in_slurm && !per_task && c->join.agent.nproc > 1) {
+    c->warnings.push_back(absl::StrFormat(
+        "--slurm-env keep: this agent's %d workers all keep its SLURM_PROCID, SLURM_LOCALID and "
+        "SLURM_NTASKS, so PyTorch Lightning (SLURMEnvironment), submitit, MMEngine/mmcv "
+        "(launcher slurm), idr_torch and any script reading SLURM_PROCID see duplicate ranks and "
+        "hang or fail; drop --slurm-env keep (RDZV_SLURM_ENV) unless no code reads them",
+        c->join.agent.nproc));
+  }
   if (absl::Status s = CheckHostName(c->join.agent.host, flags); !s.ok()) return s;
   // What no rendezvous accepts (a world past 32-bit ranks, say) is refused now, with the
   // rendezvous's own words, rather than by the server once the agent has started. The agent's

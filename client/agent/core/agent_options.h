@@ -63,6 +63,7 @@ struct AgentFlags {
   bool tee = false;
   std::vector<int32_t> local_ranks_filter;  // empty: every local rank
   std::string slurm_env = "tasks";          // tasks or keep: the workers' SLURM_* layout variables
+  std::string mpi_env = "drop";             // drop or keep: the agent's PMI_*, PMIX_*, OMPI_* place
   bool pass_local_rank = false;             // append --local_rank=N to each worker's command
   bool help = false;
   bool version = false;
@@ -119,6 +120,8 @@ struct AgentConfig {
   std::vector<std::string> command;
   // What each worker's launch gets on top of its torchrun environment (ShapingLauncher).
   WorkerShape worker_shape;
+  // Lines the agent logs as warnings when it starts: a choice the user made that has a cost.
+  std::vector<std::string> warnings;
 };
 
 // What ResolveAgentConfig needs to know about the process it configures.
@@ -150,6 +153,12 @@ int DerivedPort(absl::string_view job_id, absl::string_view step_id);
 //
 // The join it makes passes the rendezvous's own checks (ValidateJoinSpec), or their one-line
 // refusal comes back.
+//
+// Workers get Slurm task variables for the job's layout inside any Slurm job (--slurm-env
+// tasks); --standalone describes this node alone. Where the agent starts its workers itself
+// (every mode but per-task) they do not see its launcher's place variables (--mpi-env drop).
+// --slurm-env keep where one agent starts several workers adds a warning: Slurm then names
+// every worker of a node with the same rank.
 absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const EnvLookup& env,
                                                const LocalProcess& self);
 

@@ -58,4 +58,22 @@ absl::StatusOr<std::optional<LauncherEnv>> ParseLauncherEnv(const EnvLookup& env
   return std::nullopt;
 }
 
+bool IsLauncherPlaceVariable(std::string_view name) {
+  static constexpr std::string_view kPrefixes[] = {
+      "PMI_",           "PMIX_",         "OMPI_COMM_WORLD_", "OMPI_MCA_ess",
+      "OMPI_MCA_orte_", "OMPI_MCA_pmix", "MV2_COMM_WORLD_",
+  };
+  static constexpr std::string_view kNames[] = {
+      "OMPI_UNIVERSE_SIZE", "OMPI_FIRST_RANKS", "OMPI_APP_CTX_NUM_PROCS",
+      "OMPI_NUM_APP_CTX",   "MPI_LOCALRANKID",  "MPI_LOCALNRANKS",
+  };
+  for (std::string_view prefix : kPrefixes) {
+    if (name.starts_with(prefix)) return true;
+  }
+  for (std::string_view n : kNames) {
+    if (name == n) return true;
+  }
+  return false;
+}
+
 }  // namespace rdzv

@@ -16,6 +16,15 @@ struct ProcessSpec {
   // Removed by the guard, in this order, should the agent die before the worker ends (files are
   // unlinked, empty directories removed): what the agent would have cleaned up itself.
   std::vector<std::string> remove_if_orphaned;
+  // The job's workers on each node in node order, in Slurm's SLURM_TASKS_PER_NODE syntax, from
+  // the round's assignment: what ShapeWorker describes the job's layout with. "" when not known.
+  std::string workers_per_node;
+  // Descriptors the agent inherited that are not the process's (a launcher's PMI socket): closed
+  // in it at exec.
+  std::vector<int> close_fds;
+  // A variable set to the process's own pid in its environment (SLURM_TASK_PID, which srun sets
+  // to each task's pid); "" for none.
+  std::string own_pid_variable;
 };
 
 struct ProcessExit {

@@ -1,6 +1,5 @@
 #include "client/agent/core/slurm_worker_env.h"
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -104,11 +103,11 @@ absl::StatusOr<EnvList> SlurmWorkerVariables(const SlurmWorkerPlace& place, cons
     }
   }
 
+  const std::vector<std::string>& nodes = place.node_names.empty() ? agent.nodes : place.node_names;
   std::string nodelist;
-  if (!place.node_names.empty()) {
-    nodelist = CompressHostlist(place.node_names);
-  } else if (agent.nodes.size() == static_cast<std::size_t>(place.num_nodes)) {
-    nodelist = CompressHostlist(agent.nodes);
+  if (nodes.size() == static_cast<std::size_t>(place.num_nodes) && !agent.node_name.empty() &&
+      nodes[place.group_rank] == agent.node_name) {
+    nodelist = CompressHostlist(nodes);
   }
   if (!nodelist.empty()) {
     vars.emplace_back("SLURM_NODELIST", nodelist);
@@ -137,7 +136,8 @@ absl::StatusOr<int32_t> IntVariable(const EnvList& vars, absl::string_view name)
 }  // namespace
 
 absl::StatusOr<SlurmWorkerPlace> PlaceFromWorkerVariables(const EnvList& vars,
-                                                          const SlurmEnv& agent) {
+                                                          const SlurmEnv& agent,
+                                                          std::string_view workers_per_node) {
   SlurmWorkerPlace p;
   int32_t local_world_size = 0;
   for (auto [name, field] : {std::pair<absl::string_view, int32_t*>{"RANK", &p.rank},
@@ -164,10 +164,13 @@ absl::StatusOr<SlurmWorkerPlace> PlaceFromWorkerVariables(const EnvList& vars,
     }
     return total == p.world_size && before == first;
   };
-  p.workers_per_node = agent.tasks_per_node;
-  if (!fits(p.workers_per_node)) {
-    p.workers_per_node.assign(std::max(p.num_nodes, 0), local_world_size);
-    if (!fits(p.workers_per_node)) p.workers_per_node.clear();
+  p.workers_per_node.clear();
+  if (!workers_per_node.empty()) {
+    absl::StatusOr<std::vector<int>> counts = ExpandTasksPerNode(workers_per_node);
+    if (counts.ok() && fits(*counts)) p.workers_per_node = *std::move(counts);
+  }
+  if (p.workers_per_node.empty() && agent.in_step() && fits(agent.tasks_per_node)) {
+    p.workers_per_node = agent.tasks_per_node;
   }
   p.node_names.clear();
   return p;

@@ -74,9 +74,11 @@ inline constexpr std::array<std::string_view, 14> kSlurmTaskLayoutVariables = {
 // node runs the same number of workers, and the node count and list.
 //
 // The node list is place.node_names when given, else the agent's step node list when the job
-// has as many nodes as the step; otherwise (the job lost a node) no list is set, since the
-// agent's would name a node that is gone. Feeding the result to ParseSlurmEnv gives
-// proc_id/local_id/node_id equal to the worker's ranks.
+// has as many nodes as the step; either is set only when it names the agent's own node
+// (agent.node_name, SLURMD_NODENAME) at the worker's node index, so no list is set when the job
+// lost a node (the agent's would name a node that is gone), when the nodes are ordered otherwise
+// (--node-rank, mpirun), or when the agent's node is not known. Feeding the result to
+// ParseSlurmEnv gives proc_id/local_id/node_id equal to the worker's ranks.
 //
 // When place.workers_per_node is empty, SLURM_GTIDS and the per-node counts are left unset.
 //
@@ -86,14 +88,15 @@ inline constexpr std::array<std::string_view, 14> kSlurmTaskLayoutVariables = {
 absl::StatusOr<EnvList> SlurmWorkerVariables(const SlurmWorkerPlace& place, const SlurmEnv& agent);
 
 // The place of the worker whose torchrun variables are `vars` (RANK, LOCAL_RANK, GROUP_RANK,
-// WORLD_SIZE, GROUP_WORLD_SIZE, LOCAL_WORLD_SIZE, as WorkerVariables sets them). The rendezvous
-// tells an agent only its own node's worker count, so the counts of the other nodes come from
-// the agent's step when they agree with it (agent.tasks_per_node: per-task mode, or a job on
-// the step's nodes), else from the assumption that every node runs as many workers as this one
-// when the ranks bear that out; otherwise workers_per_node is left empty. Returns
+// WORLD_SIZE, GROUP_WORLD_SIZE, LOCAL_WORLD_SIZE, as WorkerVariables sets them). The counts of
+// the job's nodes come from `workers_per_node`, the round's assignment in Slurm's syntax
+// ("2(x3),1"), when it agrees with the ranks; else, inside a step, from the step
+// (agent.tasks_per_node) when it agrees with them (per-task mode under a server that does not
+// send the counts); otherwise workers_per_node is left empty rather than guessed. Returns
 // InvalidArgumentError when a variable is missing or not a number.
 absl::StatusOr<SlurmWorkerPlace> PlaceFromWorkerVariables(const EnvList& vars,
-                                                          const SlurmEnv& agent);
+                                                          const SlurmEnv& agent,
+                                                          std::string_view workers_per_node);
 
 }  // namespace rdzv
 

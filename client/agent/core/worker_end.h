@@ -19,6 +19,8 @@ struct WorkerLaunch {
   std::string error_file;        // torch's error file for this worker; "" for none
   // Removed by the worker's guard should the agent die first (see ProcessSpec).
   std::vector<std::string> remove_if_orphaned;
+  // The round's workers on each node (AssignmentEvent::workers_per_node), for the launch shape.
+  std::string workers_per_node;
 };
 
 // How one worker ended.

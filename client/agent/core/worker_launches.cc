@@ -24,6 +24,7 @@ WorkerLaunches BuildWorkerLaunches(const WorkerContext& ctx, const EnvList& base
     launch.local_rank = slot.local_rank_offset + i;
     launch.env = std::move(env.entries);
     launch.error_file = ErrorFilePath(ctx, i);
+    launch.workers_per_node = ctx.assignment.workers_per_node;
     // The files first, then the directory that holds them.
     for (const std::string& path : {launch.error_file, ctx.timer_file, ctx.error_file_dir}) {
       if (!path.empty()) launch.remove_if_orphaned.push_back(path);

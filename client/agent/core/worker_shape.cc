@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "client/agent/core/launcher_env.h"
 #include "client/agent/core/slurm_worker_env.h"
 #include "client/agent/core/worker_env.h"
 
@@ -82,17 +84,46 @@ std::vector<std::string> DeviceView(const std::string& own, const std::vector<st
   return view;
 }
 
+// Drops the launcher's place variables from the worker's environment, and has the descriptors
+// they name closed in it.
+void HideLauncherEnv(ShapedWorker& out) {
+  std::vector<std::string> dropped;
+  std::erase_if(out.spec.env, [&](const std::string& entry) {
+    const std::size_t eq = entry.find('=');
+    const std::string_view name = std::string_view(entry).substr(0, eq);
+    if (!IsLauncherPlaceVariable(name)) return false;
+    dropped.emplace_back(name);
+    const bool descriptor =
+        std::find(std::begin(kLauncherDescriptorVariables), std::end(kLauncherDescriptorVariables),
+                  name) != std::end(kLauncherDescriptorVariables);
+    int fd = -1;
+    if (descriptor && eq != std::string::npos &&
+        absl::SimpleAtoi(absl::string_view(entry).substr(eq + 1), &fd) &&
+        fd > 2) {  // not stdin, stdout or stderr
+      out.spec.close_fds.push_back(fd);
+    }
+    return true;
+  });
+  if (dropped.empty()) return;
+  std::sort(dropped.begin(), dropped.end());
+  out.notes.push_back(
+      absl::StrCat("workers do not see this agent's place in the launcher that started it (",
+                   absl::StrJoin(dropped, ", "),
+                   "): it is the agent's, not theirs; --mpi-env keep passes it on"));
+}
+
 }  // namespace
 
 absl::StatusOr<ShapedWorker> ShapeWorker(const WorkerShape& shape, const ProcessSpec& spec) {
   ShapedWorker out;
   out.spec = spec;
+  if (shape.hide_launcher_env) HideLauncherEnv(out);
   const bool needs_place = shape.slurm_tasks || shape.pass_local_rank || !shape.task_device.empty();
   if (!needs_place) return out;
   const EnvList vars = ToList(spec.env);
   static const SlurmEnv kNoSlurm;
-  absl::StatusOr<SlurmWorkerPlace> place =
-      PlaceFromWorkerVariables(vars, shape.slurm_tasks ? *shape.slurm_tasks : kNoSlurm);
+  absl::StatusOr<SlurmWorkerPlace> place = PlaceFromWorkerVariables(
+      vars, shape.slurm_tasks ? *shape.slurm_tasks : kNoSlurm, spec.workers_per_node);
   if (!place.ok()) return place.status();
 
   if (shape.slurm_tasks) {
@@ -103,6 +134,7 @@ absl::StatusOr<ShapedWorker> ShapeWorker(const WorkerShape& shape, const Process
     if (!slurm.ok()) return slurm.status();
     Replace(out.spec.env, *slurm,
             {kSlurmTaskLayoutVariables.begin(), kSlurmTaskLayoutVariables.end()});
+    out.spec.own_pid_variable = "SLURM_TASK_PID";
     out.notes.push_back(
         "workers see Slurm task variables that match their ranks (SLURM_PROCID=RANK, "
         "SLURM_LOCALID=LOCAL_RANK, SLURM_NODEID=GROUP_RANK, SLURM_NTASKS=WORLD_SIZE); "
@@ -140,7 +172,7 @@ absl::StatusOr<ShapedWorker> ShapeWorker(const WorkerShape& shape, const Process
 WorkerShape ResolveWorkerShape(bool slurm_tasks, bool pass_local_rank,
                                const std::optional<SlurmEnv>& slurm, const EnvLookup& env) {
   WorkerShape shape;
-  if (slurm_tasks && slurm && slurm->in_step()) shape.slurm_tasks = *slurm;
+  if (slurm_tasks && slurm) shape.slurm_tasks = *slurm;
   shape.pass_local_rank = pass_local_rank;
   const auto list = [&env](const char* name) {
     std::vector<std::string> out;
