@@ -22,6 +22,7 @@
 #include "common/net.h"
 #include "common/proto_convert.h"
 #include "common/tls.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
 
 namespace rdzv {
@@ -36,6 +37,23 @@ namespace {
 
 absl::Status NotJoined() {
   return absl::FailedPreconditionError("this client has not joined a job; call Join first");
+}
+
+// An operator's call that failed at the server at `endpoint` or on the way there, in one line.
+absl::Status OperatorCallFailed(const grpc::Status& status, const std::string& endpoint, bool tls) {
+  const absl::Status failed = FromGrpcStatus(status);
+  if (std::optional<absl::Status> handshake = TlsConnectFailure(failed, endpoint, tls)) {
+    return *handshake;
+  }
+  if (failed.code() == absl::StatusCode::kUnavailable ||
+      failed.code() == absl::StatusCode::kDeadlineExceeded) {
+    return absl::Status(
+        failed.code(),
+        absl::StrFormat("rdzvd at %s did not answer (%s); check that it runs and that "
+                        "--rdzv-endpoint/RDZV_ENDPOINT names it",
+                        endpoint, failed.message()));
+  }
+  return failed;
 }
 
 }  // namespace
@@ -98,6 +116,30 @@ struct Client::Impl {
       call.Abandon();
     }
     return proof;
+  }
+
+  // One blocking call of `method` on `job` for an operator: made with the credential and a nonce,
+  // and its answer taken only from a server that proves itself. `call` makes the call on the
+  // stub with the context it is given.
+  template <typename Call>
+  absl::Status OperatorCall(absl::string_view method, const std::string& job, Call call) const {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    const std::string nonce = NewNonce();
+    if (absl::Status a = Authorize(ctx, method, job, nonce); !a.ok()) return a;
+    const std::string& endpoint = endpoints[current].name;
+    if (grpc::Status s = call(*stub(), &ctx); !s.ok()) {
+      return OperatorCallFailed(s, endpoint, !options.tls.ca_file.empty());
+    }
+    if (absl::Status proof =
+            CheckServerProof(ctx, options.auth, method, job, nonce, ProofRequiredAt(endpoint));
+        !proof.ok()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the server at %s did not prove that it is rdzvd: %s; check --rdzv-endpoint "
+          "(RDZV_ENDPOINT) and --server-uid (RDZV_SERVER_UID)",
+          endpoint, proof.message()));
+    }
+    return absl::OkStatus();
   }
 
   // Endpoints whose server did not prove itself, logged once each.
@@ -438,23 +480,53 @@ absl::StatusOr<std::vector<JobStatusView>> Client::Status(const std::string& job
   v1::StatusRequest request;
   request.set_job_id(job_id);
   v1::StatusResponse response;
-  grpc::ClientContext ctx;
-  impl_->SetDeadline(ctx);
-  const std::string nonce = NewNonce();
-  if (absl::Status a = impl_->Authorize(ctx, "GetStatus", job_id, nonce); !a.ok()) return a;
-  grpc::Status s = impl_->stub()->GetStatus(&ctx, request, &response);
-  if (!s.ok()) return FromGrpcStatus(s);
-  const std::string& endpoint = impl_->endpoints[impl_->current].name;
-  if (absl::Status proof = CheckServerProof(ctx, impl_->options.auth, "GetStatus", job_id, nonce,
-                                            ProofRequiredAt(endpoint));
-      !proof.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("the server at %s did not prove that it is the rendezvous server: %s",
-                        endpoint, proof.message()));
+  if (absl::Status s = impl_->OperatorCall("GetStatus", job_id,
+                                           [&](v1::Rendezvous::Stub& stub, grpc::ClientContext* c) {
+                                             return stub.GetStatus(c, request, &response);
+                                           });
+      !s.ok()) {
+    return s;
   }
   std::vector<JobStatusView> jobs;
   for (const v1::JobStatus& j : response.jobs()) jobs.push_back(FromProto(j));
   return jobs;
+}
+
+absl::StatusOr<AbortEvent> Client::AbortJob(const std::string& job_id, const std::string& reason) {
+  v1::AbortJobRequest request;
+  request.set_job_id(job_id);
+  request.set_reason(reason);
+  v1::AbortJobResponse response;
+  if (absl::Status s = impl_->OperatorCall("AbortJob", job_id,
+                                           [&](v1::Rendezvous::Stub& stub, grpc::ClientContext* c) {
+                                             return stub.AbortJob(c, request, &response);
+                                           });
+      !s.ok()) {
+    return s;
+  }
+  return FromProto(response.abort());
+}
+
+absl::StatusOr<ServingStatus> Client::Health() {
+  const Impl::Endpoint& endpoint = impl_->endpoints[impl_->current];
+  auto stub = grpc::health::v1::Health::NewStub(endpoint.channel);
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::ClientContext ctx;
+  impl_->SetDeadline(ctx);
+  if (grpc::Status s = stub->Check(&ctx, request, &response); !s.ok()) {
+    return OperatorCallFailed(s, endpoint.name, !impl_->options.tls.ca_file.empty());
+  }
+  switch (response.status()) {
+    case grpc::health::v1::HealthCheckResponse::SERVING:
+      return ServingStatus::kServing;
+    case grpc::health::v1::HealthCheckResponse::NOT_SERVING:
+      return ServingStatus::kNotServing;
+    case grpc::health::v1::HealthCheckResponse::SERVICE_UNKNOWN:
+      return ServingStatus::kServiceUnknown;
+    default:
+      return ServingStatus::kUnknown;
+  }
 }
 
 void Client::CancelJoin() {

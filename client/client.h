@@ -121,6 +121,9 @@ struct Handlers {
   std::function<void(const absl::Status&)> on_lost;
 };
 
+// What a server's gRPC health service (grpc.health.v1) says of it.
+enum class ServingStatus { kUnknown, kServing, kNotServing, kServiceUnknown };
+
 class Client {
  public:
   // InvalidArgument for a malformed endpoint; a one-line error naming the file for a TLS CA file
@@ -156,8 +159,26 @@ class Client {
   absl::Status Leave();
   void LeaveAsync(std::function<void(absl::Status)> done);
 
-  // A snapshot of one job (or all, for an empty id).
+  // The calls below are an operator's (rdzvctl's) and need no Join: each is one call, made on the
+  // first endpoint (or the one Join stuck to), that blocks for up to rpc_timeout. Errors are one
+  // line each: an unreachable server or one that did not answer in time comes back as Unavailable
+  // or DeadlineExceeded saying so, a failed TLS handshake as FailedPrecondition, a credential that
+  // cannot be made as its own status (Unavailable when munged does not answer), a refusal as the
+  // server's status, and an answer whose server did not prove itself as FailedPrecondition.
+
+  // A snapshot of one job (or all, for an empty id): the caller's own jobs, or every job for
+  // root and the server's admin groups. An empty list when there is no such job.
   absl::StatusOr<std::vector<JobStatusView>> Status(const std::string& job_id);
+
+  // Ends `job_id` for every agent, as a failure would, with `reason` for its agents to print;
+  // returns how the job ended: this abort, or the earlier one that ended it already. NotFound for
+  // a job the server does not know or the caller may not abort (another user's, unless the caller
+  // is root or in an admin group).
+  absl::StatusOr<AbortEvent> AbortJob(const std::string& job_id, const std::string& reason);
+
+  // What the server's gRPC health service says of it. Sends no credential (the service asks for
+  // none), so it shows that something serves there, not who.
+  absl::StatusOr<ServingStatus> Health();
 
   // Ends a Join in progress, if any (it returns Cancelled); later Joins work as usual. The event
   // stream of a Join that has returned stays open.

@@ -2,7 +2,8 @@
 // against rdzvd's service in this process over loopback: a departure while a join blocks on
 // another thread, departures twice, reports and departures before any join, a cancel after the
 // departure. No sequence crashes, and every call ends with a value or a status that says what
-// happened.
+// happened. Also an operator's calls (Status, AbortJob, Health), made by a client that never
+// joins.
 #include <grpcpp/grpcpp.h>
 
 #include <future>
@@ -170,6 +171,72 @@ TEST_F(ClientSequencesTest, CancelAfterLeaveAndJoinAfterCancelEndCleanly) {
   const absl::StatusOr<AssignmentEvent> after = client->Join(Spec("solo2", "s0", 1), Handlers{});
   EXPECT_EQ(after.status().code(), absl::StatusCode::kCancelled) << after.status();
   EXPECT_TRUE(client->Leave().ok());
+}
+
+// An operator's client, which joins nothing, sees a waiting job, ends it for its agents, and
+// then sees how it ended.
+TEST_F(ClientSequencesTest, AnOperatorSeesAndAbortsAJob) {
+  std::unique_ptr<Client> agent = NewClient();
+  auto joining = JoinAsync(*agent, Spec("op", "a0", 2));
+  std::unique_ptr<Client> ctl = NewClient();
+  WaitForJoined(*ctl, "op", 1);
+  absl::StatusOr<std::vector<JobStatusView>> jobs = ctl->Status("");
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ(jobs->front().job_id, "op");
+  EXPECT_EQ(jobs->front().state, "filling");
+  ASSERT_EQ(jobs->front().agents.size(), 1u);
+  EXPECT_EQ(jobs->front().agents.front().host, "a0");
+  EXPECT_FALSE(jobs->front().abort.has_value());
+
+  absl::StatusOr<AbortEvent> abort = ctl->AbortJob("op", "node maintenance");
+  ASSERT_TRUE(abort.ok()) << abort.status();
+  EXPECT_EQ(abort->reason, "aborted with rdzvctl: node maintenance");
+  EXPECT_EQ(abort->cause, AbortCause::kAgentSignalled);
+  const absl::StatusOr<AssignmentEvent> joined = Get(joining);
+  EXPECT_EQ(joined.status().code(), absl::StatusCode::kAborted) << joined.status();
+  EXPECT_EQ(joined.status().message(), abort->reason);
+
+  jobs = ctl->Status("op");
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ(jobs->front().state, "ended");
+  ASSERT_TRUE(jobs->front().abort.has_value());
+  EXPECT_EQ(*jobs->front().abort, *abort);
+
+  absl::StatusOr<AbortEvent> unknown = ctl->AbortJob("nosuchjob", "x");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound) << unknown.status();
+  EXPECT_EQ(unknown.status().message(), "rdzvd has no job nosuchjob; see rdzvctl status");
+  jobs = ctl->Status("nosuchjob");
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_TRUE(jobs->empty());
+
+  absl::StatusOr<ServingStatus> health = ctl->Health();
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, ServingStatus::kServing);
+}
+
+// Where nothing listens, each operator's call says in one line that rdzvd did not answer.
+TEST_F(ClientSequencesTest, OperatorCallsToNoServerSayItDidNotAnswer) {
+  ClientOptions options;
+  options.endpoint = "127.0.0.1:1";
+  options.rpc_timeout = absl::Seconds(5);
+  options.auth.mode = ClientAuth::Mode::kNone;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<absl::Status> failed = {(*client)->Status("").status(),
+                                            (*client)->AbortJob("j", "x").status(),
+                                            (*client)->Health().status()};
+  for (const absl::Status& status : failed) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+    EXPECT_TRUE(absl::StartsWith(status.message(), "rdzvd at 127.0.0.1:1 did not answer ("))
+        << status;
+    EXPECT_TRUE(absl::EndsWith(status.message(),
+                               "); check that it runs and that --rdzv-endpoint/RDZV_ENDPOINT "
+                               "names it"))
+        << status;
+    EXPECT_FALSE(absl::StrContains(status.message(), "\n")) << status;
+  }
 }
 
 }  // namespace

@@ -86,25 +86,25 @@ TEST(CtlOptionsTest, MistakesAreOneLineErrorsSayingWhatToDo) {
   }
 }
 
-v1::JobStatus Job(const std::string& id, const std::string& state, int max_agents,
+JobStatusView Job(const std::string& id, const std::string& state, int max_agents,
                   std::vector<std::pair<std::string, int64_t>> agents) {
-  v1::JobStatus job;
-  job.set_job_id(id);
-  job.set_state(state);
-  job.set_round(1);
-  job.set_min_agents(max_agents);
-  job.set_max_agents(max_agents);
-  job.set_joined(static_cast<int32_t>(agents.size()));
+  JobStatusView job;
+  job.job_id = id;
+  job.state = state;
+  job.round = 1;
+  job.min_agents = max_agents;
+  job.max_agents = max_agents;
+  job.joined = static_cast<int32_t>(agents.size());
   for (const auto& [host, index] : agents) {
-    v1::AgentStatus& a = *job.add_agents();
-    a.set_host(host);
-    a.set_node_index(index);
+    AgentStatusView& a = job.agents.emplace_back();
+    a.host = host;
+    a.node_index = index;
   }
   return job;
 }
 
 TEST(StatusFormatTest, MissingNodesAsAHostlist) {
-  const v1::JobStatus filling = Job("j", "filling", 8, {{"n0", 0}, {"n1", 1}, {"n4", 4}});
+  const JobStatusView filling = Job("j", "filling", 8, {{"n0", 0}, {"n1", 1}, {"n4", 4}});
   EXPECT_EQ(MissingNodes(filling, {}), "[2-3,5-7]");
   EXPECT_EQ(MissingNodes(filling, {"n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7"}), "n[2-3,5-7]");
   EXPECT_EQ(MissingNodes(Job("j", "filling", 2, {{"a", 0}}), {}), "[1]");
@@ -113,56 +113,76 @@ TEST(StatusFormatTest, MissingNodesAsAHostlist) {
 }
 
 TEST(StatusFormatTest, MissingNodesNamedFromTheJobsNodeList) {
-  v1::JobStatus filling = Job("j", "filling", 4, {{"n1", 0}, {"n4", 3}});
-  filling.set_node_list("n[1-4]");
+  JobStatusView filling = Job("j", "filling", 4, {{"n1", 0}, {"n4", 3}});
+  filling.node_list = "n[1-4]";
   EXPECT_EQ(MissingNodes(filling, {}), "n[2-3]");
   // --nodelist wins over the job's list.
   EXPECT_EQ(MissingNodes(filling, {"n1", "n4", "n9"}), "n9");
   // One agent per task: every node has one, more are due.
-  v1::JobStatus tasks = Job("t", "filling", 4, {{"n1", 0}, {"n1", 0}, {"n2", 1}});
-  tasks.set_node_list("n[1-2]");
+  JobStatusView tasks = Job("t", "filling", 4, {{"n1", 0}, {"n1", 0}, {"n2", 1}});
+  tasks.node_list = "n[1-2]";
   EXPECT_EQ(MissingNodes(tasks, {}), "1 more");
-  v1::JobStatus partly = Job("t", "filling", 4, {{"n1", 0}, {"n1", 0}});
-  partly.set_node_list("n[1-2]");
+  JobStatusView partly = Job("t", "filling", 4, {{"n1", 0}, {"n1", 0}});
+  partly.node_list = "n[1-2]";
   EXPECT_EQ(MissingNodes(partly, {}), "n2");
   // Back to indices when the list cannot be trusted to name the agents: an agent under another
   // name (--host-name), or a list that does not parse.
-  v1::JobStatus renamed = Job("j", "filling", 3, {{"login7", 0}});
-  renamed.set_node_list("n[1-3]");
+  JobStatusView renamed = Job("j", "filling", 3, {{"login7", 0}});
+  renamed.node_list = "n[1-3]";
   EXPECT_EQ(MissingNodes(renamed, {}), "[1-2]");
-  v1::JobStatus garbled = Job("j", "filling", 2, {{"n1", 0}});
-  garbled.set_node_list("n[1-");
+  JobStatusView garbled = Job("j", "filling", 2, {{"n1", 0}});
+  garbled.node_list = "n[1-";
   EXPECT_EQ(MissingNodes(garbled, {}), "[1]");
   // Past filling nobody is missing.
-  v1::JobStatus running = Job("j", "running", 2, {{"n1", 0}, {"n2", 1}});
-  running.set_node_list("n[1-2]");
+  JobStatusView running = Job("j", "running", 2, {{"n1", 0}, {"n2", 1}});
+  running.node_list = "n[1-2]";
   EXPECT_EQ(MissingNodes(running, {}), "");
 }
 
 TEST(StatusFormatTest, TableHasOneLinePerJobWithItsFailure) {
-  v1::StatusResponse status;
-  *status.add_jobs() = Job("train", "filling", 4, {{"n0", 0}, {"n1", 1}});
-  v1::JobStatus ended = Job("bad", "ended", 2, {{"n5", 0}, {"n6", 1}});
-  ended.mutable_abort()->set_reason("rank 3 (local rank 1, node 1) on n6 exited with code 3");
-  ended.set_world_size(4);
-  *status.add_jobs() = ended;
-  const std::string table = FormatStatusTable(status, {});
+  std::vector<JobStatusView> jobs = {Job("train", "filling", 4, {{"n0", 0}, {"n1", 1}})};
+  JobStatusView ended = Job("bad", "ended", 2, {{"n5", 0}, {"n6", 1}});
+  ended.abort.emplace().reason = "rank 3 (local rank 1, node 1) on n6 exited with code 3";
+  ended.world_size = 4;
+  jobs.push_back(ended);
+  const std::string table = FormatStatusTable(jobs, {});
   EXPECT_THAT(table, HasSubstr("JOB    STATE    ROUND  AGENTS  WORLD  HOSTS   MISSING  FAILURE\n"));
   EXPECT_THAT(table, HasSubstr("train  filling  1      2/4     -      n[0-1]  [2-3]    -\n"));
-  status.mutable_jobs(0)->set_node_list("n[0-3]");
-  EXPECT_THAT(FormatStatusTable(status, {}),
+  jobs[0].node_list = "n[0-3]";
+  EXPECT_THAT(FormatStatusTable(jobs, {}),
               HasSubstr("train  filling  1      2/4     -      n[0-1]  n[2-3]   -\n"));
   EXPECT_THAT(table, HasSubstr("bad    ended    1      2/2     4      n[5-6]  -        rank 3"));
-  EXPECT_EQ(FormatStatusTable(v1::StatusResponse(), {}), "no jobs\n");
+  EXPECT_EQ(FormatStatusTable({}, {}), "no jobs\n");
 }
 
-TEST(StatusFormatTest, JsonKeepsTheProtocolsFieldNames) {
-  v1::StatusResponse status;
-  *status.add_jobs() = Job("train", "filling", 4, {{"n0", 0}});
-  const std::string json = ToJson(status);
-  EXPECT_THAT(json, HasSubstr("\"job_id\":\"train\""));
-  EXPECT_THAT(json, HasSubstr("\"max_agents\":4"));
-  EXPECT_THAT(json, HasSubstr("\"world_size\":0"));
+// Scripts parse --json: it is rdzv.proto's messages in protobuf's JSON mapping, every field
+// named as there and shown even when zero, 64-bit integers as strings.
+TEST(StatusFormatTest, JsonIsTheProtocolsJsonMapping) {
+  JobStatusView job = Job("train", "filling", 4, {{"n0", 0}});
+  job.agents[0].agent_id = "n0-1";
+  job.agents[0].nproc = 2;
+  EXPECT_EQ(StatusJson({job}),
+            R"({"jobs":[{"job_id":"train","round":1,"state":"filling","joined":1,)"
+            R"("min_agents":4,"max_agents":4,"world_size":0,"agents":[{"agent_id":"n0-1",)"
+            R"("host":"n0","node_index":"0","nproc":2,"rank_offset":-1,"state":""}],)"
+            R"("node_list":""}]})");
+  EXPECT_EQ(StatusJson({}), R"({"jobs":[]})");
+
+  AbortEvent stop;
+  stop.cause = AbortCause::kAgentSignalled;
+  stop.reason = "aborted with rdzvctl: node maintenance";
+  stop.exit_code = 143;
+  job.state = "ended";
+  job.abort = stop;
+  EXPECT_THAT(StatusJson({job}),
+              HasSubstr(R"("abort":{"reason":"aborted with rdzvctl: node maintenance",)"
+                        R"("exit_code":143,"cause":"ABORT_CAUSE_AGENT_SIGNALLED"})"));
+  EXPECT_EQ(AbortJson(stop), R"({"abort":{"reason":"aborted with rdzvctl: node maintenance",)"
+                             R"("exit_code":143,"cause":"ABORT_CAUSE_AGENT_SIGNALLED"}})");
+
+  EXPECT_EQ(HealthJson(ServingStatus::kServing), R"({"status":"SERVING"})");
+  EXPECT_EQ(HealthJson(ServingStatus::kUnknown), R"({"status":"UNKNOWN"})");
+  EXPECT_EQ(ServingStatusName(ServingStatus::kNotServing), "NOT_SERVING");
 }
 
 }  // namespace

@@ -244,7 +244,7 @@ void Agent::Impl::Do(const agent_action::Join& join) {
   spdlog::debug("joining job {} at {} as {} ({} workers, restart {})", spec.job_id,
                 rendezvous_->endpoint(), spec.agent.agent_id, spec.agent.nproc, spec.restart_count);
   const int32_t generation = join.generation;
-  AgentRendezvous::Events events;
+  Handlers events;
   events.on_progress = [this, generation](const ProgressEvent& p) {
     Handle(lifecycle_->Progress(generation, p));
   };

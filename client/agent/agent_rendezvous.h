@@ -27,21 +27,14 @@ class AgentRendezvous {
   // Runs a task on the agent's event loop, later.
   using Post = std::function<void(std::function<void()>)>;
 
-  // What happens to the job after (or while) joining. Run through `post`.
-  struct Events {
-    std::function<void(const ProgressEvent&)> on_progress;
-    // The job ended elsewhere (after the assignment; before it, the join fails with Aborted).
-    std::function<void(const AbortEvent&)> on_abort;
-    // After the assignment: the connection to the server ended without Leave.
-    std::function<void(const absl::Status&)> on_lost;
-  };
-
   virtual ~AgentRendezvous() = default;
 
   // Joins `spec.job_id` (with spec.resume: rejoins the round the workers run in), giving up
-  // after `timeout`. `done` gets the assignment, or why there is none. A Join replaces any
-  // earlier one: a join still in progress ends (Cancelled) and the earlier events stop.
-  virtual void Join(const JoinSpec& spec, absl::Duration timeout, Events events,
+  // after `timeout`. `done` gets the assignment, or why there is none. `events` hear what
+  // happens to the job after (or while) joining, as rdzv::Client's Handlers say, except that
+  // they run through `post`, on the agent's loop. A Join replaces any earlier one: a join still
+  // in progress ends (Cancelled) and the earlier events stop.
+  virtual void Join(const JoinSpec& spec, absl::Duration timeout, Handlers events,
                     std::function<void(absl::StatusOr<AssignmentEvent>)> done) = 0;
 
   // Tells the rendezvous that this agent's part of the job failed; `done` gets the job's first

@@ -12,7 +12,7 @@ class LocalRendezvous final : public AgentRendezvous {
  public:
   LocalRendezvous(Clock clock, Post post) : clock_(std::move(clock)), post_(std::move(post)) {}
 
-  void Join(const JoinSpec& spec, absl::Duration /*timeout*/, Events events,
+  void Join(const JoinSpec& spec, absl::Duration /*timeout*/, Handlers events,
             std::function<void(absl::StatusOr<AssignmentEvent>)> done) override {
     if (cancelled_) {
       post_([done] { done(absl::CancelledError("join cancelled")); });
@@ -90,7 +90,7 @@ class LocalRendezvous final : public AgentRendezvous {
   std::string agent_id_;
   StreamId stream_ = 0;
   StreamId last_stream_ = 0;
-  Events events_;
+  Handlers events_;
   std::function<void(absl::StatusOr<AssignmentEvent>)> pending_join_;
   bool cancelled_ = false;
 };

@@ -33,33 +33,20 @@ class RemoteRendezvous final : public AgentRendezvous {
     joiner_.join();
   }
 
-  void Join(const JoinSpec& spec, absl::Duration timeout, Events events,
+  void Join(const JoinSpec& spec, absl::Duration timeout, Handlers events,
             std::function<void(absl::StatusOr<AssignmentEvent>)> done) override {
     // The join before this one, if it still waits, makes way.
     client_->CancelJoin();
-    Handlers handlers;
-    if (events.on_progress) {
-      handlers.on_progress = [post = post_, f = events.on_progress](const ProgressEvent& p) {
-        post([f, p] { f(p); });
-      };
-    }
-    if (events.on_abort) {
-      handlers.on_abort = [post = post_, f = events.on_abort](const AbortEvent& a) {
-        post([f, a] { f(a); });
-      };
-    }
-    if (events.on_lost) {
-      handlers.on_lost = [post = post_, f = events.on_lost](const absl::Status& s) {
-        post([f, s] { f(s); });
-      };
-    }
+    // The client calls them on gRPC threads; the agent hears them on its loop.
+    const Handlers handlers = {.on_progress = Posted(std::move(events.on_progress)),
+                               .on_abort = Posted(std::move(events.on_abort)),
+                               .on_lost = Posted(std::move(events.on_lost))};
     {
       std::lock_guard<std::mutex> lock(mu_);
-      joins_.push_back(
-          [this, spec, timeout, handlers = std::move(handlers), done = std::move(done)] {
-            absl::StatusOr<AssignmentEvent> result = client_->Join(spec, handlers, timeout);
-            post_([done, result = std::move(result)] { done(result); });
-          });
+      joins_.push_back([this, spec, timeout, handlers, done = std::move(done)] {
+        absl::StatusOr<AssignmentEvent> result = client_->Join(spec, handlers, timeout);
+        post_([done, result = std::move(result)] { done(result); });
+      });
     }
     wake_.notify_one();
   }
@@ -83,6 +70,13 @@ class RemoteRendezvous final : public AgentRendezvous {
   std::string endpoint() const override { return endpoint_; }
 
  private:
+  // `f`, run through post_; empty for an empty `f`.
+  template <typename Arg>
+  std::function<void(const Arg&)> Posted(std::function<void(const Arg&)> f) const {
+    if (!f) return nullptr;
+    return [post = post_, f = std::move(f)](const Arg& arg) { post([f, arg] { f(arg); }); };
+  }
+
   // Client::Join blocks until the round completes: joins run here, one after another, and
   // report back through post_.
   void RunJoins() {

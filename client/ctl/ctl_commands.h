@@ -1,6 +1,6 @@
 // rdzvctl's commands against a running rdzvd: status, watch, abort and health. The shell around
-// ctl_options.h and status_format.h: it makes the gRPC calls (each with the --timeout deadline)
-// and writes what they return.
+// ctl_options.h and status_format.h: it makes the calls through librdzv's Client (each with the
+// --timeout deadline) and writes what they return.
 #ifndef RDZV_CLIENT_CTL_CTL_COMMANDS_H_
 #define RDZV_CLIENT_CTL_CTL_COMMANDS_H_
 

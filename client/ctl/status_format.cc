@@ -8,21 +8,24 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/core/hostlist.h"
+#include "common/proto_convert.h"
 #include "google/protobuf/util/json_util.h"
+#include "grpc/health/v1/health.pb.h"
+#include "rdzv/v1/rdzv.pb.h"
 
 namespace rdzv {
 namespace {
 
-std::string Expected(const v1::JobStatus& job) {
-  if (job.min_agents() == job.max_agents()) return absl::StrCat(job.max_agents());
-  return absl::StrCat(job.min_agents(), "-", job.max_agents());
+std::string Expected(const JobStatusView& job) {
+  if (job.min_agents == job.max_agents) return absl::StrCat(job.max_agents);
+  return absl::StrCat(job.min_agents, "-", job.max_agents);
 }
 
-std::string JoinedHosts(const v1::JobStatus& job) {
+std::string JoinedHosts(const JobStatusView& job) {
   std::vector<std::string> hosts;
   absl::flat_hash_set<std::string> seen;
-  for (const v1::AgentStatus& agent : job.agents()) {
-    if (!agent.host().empty() && seen.insert(agent.host()).second) hosts.push_back(agent.host());
+  for (const AgentStatusView& agent : job.agents) {
+    if (!agent.host.empty() && seen.insert(agent.host).second) hosts.push_back(agent.host);
   }
   std::sort(hosts.begin(), hosts.end());
   return CompressHostlist(hosts);
@@ -31,31 +34,56 @@ std::string JoinedHosts(const v1::JobStatus& job) {
 // The job's nodes as its agents gave them to rdzvd, or none when there is no list, it does not
 // parse, or it does not name the host of every agent that joined (--host-name renamed one), so
 // that a node is never shown missing while its agent is there under another name.
-std::vector<std::string> JobNodes(const v1::JobStatus& job) {
-  if (job.node_list().empty()) return {};
-  absl::StatusOr<std::vector<std::string>> nodes = ExpandHostlist(job.node_list());
+std::vector<std::string> JobNodes(const JobStatusView& job) {
+  if (job.node_list.empty()) return {};
+  absl::StatusOr<std::vector<std::string>> nodes = ExpandHostlist(job.node_list);
   if (!nodes.ok()) return {};
   const absl::flat_hash_set<std::string> names(nodes->begin(), nodes->end());
-  for (const v1::AgentStatus& agent : job.agents()) {
-    if (!names.contains(agent.host())) return {};
+  for (const AgentStatusView& agent : job.agents) {
+    if (!names.contains(agent.host)) return {};
   }
   return *std::move(nodes);
 }
 
-std::string Failure(const v1::JobStatus& job) {
-  if (!job.has_abort()) return job.state() == "ended" ? "ended" : "";
-  return job.abort().reason();
+std::string Failure(const JobStatusView& job) {
+  if (!job.abort) return job.state == "ended" ? "ended" : "";
+  return job.abort->reason;
+}
+
+// `message` in protobuf's JSON mapping, field names as in its .proto, zero values included.
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) return "{}";
+  return json;
+}
+
+grpc::health::v1::HealthCheckResponse::ServingStatus HealthProto(ServingStatus status) {
+  using Proto = grpc::health::v1::HealthCheckResponse;
+  switch (status) {
+    case ServingStatus::kUnknown:
+      return Proto::UNKNOWN;
+    case ServingStatus::kServing:
+      return Proto::SERVING;
+    case ServingStatus::kNotServing:
+      return Proto::NOT_SERVING;
+    case ServingStatus::kServiceUnknown:
+      return Proto::SERVICE_UNKNOWN;
+  }
+  return Proto::UNKNOWN;
 }
 
 }  // namespace
 
-std::string MissingNodes(const v1::JobStatus& job, const std::vector<std::string>& nodelist) {
-  if (job.state() != "filling" || job.joined() >= job.max_agents()) return "";
-  const std::string more = absl::StrCat(job.max_agents() - job.joined(), " more");
+std::string MissingNodes(const JobStatusView& job, const std::vector<std::string>& nodelist) {
+  if (job.state != "filling" || job.joined >= job.max_agents) return "";
+  const std::string more = absl::StrCat(job.max_agents - job.joined, " more");
   const std::vector<std::string> nodes = nodelist.empty() ? JobNodes(job) : nodelist;
   if (!nodes.empty()) {
     absl::flat_hash_set<std::string> joined;
-    for (const v1::AgentStatus& agent : job.agents()) joined.insert(agent.host());
+    for (const AgentStatusView& agent : job.agents) joined.insert(agent.host);
     std::vector<std::string> missing;
     for (const std::string& host : nodes) {
       if (!joined.contains(host)) missing.push_back(host);
@@ -64,12 +92,12 @@ std::string MissingNodes(const v1::JobStatus& job, const std::vector<std::string
     return missing.empty() ? more : CompressHostlist(missing);
   }
   std::set<int64_t> indices;
-  for (const v1::AgentStatus& agent : job.agents()) {
-    if (agent.node_index() < 0) return more;
-    indices.insert(agent.node_index());
+  for (const AgentStatusView& agent : job.agents) {
+    if (agent.node_index < 0) return more;
+    indices.insert(agent.node_index);
   }
   std::vector<std::string> missing;
-  for (int64_t i = 0; i < job.max_agents(); ++i) {
+  for (int64_t i = 0; i < job.max_agents; ++i) {
     if (!indices.contains(i)) missing.push_back(absl::StrCat(i));
   }
   std::string list = CompressHostlist(missing);
@@ -78,17 +106,17 @@ std::string MissingNodes(const v1::JobStatus& job, const std::vector<std::string
   return list;
 }
 
-std::string FormatStatusTable(const v1::StatusResponse& status,
+std::string FormatStatusTable(const std::vector<JobStatusView>& jobs,
                               const std::vector<std::string>& nodelist) {
-  if (status.jobs().empty()) return "no jobs\n";
+  if (jobs.empty()) return "no jobs\n";
   std::vector<std::vector<std::string>> rows = {
       {"JOB", "STATE", "ROUND", "AGENTS", "WORLD", "HOSTS", "MISSING", "FAILURE"}};
-  for (const v1::JobStatus& job : status.jobs()) {
+  for (const JobStatusView& job : jobs) {
     const std::string missing = MissingNodes(job, nodelist);
     const std::string failure = Failure(job);
-    rows.push_back({job.job_id(), job.state(), absl::StrCat(job.round()),
-                    absl::StrCat(job.joined(), "/", Expected(job)),
-                    job.world_size() > 0 ? absl::StrCat(job.world_size()) : "-",
+    rows.push_back({job.job_id, job.state, absl::StrCat(job.round),
+                    absl::StrCat(job.joined, "/", Expected(job)),
+                    job.world_size > 0 ? absl::StrCat(job.world_size) : "-",
                     JoinedHosts(job).empty() ? "-" : JoinedHosts(job),
                     missing.empty() ? "-" : missing, failure.empty() ? "-" : failure});
   }
@@ -112,13 +140,27 @@ std::string FormatStatusTable(const v1::StatusResponse& status,
   return out;
 }
 
-std::string ToJson(const google::protobuf::Message& message) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  std::string json;
-  if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) return "{}";
-  return json;
+// Back into the protocol's messages: the JSON mapping of rdzv.proto is what scripts read.
+std::string StatusJson(const std::vector<JobStatusView>& jobs) {
+  v1::StatusResponse response;
+  for (const JobStatusView& job : jobs) *response.add_jobs() = ToProto(job);
+  return ToJson(response);
+}
+
+std::string AbortJson(const AbortEvent& abort) {
+  v1::AbortJobResponse response;
+  *response.mutable_abort() = ToProto(abort);
+  return ToJson(response);
+}
+
+std::string ServingStatusName(ServingStatus status) {
+  return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(HealthProto(status));
+}
+
+std::string HealthJson(ServingStatus status) {
+  grpc::health::v1::HealthCheckResponse response;
+  response.set_status(HealthProto(status));
+  return ToJson(response);
 }
 
 }  // namespace rdzv

@@ -176,6 +176,9 @@ struct JobStatusView {
   int32_t world_size = 0;
   std::vector<AgentStatusView> agents;
   std::string node_list;  // JoinSpec::node_list of the first agent that gave one
+  // How the job ended, when it ended by an abort the server recorded (a failure report or an
+  // operator's abort).
+  std::optional<AbortEvent> abort;
 };
 
 }  // namespace rdzv
