@@ -109,6 +109,19 @@ std::string FormatStatusTable(const v1::StatusResponse& status,
     }
     absl::StrAppend(&out, line, "\n");
   }
+  // rdzvd keeps its reply within a fixed size; say what it left out.
+  int64_t omitted_agents = 0;
+  int cut_jobs = 0;
+  for (const v1::JobStatus& job : status.jobs()) {
+    omitted_agents += job.omitted_agents();
+    if (job.omitted_agents() > 0) ++cut_jobs;
+  }
+  if (status.omitted_jobs() > 0 || omitted_agents > 0) {
+    absl::StrAppend(&out,
+                    absl::StrFormat("(too much to show: %d more jobs and %d agents of %d jobs "
+                                    "left out; rdzvctl status JOB shows one job)\n",
+                                    status.omitted_jobs(), omitted_agents, cut_jobs));
+  }
   return out;
 }
 

@@ -21,7 +21,8 @@ std::string MissingNodes(const v1::JobStatus& job, const std::vector<std::string
 
 // One line per job under a header: JOB STATE ROUND AGENTS WORLD HOSTS MISSING FAILURE. AGENTS is
 // joined/expected ("3/4", or "3/2-4" for a range); HOSTS the joined agents' hosts as a hostlist;
-// FAILURE how the job ended. "no jobs" when there are none.
+// FAILURE how the job ended. "no jobs" when there are none. A last line says what rdzvd left out
+// of a reply too large to send whole (StatusResponse.omitted_jobs, JobStatus.omitted_agents).
 std::string FormatStatusTable(const v1::StatusResponse& status,
                               const std::vector<std::string>& nodelist);
 
