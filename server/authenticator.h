@@ -85,9 +85,10 @@ class Authenticator {
  public:
   // Credentials checked on headers wait at most this long for their handler, and one uid may
   // have at most kMaxPendingPerUid of them waiting at once (past that its calls are refused with
-  // UNAVAILABLE until some reach their handler or expire).
+  // UNAVAILABLE, which clients retry, until some reach their handler or expire). This also bounds
+  // the messages one uid has in flight: at most this many, of at most 256 KiB each.
   static constexpr absl::Duration kPendingFor = absl::Seconds(30);
-  static constexpr size_t kMaxPendingPerUid = 256;
+  static constexpr size_t kMaxPendingPerUid = 1024;
 
   explicit Authenticator(AuthPolicy policy);
   Authenticator(const Authenticator&) = delete;

@@ -106,7 +106,26 @@ void HeaderAuth::Process(void* state, grpc_auth_context* /*context*/, const grpc
 }
 
 void HeaderAuth::Refused(absl::string_view path, const absl::Status& status) const {
-  spdlog::warn("refused a call of {}: {}", absl::CHexEscape(path), EscapeControl(status.message()));
+  // A flood of refused calls must not become a flood of log lines.
+  int64_t unlogged = -1;
+  {
+    absl::MutexLock lock(&log_mu_);
+    const absl::Time now = absl::Now();
+    if (now - last_log_ >= absl::Seconds(1)) {
+      last_log_ = now;
+      unlogged = unlogged_;
+      unlogged_ = 0;
+    } else {
+      ++unlogged_;
+    }
+  }
+  if (unlogged == 0) {
+    spdlog::warn("refused a call of {}: {}", absl::CHexEscape(path),
+                 EscapeControl(status.message()));
+  } else if (unlogged > 0) {
+    spdlog::warn("refused a call of {}: {} ({} more refused in the last second, not logged)",
+                 absl::CHexEscape(path), EscapeControl(status.message()), unlogged);
+  }
   if (on_refused_) {
     on_refused_(status.code() == absl::StatusCode::kPermissionDenied
                     ? Metrics::kRefusedPermissionDenied

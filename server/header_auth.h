@@ -21,7 +21,10 @@
 #include <functional>
 #include <memory>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/tls.h"
 #include "server/authenticator.h"
 
@@ -48,6 +51,10 @@ class HeaderAuth {
   void Refused(absl::string_view path, const absl::Status& status) const;
 
   const Authenticator* const auth_;
+  // Refusals are logged at most once a second, with a count of those not logged.
+  mutable absl::Mutex log_mu_;
+  mutable absl::Time last_log_ ABSL_GUARDED_BY(log_mu_) = absl::InfinitePast();
+  mutable int64_t unlogged_ ABSL_GUARDED_BY(log_mu_) = 0;
   const std::function<void(absl::string_view)> on_refused_;
   asio::thread_pool pool_;
 };
