@@ -4,6 +4,7 @@
 #include <grpcpp/resource_quota.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -130,8 +131,22 @@ void Server::ArmTimer() {
   timer_.async_wait([this](const std::error_code& ec) {
     if (ec) return;
     service_->Tick();
+    ReturnFreedMemory();
     ArmTimer();
   });
+}
+
+void Server::ReturnFreedMemory() {
+  // glibc keeps what thousands of closed streams freed; once agents holding a good part of it
+  // are gone (a job ended, or a user's flood was refused), it goes back to the system. At most
+  // every few seconds: a trim walks the heap.
+  const absl::Time now = absl::Now();
+  const int64_t held = service_->memory_held();
+  if (held > peak_held_) peak_held_ = held;
+  if (now - last_trim_ < absl::Seconds(5) || peak_held_ - held < (int64_t{16} << 20)) return;
+  malloc_trim(0);
+  last_trim_ = now;
+  peak_held_ = held;
 }
 
 Server::~Server() { Shutdown(); }

@@ -81,6 +81,9 @@ class Server {
  private:
   Server() = default;
   void ArmTimer();
+  // Gives the heap's free memory back to the system once attached agents' memory has fallen
+  // well below its peak (on the timer thread).
+  void ReturnFreedMemory();
 
   // Declared before the service, which reports to them: they go after it.
   std::unique_ptr<Metrics> metrics_;
@@ -96,6 +99,9 @@ class Server {
   std::thread timer_thread_;
   int port_ = 0;
   bool stopped_ = false;
+  // ReturnFreedMemory's state, on the timer thread only.
+  absl::Time last_trim_ = absl::InfinitePast();
+  int64_t peak_held_ = 0;
 };
 
 }  // namespace rdzv
