@@ -4,7 +4,6 @@
 #include <grpcpp/resource_quota.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
-#include <malloc.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -92,10 +91,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // small window per stream; a connection without calls (never authenticated, or done) closes.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, options.stream_window_bytes);
   const int idle_ms = static_cast<int>(absl::ToInt64Milliseconds(options.idle_connection_timeout));
-  if (idle_ms > 0) {
-    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, idle_ms);
-    builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, idle_ms);
-  }
+  // The handshake keeps gRPC's own timeout (2 minutes): 10,000 agents connecting at once to a
+  // busy server take more than a few seconds, and cutting them off only makes them come back.
+  if (idle_ms > 0) builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, idle_ms);
   // An agent has one Join stream and at most a call or two beside it on its connection.
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
   // All of gRPC's buffers together: past this, new connections and reads wait or fail rather
@@ -131,22 +129,8 @@ void Server::ArmTimer() {
   timer_.async_wait([this](const std::error_code& ec) {
     if (ec) return;
     service_->Tick();
-    ReturnFreedMemory();
     ArmTimer();
   });
-}
-
-void Server::ReturnFreedMemory() {
-  // glibc keeps what thousands of closed streams freed; once agents holding a good part of it
-  // are gone (a job ended, or a user's flood was refused), it goes back to the system. At most
-  // every few seconds: a trim walks the heap.
-  const absl::Time now = absl::Now();
-  const int64_t held = service_->memory_held();
-  if (held > peak_held_) peak_held_ = held;
-  if (now - last_trim_ < absl::Seconds(5) || peak_held_ - held < (int64_t{16} << 20)) return;
-  malloc_trim(0);
-  last_trim_ = now;
-  peak_held_ = held;
 }
 
 Server::~Server() { Shutdown(); }

@@ -47,8 +47,8 @@ struct ServerOptions {
   // that attached agents never press it.
   size_t memory_limit_bytes = size_t{4} << 30;
   // A connection with no call open is closed after this long (the client reconnects when it
-  // next calls). Connections that never finish their handshake are closed after as long.
-  absl::Duration idle_connection_timeout = absl::Seconds(10);
+  // next calls); zero: never.
+  absl::Duration idle_connection_timeout = absl::Seconds(30);
   // What gRPC reads ahead of the server on one stream: the flow-control window of each stream.
   // A caller's message arrives whole whatever its size (gRPC widens the window for the message
   // it is reading), but one that has not proved who it is gets no more than this buffered.
@@ -81,9 +81,6 @@ class Server {
  private:
   Server() = default;
   void ArmTimer();
-  // Gives the heap's free memory back to the system once attached agents' memory has fallen
-  // well below its peak (on the timer thread).
-  void ReturnFreedMemory();
 
   // Declared before the service, which reports to them: they go after it.
   std::unique_ptr<Metrics> metrics_;
@@ -99,9 +96,6 @@ class Server {
   std::thread timer_thread_;
   int port_ = 0;
   bool stopped_ = false;
-  // ReturnFreedMemory's state, on the timer thread only.
-  absl::Time last_trim_ = absl::InfinitePast();
-  int64_t peak_held_ = 0;
 };
 
 }  // namespace rdzv
