@@ -47,8 +47,9 @@ struct ServerOptions {
   // that attached agents never press it.
   size_t memory_limit_bytes = size_t{4} << 30;
   // A connection with no call open is closed after this long (the client reconnects when it
-  // next calls); zero: never.
-  absl::Duration idle_connection_timeout = absl::Seconds(30);
+  // next calls); zero: never. Off by default: gRPC's filter that does it costs about a tenth more
+  // CPU time per agent at 10,000 agents (0.45 against 0.40 ms).
+  absl::Duration idle_connection_timeout = absl::ZeroDuration();
   // What gRPC reads ahead of the server on one stream: the flow-control window of each stream.
   // A caller's message arrives whole whatever its size (gRPC widens the window for the message
   // it is reading), but one that has not proved who it is gets no more than this buffered.
