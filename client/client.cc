@@ -476,7 +476,8 @@ void Client::LeaveAsync(std::function<void(absl::Status)> done) {
   });
 }
 
-absl::StatusOr<std::vector<JobStatusView>> Client::Status(const std::string& job_id) {
+absl::StatusOr<std::vector<JobStatusView>> Client::Status(const std::string& job_id,
+                                                          int64_t* omitted_jobs) {
   v1::StatusRequest request;
   request.set_job_id(job_id);
   v1::StatusResponse response;
@@ -489,6 +490,7 @@ absl::StatusOr<std::vector<JobStatusView>> Client::Status(const std::string& job
   }
   std::vector<JobStatusView> jobs;
   for (const v1::JobStatus& j : response.jobs()) jobs.push_back(FromProto(j));
+  if (omitted_jobs != nullptr) *omitted_jobs = response.omitted_jobs();
   return jobs;
 }
 

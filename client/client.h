@@ -167,8 +167,11 @@ class Client {
   // server's status, and an answer whose server did not prove itself as FailedPrecondition.
 
   // A snapshot of one job (or all, for an empty id): the caller's own jobs, or every job for
-  // root and the server's admin groups. An empty list when there is no such job.
-  absl::StatusOr<std::vector<JobStatusView>> Status(const std::string& job_id);
+  // root and the server's admin groups. An empty list when there is no such job. The server
+  // keeps its reply within a fixed size: `*omitted_jobs` (when given) receives how many jobs it
+  // left out, and each job's omitted_agents its agents left out.
+  absl::StatusOr<std::vector<JobStatusView>> Status(const std::string& job_id,
+                                                    int64_t* omitted_jobs = nullptr);
 
   // Ends `job_id` for every agent, as a failure would, with `reason` for its agents to print;
   // returns how the job ended: this abort, or the earlier one that ended it already. NotFound for

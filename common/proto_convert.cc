@@ -136,6 +136,7 @@ v1::JobStatus ToProto(const JobStatusView& j) {
   p.set_max_agents(j.max_agents);
   p.set_world_size(j.world_size);
   p.set_node_list(j.node_list);
+  p.set_omitted_agents(j.omitted_agents);
   if (j.abort) *p.mutable_abort() = ToProto(*j.abort);
   for (const AgentStatusView& a : j.agents) {
     v1::AgentStatus* ap = p.add_agents();
@@ -159,6 +160,7 @@ JobStatusView FromProto(const v1::JobStatus& p) {
   j.max_agents = p.max_agents();
   j.world_size = p.world_size();
   j.node_list = p.node_list();
+  j.omitted_agents = p.omitted_agents();
   if (p.has_abort()) j.abort = FromProto(p.abort());
   for (const v1::AgentStatus& a : p.agents()) {
     j.agents.push_back(

@@ -113,24 +113,8 @@ absl::StatusOr<Caller> Authenticator::Authenticate(const CallCredentials& creden
   switch (policy_.mode) {
     case AuthMode::kNone:
       return Caller{"anyone", "anyone", true};
-    case AuthMode::kToken: {
-      const absl::string_view token = credentials.token;
-      if (token.empty()) {
-        return absl::UnauthenticatedError(
-            "this rendezvous server needs a job token: give every agent of the job the same "
-            "--rdzv-token-file");
-      }
-      if (token.size() > kMaxCredentialBytes) {
-        return absl::UnauthenticatedError("the job token is too long");
-      }
-      const std::string digest = TokenDigest(token);
-      if (policy_.only_token && !ConstantTimeEquals(digest, TokenDigest(*policy_.only_token))) {
-        return absl::PermissionDeniedError(
-            "wrong job token: this rendezvous server belongs to a job with another token; give "
-            "every agent of the job the same --rdzv-token-file");
-      }
-      return Caller{absl::StrCat("token:", digest), "a token holder", false};
-    }
+    case AuthMode::kToken:
+      return CheckToken(credentials.token);
     case AuthMode::kMunge: {
       const absl::string_view cred = credentials.munge;
       if (cred.empty()) {
@@ -141,22 +125,110 @@ absl::StatusOr<Caller> Authenticator::Authenticate(const CallCredentials& creden
       if (cred.size() > kMaxCredentialBytes) {
         return absl::UnauthenticatedError("the MUNGE credential is too long");
       }
-      absl::StatusOr<MungeIdentity> id = MungeDecode(cred, policy_.munge_socket);
+      // Decoded already when the headers were checked; decoding again would be a replay.
+      std::optional<MungeIdentity> decoded = TakeDecoded(cred);
+      absl::StatusOr<MungeIdentity> id =
+          decoded ? *std::move(decoded) : MungeDecode(cred, policy_.munge_socket);
       if (!id.ok()) return id.status();
       if (id->payload != CallPayload(method, job_id)) {
         return absl::UnauthenticatedError(
             "the MUNGE credential was made for another call; each call needs its own");
       }
-      if (policy_.only_uid && id->uid != *policy_.only_uid) {
-        return absl::PermissionDeniedError(
-            absl::StrFormat("this rendezvous server belongs to uid %d's job; uid %d may not use it",
-                            *policy_.only_uid, id->uid));
-      }
-      return Caller{absl::StrCat("uid:", id->uid), absl::StrCat("uid ", id->uid),
-                    IsAdmin(id->uid, id->gid)};
+      return CallerOf(*id);
     }
   }
   return absl::InternalError("unknown authentication mode");
+}
+
+absl::StatusOr<Caller> Authenticator::CheckToken(absl::string_view token) const {
+  if (token.empty()) {
+    return absl::UnauthenticatedError(
+        "this rendezvous server needs a job token: give every agent of the job the same "
+        "--rdzv-token-file");
+  }
+  if (token.size() > kMaxCredentialBytes) {
+    return absl::UnauthenticatedError("the job token is too long");
+  }
+  const std::string digest = TokenDigest(token);
+  if (policy_.only_token && !ConstantTimeEquals(digest, TokenDigest(*policy_.only_token))) {
+    return absl::PermissionDeniedError(
+        "wrong job token: this rendezvous server belongs to a job with another token; give "
+        "every agent of the job the same --rdzv-token-file");
+  }
+  return Caller{absl::StrCat("token:", digest), "a token holder", false};
+}
+
+absl::StatusOr<Caller> Authenticator::CallerOf(const MungeIdentity& id) const {
+  if (policy_.only_uid && id.uid != *policy_.only_uid) {
+    return absl::PermissionDeniedError(
+        absl::StrFormat("this rendezvous server belongs to uid %d's job; uid %d may not use it",
+                        *policy_.only_uid, id.uid));
+  }
+  return Caller{absl::StrCat("uid:", id.uid), absl::StrCat("uid ", id.uid),
+                IsAdmin(id.uid, id.gid)};
+}
+
+absl::Status Authenticator::CheckHeaders(const CallCredentials& credentials) const {
+  switch (policy_.mode) {
+    case AuthMode::kNone:
+      return absl::OkStatus();
+    case AuthMode::kToken:
+      return CheckToken(credentials.token).status();
+    case AuthMode::kMunge:
+      break;
+  }
+  const absl::string_view cred = credentials.munge;
+  if (cred.empty()) {
+    return absl::UnauthenticatedError(
+        "this rendezvous server needs a MUNGE credential on every call: is munged running on "
+        "the agent's host (check: munge -n | unmunge)?");
+  }
+  if (cred.size() > kMaxCredentialBytes) {
+    return absl::UnauthenticatedError("the MUNGE credential is too long");
+  }
+  absl::StatusOr<MungeIdentity> id = MungeDecode(cred, policy_.munge_socket);
+  if (!id.ok()) return id.status();
+  if (absl::Status s = CallerOf(*id).status(); !s.ok()) return s;
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  ExpireLocked(now);
+  size_t& pending = pending_per_uid_[id->uid];
+  if (pending >= kMaxPendingPerUid) {
+    return absl::UnavailableError(absl::StrFormat(
+        "uid %d has %d calls waiting to start on this rendezvous server; try again shortly",
+        id->uid, pending));
+  }
+  ++pending;
+  std::string key(cred);
+  decoded_order_.emplace_back(now, key);
+  decoded_[std::move(key)] = Decoded{*std::move(id), now};
+  return absl::OkStatus();
+}
+
+std::optional<MungeIdentity> Authenticator::TakeDecoded(absl::string_view credential) const {
+  absl::MutexLock lock(&mu_);
+  auto it = decoded_.find(credential);
+  if (it == decoded_.end()) return std::nullopt;
+  MungeIdentity id = std::move(it->second.id);
+  decoded_.erase(it);
+  if (auto p = pending_per_uid_.find(id.uid); p != pending_per_uid_.end() && --p->second == 0) {
+    pending_per_uid_.erase(p);
+  }
+  return id;
+}
+
+void Authenticator::ExpireLocked(absl::Time now) const {
+  while (!decoded_order_.empty() && now - decoded_order_.front().first > kPendingFor) {
+    auto it = decoded_.find(decoded_order_.front().second);
+    if (it != decoded_.end() && it->second.at == decoded_order_.front().first) {
+      const uid_t uid = it->second.id.uid;
+      decoded_.erase(it);
+      if (auto p = pending_per_uid_.find(uid); p != pending_per_uid_.end() && --p->second == 0) {
+        pending_per_uid_.erase(p);
+      }
+    }
+    decoded_order_.pop_front();
+  }
 }
 
 absl::StatusOr<std::string> Authenticator::Prove(const CallCredentials& credentials,

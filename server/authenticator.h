@@ -10,7 +10,11 @@
 // It also proves the server to a caller that asks (Prove, common/auth.h): only to a caller it has
 // authenticated, so that the real server is no oracle that proves anything for anyone.
 //
-// Thread-safe: it holds only its options.
+// Under MUNGE a credential is decoded once, on the call's headers (CheckHeaders, before gRPC reads
+// the call's message: server/header_auth.h), and what it proved is kept until the call's handler
+// takes it (Authenticate), a short while at most.
+//
+// Thread-safe.
 #ifndef RDZV_SERVER_AUTHENTICATOR_H_
 #define RDZV_SERVER_AUTHENTICATOR_H_
 
@@ -18,13 +22,19 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/auth.h"
 
 namespace rdzv {
 
@@ -73,7 +83,23 @@ absl::Status CheckServerAuth(const AuthPolicy& policy, absl::string_view listen)
 
 class Authenticator {
  public:
+  // Credentials checked on headers wait at most this long for their handler, and one uid may
+  // have at most kMaxPendingPerUid of them waiting at once (past that its calls are refused with
+  // UNAVAILABLE, which clients retry, until some reach their handler or expire). This also bounds
+  // the messages one uid has in flight: at most this many, of at most 256 KiB each.
+  static constexpr absl::Duration kPendingFor = absl::Seconds(30);
+  static constexpr size_t kMaxPendingPerUid = 1024;
+
   explicit Authenticator(AuthPolicy policy);
+  Authenticator(const Authenticator&) = delete;
+  Authenticator& operator=(const Authenticator&) = delete;
+
+  // Checks a call's credential on its headers alone, before its message is read: under MUNGE
+  // decodes it (blocking on munged for about a tenth of a millisecond) and keeps what it proved
+  // for Authenticate; with a token checks that there is one (and that it is the one, when the
+  // server has one). The refusals are Authenticate's; Unavailable also when the caller's uid
+  // has kMaxPendingPerUid calls checked and not yet handled.
+  absl::Status CheckHeaders(const CallCredentials& credentials) const;
 
   // Checks the credentials of a call of `method` on `job_id`. Unauthenticated (no or a bad
   // credential: the message says what to check), PermissionDenied (a valid caller this server
@@ -98,8 +124,22 @@ class Authenticator {
 
  private:
   bool IsAdmin(uid_t uid, gid_t gid) const;
+  absl::StatusOr<Caller> CheckToken(absl::string_view token) const;
+  absl::StatusOr<Caller> CallerOf(const MungeIdentity& id) const;
+  // The identity CheckHeaders decoded from `credential`, taken once; nullopt when there is none.
+  std::optional<MungeIdentity> TakeDecoded(absl::string_view credential) const;
+  void ExpireLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const AuthPolicy policy_;
+  mutable absl::Mutex mu_;
+  struct Decoded {
+    MungeIdentity id;
+    absl::Time at;
+  };
+  mutable absl::flat_hash_map<std::string, Decoded> decoded_ ABSL_GUARDED_BY(mu_);
+  // The credentials of decoded_ in the order they came, for expiry.
+  mutable std::deque<std::pair<absl::Time, std::string>> decoded_order_ ABSL_GUARDED_BY(mu_);
+  mutable absl::flat_hash_map<uid_t, size_t> pending_per_uid_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace rdzv

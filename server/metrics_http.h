@@ -2,9 +2,12 @@
 // --metrics-listen: GET /metrics (text exposition format 0.0.4) and GET /healthz ("ok").
 //
 // Bounded by construction, so that a scraper (or anyone who can reach the port) cannot take
-// resources from the rendezvous service: two worker threads behind a short queue (when both
-// are busy the accepting thread waits, and further connections wait in the kernel's backlog),
-// one request per connection, request bodies of at most 1 KiB, and 2 s read and write timeouts.
+// resources from the rendezvous service, nor keep the metrics from others: four worker threads
+// behind a short queue (when all are busy the accepting thread waits, and further connections
+// wait in the kernel's backlog), one request per connection, request bodies of at most 1 KiB,
+// and 2 s for a request and its answer. A connection that has sent nothing yet waits on one
+// thread of its own, not on a worker, and is closed after 1 s; thousands of idle connections
+// delay nobody's scrape.
 // It uses cpp-httplib (Debian's libcpp-httplib-dev), hidden from this header.
 //
 // Does not own the Metrics, which must outlive the server. Thread-safe; Shutdown() is
@@ -19,10 +22,6 @@
 
 #include "absl/status/statusor.h"
 #include "server/metrics.h"
-
-namespace httplib {
-class Server;
-}
 
 namespace rdzv {
 
@@ -46,9 +45,10 @@ class MetricsHttpServer {
   void Shutdown();
 
  private:
+  class Http;  // httplib's server, in the .cc
   MetricsHttpServer();
 
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<Http> http_;
   std::thread thread_;
   int port_ = 0;
   std::atomic<bool> stopped_{false};

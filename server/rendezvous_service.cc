@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "common/proto_convert.h"
 #include "server/request_limits.h"
+#include "server/status_reply.h"
 
 namespace rdzv {
 
@@ -35,13 +36,45 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
  public:
   JoinStream(RendezvousService* service, StreamId id) : service_(service), id_(id) {}
 
-  // Queues `event`. True when the caller must have StartWrites() called (outside the service's
-  // lock).
-  bool Push(std::shared_ptr<const v1::JoinEvent> event) {
+  // Counts `bytes`, and from now on the events queued here, against `user` and `total` until
+  // the stream is done. Call once, before the first Push.
+  void Charge(std::shared_ptr<Usage> user, std::shared_ptr<Usage> total, int64_t bytes,
+              int64_t max_queued) {
     absl::MutexLock lock(&mu_);
-    if (finishing_) return false;
-    queue_.push_back(std::move(event));
-    return Hold();
+    user_ = std::move(user);
+    total_ = std::move(total);
+    max_queued_ = max_queued;
+    AddLocked(bytes);
+  }
+
+  enum class Pushed { kQueued, kStartWrites, kOverfull, kOverfullStartWrites };
+
+  // Queues `event` (`bytes` long). kStartWrites when the caller must have StartWrites() called
+  // (outside the service's lock); kOverfull* when the queue has passed its bound: the queue is
+  // dropped, the stream ends with RESOURCE_EXHAUSTED once the write in flight is done, and the
+  // caller must forget the stream (and, for kOverfullStartWrites, call StartWrites()).
+  Pushed Push(std::shared_ptr<const v1::JoinEvent> event, int64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    if (finishing_) return Pushed::kQueued;
+    // Progress is a snapshot: a newer one replaces one still waiting (not the one in flight).
+    if (event->has_progress() && queue_.size() > (writing_ ? 1u : 0u) &&
+        queue_.back().first->has_progress()) {
+      AddLocked(bytes - queue_.back().second);
+      queue_.back() = {std::move(event), bytes};
+      return Pushed::kQueued;
+    }
+    queue_.emplace_back(std::move(event), bytes);
+    queued_bytes_ += bytes;
+    AddLocked(bytes);
+    if (max_queued_ > 0 && queued_bytes_ > max_queued_) {
+      DropQueueLocked();
+      finishing_ = true;
+      pending_finish_ = grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          "this agent did not read its messages from the rendezvous server; its stream ended");
+      return Hold() ? Pushed::kOverfullStartWrites : Pushed::kOverfull;
+    }
+    return Hold() ? Pushed::kStartWrites : Pushed::kQueued;
   }
 
   // Ends the stream with `status` once what is queued has been written. True when the caller
@@ -68,11 +101,13 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
 
   void OnWriteDone(bool ok) override {
     absl::MutexLock lock(&mu_);
+    queued_bytes_ -= queue_.front().second;
+    AddLocked(-queue_.front().second);
     queue_.pop_front();
     writing_ = false;
     if (!ok) {
       // The client is gone; OnCancel/OnDone will follow.
-      queue_.clear();
+      DropQueueLocked();
       if (!finishing_) {
         finishing_ = true;
         pending_finish_ = grpc::Status::CANCELLED;
@@ -99,6 +134,7 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
     {
       absl::MutexLock lock(&mu_);
       done_ = true;
+      AddLocked(-charged_);
       last = holds_ == 0;
     }
     if (last) delete this;
@@ -111,12 +147,29 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
     return true;
   }
 
+  void AddLocked(int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (user_ == nullptr || bytes == 0) return;
+    charged_ += bytes;
+    user_->bytes.fetch_add(bytes, std::memory_order_relaxed);
+    total_->bytes.fetch_add(bytes, std::memory_order_relaxed);
+  }
+
+  // Drops what is queued but not being written.
+  void DropQueueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const size_t keep = writing_ ? 1 : 0;
+    while (queue_.size() > keep) {
+      queued_bytes_ -= queue_.back().second;
+      AddLocked(-queue_.back().second);
+      queue_.pop_back();
+    }
+  }
+
   // The next write, or the finish once the queue is empty and one was asked for.
   void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     if (!queue_.empty()) {
       writing_ = true;
-      StartWrite(queue_.front().get());
+      StartWrite(queue_.front().first.get());
     } else if (pending_finish_) {
       finished_ = true;
       Finish(*pending_finish_);
@@ -127,8 +180,14 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
   RendezvousService* const service_;
   const StreamId id_;
   absl::Mutex mu_;
-  // Shared: a broadcast's one message sits in every stream's queue.
-  std::list<std::shared_ptr<const v1::JoinEvent>> queue_ ABSL_GUARDED_BY(mu_);
+  // Shared: a broadcast's one message sits in every stream's queue. With its size, as counted.
+  std::list<std::pair<std::shared_ptr<const v1::JoinEvent>, int64_t>> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t max_queued_ ABSL_GUARDED_BY(mu_) = 0;
+  // Where this stream's bytes are counted (null: nowhere), and how many it counts there now.
+  std::shared_ptr<Usage> user_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Usage> total_ ABSL_GUARDED_BY(mu_);
+  int64_t charged_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;  // a finish is asked for: queue no more
   bool finished_ ABSL_GUARDED_BY(mu_) = false;   // Finish has been called
@@ -211,7 +270,12 @@ grpc::ServerWriteReactor<v1::JoinEvent>* RendezvousService::Join(
     stream = new JoinStream(this, 0);
     if (stream->PushClose(ToGrpcStatus(caller.status()))) writers.push_back(stream);
   } else {
+    // Fields this server does not know are not kept, whatever a caller pads its join with.
+    const_cast<v1::JoinRequest*>(request)->DiscardUnknownFields();
     stream = JoinLocked(context, request, *caller, writers);
+    // The state keeps what it needs of the request; gRPC would keep the rest as long as the
+    // stream is open.
+    v1::JoinRequest().Swap(const_cast<v1::JoinRequest*>(request));
     // At once, with the proof: the agent checks it before it reads any event of the stream.
     stream->StartSendInitialMetadata();
   }
@@ -245,7 +309,9 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
                                                options_.only_job, request->job_id())));
   }
   RendezvousState& state = StateOf(caller.owner);
-  if (absl::Status limit = CheckUserLimits(caller, state, request->job_id()); !limit.ok()) {
+  const int64_t join_bytes = kAgentBaseBytes + static_cast<int64_t>(request->ByteSizeLong());
+  if (absl::Status limit = CheckUserLimits(caller, state, request->job_id(), join_bytes);
+      !limit.ok()) {
     spdlog::warn("refused a join of job {}: {}", absl::CHexEscape(request->job_id()),
                  limit.message());
     if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedLimit);
@@ -260,6 +326,9 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
   }
   streams_.emplace(id, Stream{stream, &state});
   ++streams_per_user_[&state];
+  std::shared_ptr<Usage>& usage = usage_[&state];
+  if (usage == nullptr) usage = std::make_shared<Usage>();
+  stream->Charge(usage, total_usage_, join_bytes, options_.max_queued_bytes_per_stream);
   SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", EscapeControl(spec.job_id),
                EscapeControl(spec.agent.agent_id), EscapeControl(spec.agent.host),
                spec.agent.node_index, spec.agent.nproc);
@@ -293,15 +362,30 @@ void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& wr
   // A job's abort is the same event for every stream: it becomes one message that every queue
   // shares.
   std::shared_ptr<const v1::JoinEvent> last;
+  int64_t last_bytes = 0;
   const Event* last_event = nullptr;
+  std::vector<StreamId> overfull;
   for (Decisions::Send& send : decisions.sends) {
     auto it = streams_.find(send.stream);
     if (it == streams_.end()) continue;
     if (last_event == nullptr || !SameBroadcast(*last_event, send.event)) {
       last = std::make_shared<const v1::JoinEvent>(ToProto(send.event));
+      last_bytes = static_cast<int64_t>(last->ByteSizeLong());
       last_event = &send.event;
     }
-    if (it->second.stream->Push(last)) writers.push_back(it->second.stream);
+    switch (it->second.stream->Push(last, last_bytes)) {
+      case JoinStream::Pushed::kQueued:
+        break;
+      case JoinStream::Pushed::kStartWrites:
+        writers.push_back(it->second.stream);
+        break;
+      case JoinStream::Pushed::kOverfullStartWrites:
+        writers.push_back(it->second.stream);
+        [[fallthrough]];
+      case JoinStream::Pushed::kOverfull:
+        overfull.push_back(send.stream);
+        break;
+    }
   }
   for (const Decisions::Close& close : decisions.closes) {
     auto it = streams_.find(close.stream);
@@ -315,6 +399,25 @@ void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& wr
     // The stream is finished from our side: the state already forgot it.
     EraseStream(it);
   }
+  if (!overfull.empty()) EndOverfull(overfull, writers);
+}
+
+void RendezvousService::EndOverfull(const std::vector<StreamId>& overfull,
+                                    std::vector<JoinStream*>& writers) {
+  const Micros now = clock_();
+  Decisions decisions;
+  for (const StreamId id : overfull) {
+    auto it = streams_.find(id);
+    if (it == streams_.end()) continue;
+    spdlog::warn("ended a join stream whose agent did not read its messages ({} bytes queued)",
+                 options_.max_queued_bytes_per_stream);
+    RendezvousState* state = it->second.state;
+    EraseStream(it);
+    if (options_.metrics != nullptr) options_.metrics->OnStreamGone(now, id);
+    state->StreamClosed(now, id, decisions);
+  }
+  // What the loss of those agents decides (their jobs' aborts) goes to the others.
+  if (!decisions.sends.empty() || !decisions.closes.empty()) Apply(decisions, writers);
 }
 
 void RendezvousService::EraseStream(absl::flat_hash_map<StreamId, Stream>::iterator it) {
@@ -324,7 +427,8 @@ void RendezvousService::EraseStream(absl::flat_hash_map<StreamId, Stream>::itera
 }
 
 absl::Status RendezvousService::CheckUserLimits(const Caller& caller, const RendezvousState& state,
-                                                const std::string& job_id) const {
+                                                const std::string& job_id,
+                                                int64_t join_bytes) const {
   const bool auth_none = options_.auth.mode == AuthMode::kNone;
   if (!state.has_job(job_id) &&
       static_cast<int64_t>(state.job_count()) >= options_.max_jobs_per_user) {
@@ -335,6 +439,19 @@ absl::Status RendezvousService::CheckUserLimits(const Caller& caller, const Rend
   if (count != streams_per_user_.end() && count->second >= options_.max_agents_per_user) {
     return UserCapError(UserCap::kAgents, auth_none, caller.name, count->second,
                         options_.max_agents_per_user);
+  }
+  if (auto usage = usage_.find(&state); usage != usage_.end()) {
+    const int64_t held = usage->second->bytes.load(std::memory_order_relaxed);
+    if (options_.max_memory_per_user_bytes > 0 &&
+        held + join_bytes > options_.max_memory_per_user_bytes) {
+      return MemoryCapError(auth_none, caller.name, held, options_.max_memory_per_user_bytes,
+                            /*all_users=*/false);
+    }
+  }
+  const int64_t total = total_usage_->bytes.load(std::memory_order_relaxed);
+  if (options_.max_memory_bytes > 0 && total + join_bytes > options_.max_memory_bytes) {
+    return MemoryCapError(auth_none, caller.name, total, options_.max_memory_bytes,
+                          /*all_users=*/true);
   }
   return absl::OkStatus();
 }
@@ -447,10 +564,11 @@ grpc::ServerUnaryReactor* RendezvousService::GetStatus(grpc::CallbackServerConte
     }
     AddRecordedAborts(*caller, request->job_id(), owners, jobs, aborts);
   }
-  for (const JobStatusView& j : jobs) *response->add_jobs() = ToProto(j);
-  for (const auto& [i, abort] : aborts) {
-    *response->mutable_jobs(static_cast<int>(i))->mutable_abort() = ToProto(abort);
-  }
+  std::vector<v1::JobStatus> replies;
+  replies.reserve(jobs.size());
+  for (const JobStatusView& j : jobs) replies.push_back(ToProto(j));
+  for (const auto& [i, abort] : aborts) *replies[i].mutable_abort() = ToProto(abort);
+  FitStatusReply(std::move(replies), kMaxStatusReplyBytes, response);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

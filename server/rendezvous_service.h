@@ -14,6 +14,7 @@
 #define RDZV_SERVER_RENDEZVOUS_SERVICE_H_
 
 #include <asio/thread_pool.hpp>
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -47,7 +48,25 @@ struct ServiceOptions {
   // open Join streams (one per agent). A join past either is refused with RESOURCE_EXHAUSTED.
   int64_t max_jobs_per_user = 1000;
   int64_t max_agents_per_user = 100'000;
+  // The memory one user's attached agents hold on this server, counted as kAgentBaseBytes per
+  // agent (gRPC's stream, call and connection, the job state's entry) plus its join request and
+  // the events queued for it. A join that would pass it is refused with RESOURCE_EXHAUSTED, to
+  // that user only. Zero: no limit here; the server (server.h) makes it half of max_memory_bytes
+  // (1.5 GiB, about 40,000 agents, by default), so that no one user can take all of it.
+  int64_t max_memory_per_user_bytes = 0;
+  // The same for all users together: a join past it is refused, to whoever joins, so that
+  // gRPC's own quota (ServerOptions::memory_limit_bytes) is never pressed by attached agents and
+  // never resets one. Zero: no limit here; the server makes it three quarters of its memory
+  // limit.
+  int64_t max_memory_bytes = 0;
+  // Events queued on one stream whose agent does not read them: past this many bytes the
+  // stream is ended with RESOURCE_EXHAUSTED (and that agent is lost to its job).
+  int64_t max_queued_bytes_per_stream = int64_t{1} << 20;
 };
+
+// What one attached agent costs the server beyond its request and its queued events: measured
+// at 10,000 agents (README, Performance), nearly all of it gRPC's.
+inline constexpr int64_t kAgentBaseBytes = 36 * 1024;
 
 class RendezvousService final : public v1::Rendezvous::CallbackService {
  public:
@@ -87,6 +106,12 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   // Streams still open (for tests and status logging).
   size_t open_streams() const;
 
+  // The bytes attached agents hold, as counted against max_memory_bytes (for tests and metrics).
+  int64_t memory_held() const { return total_usage_->bytes.load(std::memory_order_relaxed); }
+
+  // Checks calls' credentials; the server's HeaderAuth checks headers with it.
+  const Authenticator& authenticator() const { return auth_; }
+
  private:
   class JoinStream;
 
@@ -107,6 +132,10 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   // The jobs of `owner`, made on first use.
   RendezvousState& StateOf(const std::string& owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Bytes held for one user (or all), updated by streams as they queue and write events.
+  struct Usage {
+    std::atomic<int64_t> bytes{0};
+  };
   struct Stream {
     JoinStream* stream;
     RendezvousState* state;  // the owner's jobs the stream joined
@@ -114,9 +143,15 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   // Forgets stream `it`, and counts it off its owner's streams.
   void EraseStream(absl::flat_hash_map<StreamId, Stream>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why `caller` may not open another stream into `job_id` of `state`, or OK.
+  // Why `caller` may not open another stream into `job_id` of `state`, one that holds
+  // `join_bytes` (ServiceOptions' memory limits), or OK.
   absl::Status CheckUserLimits(const Caller& caller, const RendezvousState& state,
-                               const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                               const std::string& job_id, int64_t join_bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the streams of `overfull` (whose queues passed max_queued_bytes_per_stream): their
+  // agents are lost to their jobs.
+  void EndOverfull(const std::vector<StreamId>& overfull, std::vector<JoinStream*>& writers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Whether the caller of `context` may control `job_id` (abort it): the job's owner or root.
   // Keeps the first abort of `owner`'s job `job_id` for GetStatus (job_control.cc).
@@ -131,6 +166,9 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   absl::flat_hash_map<StreamId, Stream> streams_ ABSL_GUARDED_BY(mu_);
   // Open streams by the owner's state they joined (for max_agents_per_user).
   absl::flat_hash_map<const RendezvousState*, int64_t> streams_per_user_ ABSL_GUARDED_BY(mu_);
+  // Memory held per owner's state, and by all (ServiceOptions::max_memory_per_user_bytes).
+  absl::flat_hash_map<const RendezvousState*, std::shared_ptr<Usage>> usage_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<Usage> total_usage_ = std::make_shared<Usage>();
   StreamId next_stream_ ABSL_GUARDED_BY(mu_) = 1;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   // The first abort of each job, from failure reports and AbortJob, and when it came; kept a

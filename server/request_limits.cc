@@ -126,6 +126,28 @@ absl::Status UserCapError(UserCap cap, bool auth_none, absl::string_view user, i
       held, jobs ? "jobs on" : "agents attached to", flag, wait));
 }
 
+absl::Status MemoryCapError(bool auth_none, absl::string_view user, int64_t held, int64_t limit,
+                            bool all_users) {
+  const auto mib = [](int64_t bytes) { return (bytes + (1 << 20) - 1) >> 20; };
+  if (all_users) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "the agents attached to this rendezvous server hold %d MiB, and all users together may "
+        "hold %d MiB (--max-memory-mb); wait for some jobs to end, or ask its administrator",
+        mib(held), mib(limit)));
+  }
+  if (auth_none) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "rdzvd runs with --auth none, so all callers share one memory limit of %d MiB "
+        "(--max-memory-per-user-mb), and it is reached; wait for some jobs to end, raise "
+        "--max-memory-per-user-mb or turn on authentication",
+        mib(limit)));
+  }
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%s's agents hold %d MiB on this rendezvous server already, and a user may hold %d MiB "
+      "(--max-memory-per-user-mb); wait for some jobs to end, or ask its administrator",
+      user, mib(held), mib(limit)));
+}
+
 void TruncateFailureText(v1::WorkerFailure& f) {
   KeepEnd(f.mutable_stderr_tail(), kMaxTailBytes);
   KeepStart(f.mutable_error_message(), kMaxErrorMessageBytes);

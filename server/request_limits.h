@@ -53,6 +53,12 @@ enum class UserCap { kJobs, kAgents };
 absl::Status UserCapError(UserCap cap, bool auth_none, absl::string_view user, int64_t held,
                           int64_t limit);
 
+// The RESOURCE_EXHAUSTED refusal of a join past a memory limit: `held` bytes against `limit`,
+// one user's (ServiceOptions::max_memory_per_user_bytes) or, with `all_users`, all users'
+// together (max_memory_bytes).
+absl::Status MemoryCapError(bool auth_none, absl::string_view user, int64_t held, int64_t limit,
+                            bool all_users);
+
 // Cuts `failure`'s text fields to the bounds above, marking each cut ("[… 1234 bytes cut]").
 void TruncateFailureText(v1::WorkerFailure& failure);
 

@@ -19,6 +19,12 @@ namespace rdzv {
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   std::unique_ptr<Server> server(new Server());
   ServiceOptions service_options = options.service;
+  if (service_options.max_memory_bytes == 0) {
+    service_options.max_memory_bytes = static_cast<int64_t>(options.memory_limit_bytes / 4 * 3);
+  }
+  if (service_options.max_memory_per_user_bytes == 0) {
+    service_options.max_memory_per_user_bytes = service_options.max_memory_bytes / 2;
+  }
   if (!options.metrics_listen.empty()) {
     server->metrics_ = std::make_unique<Metrics>(RDZV_VERSION);
     server->service_metrics_ = std::make_unique<ServiceMetrics>(server->metrics_.get());
@@ -37,7 +43,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // grpc.health.v1.Health, answered by gRPC itself; the server reports SERVING once started.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, ServerCredentials(options.tls), &server->port_);
+  // Credentials are checked on each call's headers, before its message is read, except without
+  // authentication (loopback only).
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  if (service_options.auth.mode == AuthMode::kNone) {
+    credentials = ServerCredentials(options.tls);
+  } else {
+    RendezvousService* service = server->service_.get();
+    server->header_auth_ = std::make_unique<HeaderAuth>(
+        &service->authenticator(),
+        [service](absl::string_view why) { service->CountRefused(why); });
+    credentials = server->header_auth_->Credentials(options.tls);
+  }
+  builder.AddListeningPort(options.listen, credentials, &server->port_);
   builder.RegisterService(server->service_.get());
   // gRPC shares ports by default (SO_REUSEPORT): a second server on a taken port would split
   // a job's agents between two servers that each wait for the rest.
@@ -69,6 +87,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(GRPC_ARG_ENABLE_DEADLINE_CHECKS, 0);
   builder.AddChannelArgument(GRPC_ARG_ENABLE_PER_MESSAGE_COMPRESSION, 0);
   builder.AddChannelArgument(GRPC_ARG_ENABLE_PER_MESSAGE_DECOMPRESSION, 0);
+  // What a caller can make the server hold before it has proved who it is: its headers and one
+  // small window per stream; a connection without calls (never authenticated, or done) closes.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, options.stream_window_bytes);
+  const int idle_ms = static_cast<int>(absl::ToInt64Milliseconds(options.idle_connection_timeout));
+  // The handshake keeps gRPC's own timeout (2 minutes): 10,000 agents connecting at once to a
+  // busy server take more than a few seconds, and cutting them off only makes them come back.
+  if (idle_ms > 0) builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, idle_ms);
   // An agent has one Join stream and at most a call or two beside it on its connection.
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
   // All of gRPC's buffers together: past this, new connections and reads wait or fail rather
@@ -128,6 +153,7 @@ void Server::Shutdown() {
     grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     grpc_server_->Wait();
   }
+  if (header_auth_ != nullptr) header_auth_->Stop();
   service_->StopWriters();
   io_.stop();
   if (timer_thread_.joinable()) timer_thread_.join();

@@ -32,6 +32,10 @@ FlagSetter CountSetter(int64_t* target, int64_t min, int64_t max) {
 struct Converted {
   absl::Duration progress_interval;
   int64_t memory_mb = 0;
+  int64_t max_memory_mb = 0;  // 0: the server's default share of memory_mb
+  int64_t max_memory_per_user_mb = 0;
+  int64_t max_queued_kb = 0;
+  int64_t stream_window_kb = 0;
 };
 
 FlagParser MakeParser(ServerFlags& f, Converted& c) {
@@ -86,6 +90,24 @@ FlagParser MakeParser(ServerFlags& f, Converted& c) {
   p.Add({"memory-limit-mb", "RDZV_MEMORY_LIMIT_MB", "MB",
          "memory gRPC may use for all connections and calls together (default 4096)",
          CountSetter(&c.memory_mb, 64, 1 << 24)});
+  p.Add({"max-memory-mb", "RDZV_MAX_MEMORY_MB", "MB",
+         "memory all users' attached agents may hold together; a join past it is refused\n"
+         "(default: three quarters of --memory-limit-mb)",
+         CountSetter(&c.max_memory_mb, 1, 1 << 24)});
+  p.Add({"max-memory-per-user-mb", "RDZV_MAX_MEMORY_PER_USER_MB", "MB",
+         "memory one user's attached agents may hold; that user's next join is refused\n"
+         "past it (default: half of --max-memory-mb)",
+         CountSetter(&c.max_memory_per_user_mb, 1, 1 << 24)});
+  p.Add({"max-queued-kb", "RDZV_MAX_QUEUED_KB", "KB",
+         "events queued for an agent that does not read them before its stream is ended\n"
+         "(default 1024)",
+         CountSetter(&c.max_queued_kb, 16, 1 << 20)});
+  p.Add({"idle-connection-timeout-ms", "RDZV_IDLE_CONNECTION_TIMEOUT_MS", "MS",
+         "close a connection with no call open after this long (default 0: never)",
+         MillisSetter(&o.idle_connection_timeout)});
+  p.Add({"stream-window-kb", "RDZV_STREAM_WINDOW_KB", "KB",
+         "what gRPC reads ahead on one stream before the server asks for it (default 16)",
+         CountSetter(&c.stream_window_kb, 1, 1024)});
   // A value is ignored, as it always was: --help=no still prints the help.
   p.Add({"help", "", "", "print this help", [&f](absl::string_view) {
            f.help = true;
@@ -101,7 +123,11 @@ absl::StatusOr<ServerFlags> ParseServerFlags(const std::vector<std::string>& arg
   ServerFlags f;
   ServerOptions& o = f.options;
   Converted c{absl::Microseconds(o.service.state.progress_interval),
-              static_cast<int64_t>(o.memory_limit_bytes >> 20)};
+              static_cast<int64_t>(o.memory_limit_bytes >> 20),
+              o.service.max_memory_bytes >> 20,
+              o.service.max_memory_per_user_bytes >> 20,
+              o.service.max_queued_bytes_per_stream >> 10,
+              o.stream_window_bytes >> 10};
   absl::StatusOr<std::vector<std::string>> rest = MakeParser(f, c).Parse(args, env);
   if (!rest.ok()) return rest.status();
   if (f.help) return f;
@@ -112,6 +138,10 @@ absl::StatusOr<ServerFlags> ParseServerFlags(const std::vector<std::string>& arg
   // Saturates rather than overflows for a value in milliseconds beyond any use.
   o.service.state.progress_interval = absl::ToInt64Microseconds(c.progress_interval);
   o.memory_limit_bytes = static_cast<size_t>(c.memory_mb) << 20;
+  o.service.max_memory_bytes = c.max_memory_mb << 20;
+  o.service.max_memory_per_user_bytes = c.max_memory_per_user_mb << 20;
+  o.service.max_queued_bytes_per_stream = c.max_queued_kb << 10;
+  o.stream_window_bytes = static_cast<int>(c.stream_window_kb << 10);
 
   if (o.keepalive > absl::ZeroDuration() && o.keepalive_timeout == absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--keepalive-timeout-ms is 0; give a ping at least 1 ms");

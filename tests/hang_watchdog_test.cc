@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "client/agent/core/agent_lifecycle.h"
 #include "client/agent/core/watchdog_request.h"
 #include "common/core/hang_verdict.h"
@@ -125,6 +126,35 @@ TEST(HangWatchdogTest, ReleasedTimerAndEndedWorkerAreNotHangs) {
   w.WorkerEnded(1);
   w.Apply(1, Acquire(11, "b", 5 * kS), 2 * kS);  // after its end: ignored
   EXPECT_FALSE(w.Check(60 * kS).has_value());
+}
+
+// A worker that names ever new timers: the agent keeps kMaxTimersPerWorker of them, says so once,
+// goes on watching those it kept and takes new ones again once some are released.
+TEST(HangWatchdogTest, TimersPerWorkerAreBoundedAndTheExcessIsReportedOnce) {
+  HangWatchdog w({});
+  w.Start(2, 0, 0);
+  const int64_t max = HangWatchdog::kMaxTimersPerWorker;
+  for (int64_t i = 0; i < max; ++i) {
+    EXPECT_FALSE(w.Apply(0, Acquire(10, absl::StrCat("t", i), 100 * kS), 0).has_value());
+  }
+  std::optional<std::string> full = w.Apply(0, Acquire(10, "one too many", 5 * kS), 0);
+  ASSERT_TRUE(full.has_value());
+  EXPECT_THAT(*full, HasSubstr("worker 0 holds 1024 watchdog timers"));
+  EXPECT_THAT(*full, HasSubstr("one too many"));
+  for (int64_t i = 0; i < 100'000; ++i) {
+    EXPECT_FALSE(w.Apply(0, Acquire(10, absl::StrCat("more", i), 5 * kS), 0).has_value());
+  }
+  // Renewing a kept timer still works, and the refused ones are not watched.
+  EXPECT_FALSE(w.Apply(0, Acquire(10, "t0", 50 * kS), 0).has_value());
+  EXPECT_FALSE(w.Check(20 * kS).has_value());
+  std::optional<WorkerHang> hang = w.Check(50 * kS + 1);
+  ASSERT_TRUE(hang.has_value());
+  EXPECT_THAT(hang->detail, HasSubstr("timer \"t0\""));
+  // Another worker has its own bound.
+  EXPECT_FALSE(w.Apply(1, Acquire(11, "own", 100 * kS), 0).has_value());
+  // Released room is taken again.
+  w.Apply(0, Release(10, "t1"), 0);
+  EXPECT_FALSE(w.Apply(0, Acquire(10, "new", 100 * kS), 0).has_value());
 }
 
 TEST(HangWatchdogTest, EarliestDeadlineWins) {

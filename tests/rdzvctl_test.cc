@@ -11,6 +11,7 @@ namespace rdzv {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 absl::StatusOr<CtlOptions> Parse(std::vector<std::string> args, EnvList env = {}) {
   return ParseCtlOptions(args, EnvFromList(std::move(env)));
@@ -155,6 +156,20 @@ TEST(StatusFormatTest, TableHasOneLinePerJobWithItsFailure) {
   EXPECT_EQ(FormatStatusTable({}, {}), "no jobs\n");
 }
 
+// A reply rdzvd trimmed to its size says what it left out, so an operator knows the view is
+// partial and how to see the rest.
+TEST(StatusFormatTest, TableSaysWhatTheServerLeftOut) {
+  std::vector<JobStatusView> jobs = {Job("big", "running", 2, {{"n0", 0}})};
+  jobs[0].omitted_agents = 5;
+  EXPECT_THAT(FormatStatusTable(jobs, {}, 2),
+              HasSubstr("(too much to show: 2 more jobs and 5 agents of 1 jobs left out; rdzvctl "
+                        "status JOB shows one job)\n"));
+  EXPECT_THAT(FormatStatusTable({}, {}, 4), HasSubstr("4 more jobs"));
+  EXPECT_THAT(FormatStatusTable(jobs, {}, 0), HasSubstr("too much to show"));
+  jobs[0].omitted_agents = 0;
+  EXPECT_THAT(FormatStatusTable(jobs, {}, 0), Not(HasSubstr("too much to show")));
+}
+
 // Scripts parse --json: it is rdzv.proto's messages in protobuf's JSON mapping, every field
 // named as there and shown even when zero, 64-bit integers as strings.
 TEST(StatusFormatTest, JsonIsTheProtocolsJsonMapping) {
@@ -165,8 +180,9 @@ TEST(StatusFormatTest, JsonIsTheProtocolsJsonMapping) {
             R"({"jobs":[{"job_id":"train","round":1,"state":"filling","joined":1,)"
             R"("min_agents":4,"max_agents":4,"world_size":0,"agents":[{"agent_id":"n0-1",)"
             R"("host":"n0","node_index":"0","nproc":2,"rank_offset":-1,"state":""}],)"
-            R"("node_list":""}]})");
-  EXPECT_EQ(StatusJson({}), R"({"jobs":[]})");
+            R"("node_list":"","omitted_agents":0}],"omitted_jobs":0})");
+  EXPECT_EQ(StatusJson({}), R"({"jobs":[],"omitted_jobs":0})");
+  EXPECT_THAT(StatusJson({}, 3), HasSubstr(R"("omitted_jobs":3)"));
 
   AbortEvent stop;
   stop.cause = AbortCause::kAgentSignalled;

@@ -36,6 +36,12 @@ TEST(ServerFlagsTest, Defaults) {
   EXPECT_EQ(o.service.max_jobs_per_user, 1000);
   EXPECT_EQ(o.service.max_agents_per_user, 100'000);
   EXPECT_EQ(o.memory_limit_bytes, size_t{4096} << 20);
+  // Zero: the server derives the shares from memory_limit_bytes when it starts.
+  EXPECT_EQ(o.service.max_memory_bytes, 0);
+  EXPECT_EQ(o.service.max_memory_per_user_bytes, 0);
+  EXPECT_EQ(o.service.max_queued_bytes_per_stream, int64_t{1} << 20);
+  EXPECT_EQ(o.idle_connection_timeout, absl::ZeroDuration());
+  EXPECT_EQ(o.stream_window_bytes, 16 << 10);
   EXPECT_TRUE(o.tls.cert_chain_pem.empty());
   EXPECT_EQ(f->log_level, "info");
   EXPECT_EQ(f->admin_groups, "");
@@ -107,7 +113,26 @@ INSTANTIATE_TEST_SUITE_P(
         FlagCase{"MemoryLimit", "memory-limit-mb", "RDZV_MEMORY_LIMIT_MB", "64",
                  [](const ServerFlags& f) {
                    EXPECT_EQ(f.options.memory_limit_bytes, size_t{64} << 20);
-                 }}),
+                 }},
+        FlagCase{"MaxMemory", "max-memory-mb", "RDZV_MAX_MEMORY_MB", "512",
+                 [](const ServerFlags& f) {
+                   EXPECT_EQ(f.options.service.max_memory_bytes, int64_t{512} << 20);
+                 }},
+        FlagCase{"MaxMemoryPerUser", "max-memory-per-user-mb", "RDZV_MAX_MEMORY_PER_USER_MB", "100",
+                 [](const ServerFlags& f) {
+                   EXPECT_EQ(f.options.service.max_memory_per_user_bytes, int64_t{100} << 20);
+                 }},
+        FlagCase{"MaxQueued", "max-queued-kb", "RDZV_MAX_QUEUED_KB", "64",
+                 [](const ServerFlags& f) {
+                   EXPECT_EQ(f.options.service.max_queued_bytes_per_stream, int64_t{64} << 10);
+                 }},
+        FlagCase{"IdleConnectionTimeout", "idle-connection-timeout-ms",
+                 "RDZV_IDLE_CONNECTION_TIMEOUT_MS", "30000",
+                 [](const ServerFlags& f) {
+                   EXPECT_EQ(f.options.idle_connection_timeout, absl::Seconds(30));
+                 }},
+        FlagCase{"StreamWindow", "stream-window-kb", "RDZV_STREAM_WINDOW_KB", "8",
+                 [](const ServerFlags& f) { EXPECT_EQ(f.options.stream_window_bytes, 8 << 10); }}),
     [](const testing::TestParamInfo<FlagCase>& info) { return info.param.name; });
 
 TEST(ServerFlagsTest, TlsCertAndKeyTogether) {
@@ -197,6 +222,10 @@ INSTANTIATE_TEST_SUITE_P(
                   {},
                   "--memory-limit-mb=\"99999999999999999999\": expected a whole number from 64 "
                   "to 16777216"},
+        ErrorCase{"StreamWindowTooLarge",
+                  {"--stream-window-kb", "4096"},
+                  {},
+                  "--stream-window-kb=\"4096\": expected a whole number from 1 to 1024"},
         ErrorCase{"KeepaliveTimeoutZero",
                   {"--keepalive-timeout-ms", "0"},
                   {},
@@ -253,7 +282,9 @@ TEST(ServerFlagsTest, HelpListsEveryFlagWithItsVariable) {
         "--keepalive-timeout-ms MS  [RDZV_KEEPALIVE_TIMEOUT_MS]",
         "--max-jobs-per-user N  [RDZV_MAX_JOBS_PER_USER]",
         "--max-agents-per-user N  [RDZV_MAX_AGENTS_PER_USER]",
-        "--memory-limit-mb MB  [RDZV_MEMORY_LIMIT_MB]", "--help\n      print this help"}) {
+        "--memory-limit-mb MB  [RDZV_MEMORY_LIMIT_MB]",
+        "--max-memory-per-user-mb MB  [RDZV_MAX_MEMORY_PER_USER_MB]",
+        "--stream-window-kb KB  [RDZV_STREAM_WINDOW_KB]", "--help\n      print this help"}) {
     EXPECT_THAT(help, HasSubstr(entry));
   }
   EXPECT_THAT(help, HasSubstr("address to serve on (default 0.0.0.0:29400)"));

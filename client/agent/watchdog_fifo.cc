@@ -189,7 +189,9 @@ void WatchdogFifo::HandleLine(absl::string_view line) {
     }
     return;
   }
-  watchdog_.Apply(*worker, *request, WallMicros());
+  if (std::optional<std::string> full = watchdog_.Apply(*worker, *request, WallMicros())) {
+    spdlog::warn("watchdog FIFO: {}", *full);
+  }
 }
 
 std::optional<WorkerHang> WatchdogFifo::CheckNow() {

@@ -46,16 +46,17 @@ int Failed(std::ostream& err, const absl::Status& status) {
 }
 
 int Status(Client& client, const CtlOptions& options, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<std::vector<JobStatusView>> jobs = client.Status(options.job);
+  int64_t omitted_jobs = 0;
+  absl::StatusOr<std::vector<JobStatusView>> jobs = client.Status(options.job, &omitted_jobs);
   if (!jobs.ok()) return Failed(err, jobs.status());
   if (options.json) {
-    out << StatusJson(*jobs) << "\n";
+    out << StatusJson(*jobs, omitted_jobs) << "\n";
   } else if (!options.job.empty() && jobs->empty()) {
     err << absl::StrFormat("rdzvctl: rdzvd knows no job %s; rdzvctl status lists the jobs\n",
                            options.job);
     return 1;
   } else {
-    out << FormatStatusTable(*jobs, options.nodelist);
+    out << FormatStatusTable(*jobs, options.nodelist, omitted_jobs);
   }
   return 0;
 }

@@ -107,8 +107,8 @@ std::string MissingNodes(const JobStatusView& job, const std::vector<std::string
 }
 
 std::string FormatStatusTable(const std::vector<JobStatusView>& jobs,
-                              const std::vector<std::string>& nodelist) {
-  if (jobs.empty()) return "no jobs\n";
+                              const std::vector<std::string>& nodelist, int64_t omitted_jobs) {
+  if (jobs.empty() && omitted_jobs == 0) return "no jobs\n";
   std::vector<std::vector<std::string>> rows = {
       {"JOB", "STATE", "ROUND", "AGENTS", "WORLD", "HOSTS", "MISSING", "FAILURE"}};
   for (const JobStatusView& job : jobs) {
@@ -137,13 +137,27 @@ std::string FormatStatusTable(const std::vector<JobStatusView>& jobs,
     }
     absl::StrAppend(&out, line, "\n");
   }
+  // rdzvd keeps its reply within a fixed size; say what it left out.
+  int64_t omitted_agents = 0;
+  int cut_jobs = 0;
+  for (const JobStatusView& job : jobs) {
+    omitted_agents += job.omitted_agents;
+    if (job.omitted_agents > 0) ++cut_jobs;
+  }
+  if (omitted_jobs > 0 || omitted_agents > 0) {
+    absl::StrAppend(&out,
+                    absl::StrFormat("(too much to show: %d more jobs and %d agents of %d jobs "
+                                    "left out; rdzvctl status JOB shows one job)\n",
+                                    omitted_jobs, omitted_agents, cut_jobs));
+  }
   return out;
 }
 
 // Back into the protocol's messages: the JSON mapping of rdzv.proto is what scripts read.
-std::string StatusJson(const std::vector<JobStatusView>& jobs) {
+std::string StatusJson(const std::vector<JobStatusView>& jobs, int64_t omitted_jobs) {
   v1::StatusResponse response;
   for (const JobStatusView& job : jobs) *response.add_jobs() = ToProto(job);
+  response.set_omitted_jobs(omitted_jobs);
   return ToJson(response);
 }
 

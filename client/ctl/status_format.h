@@ -3,6 +3,7 @@
 #ifndef RDZV_CLIENT_CTL_STATUS_FORMAT_H_
 #define RDZV_CLIENT_CTL_STATUS_FORMAT_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -21,14 +22,15 @@ std::string MissingNodes(const JobStatusView& job, const std::vector<std::string
 
 // One line per job under a header: JOB STATE ROUND AGENTS WORLD HOSTS MISSING FAILURE. AGENTS is
 // joined/expected ("3/4", or "3/2-4" for a range); HOSTS the joined agents' hosts as a hostlist;
-// FAILURE how the job ended. "no jobs" when there are none.
+// FAILURE how the job ended. "no jobs" when there are none. A last line says what rdzvd left out
+// of a reply too large to send whole: `omitted_jobs`, and each job's omitted_agents.
 std::string FormatStatusTable(const std::vector<JobStatusView>& jobs,
-                              const std::vector<std::string>& nodelist);
+                              const std::vector<std::string>& nodelist, int64_t omitted_jobs = 0);
 
 // The answers of status and abort as their messages in rdzv.proto (StatusResponse,
 // AbortJobResponse) read in protobuf's JSON mapping: field names as in rdzv.proto, zero values
 // included, on one line. Scripts parse this, so the protocol is what defines it.
-std::string StatusJson(const std::vector<JobStatusView>& jobs);
+std::string StatusJson(const std::vector<JobStatusView>& jobs, int64_t omitted_jobs = 0);
 std::string AbortJson(const AbortEvent& abort);
 
 // health's answer, {"status":"SERVING"}, as grpc.health.v1's HealthCheckResponse reads in JSON.

@@ -179,6 +179,8 @@ struct JobStatusView {
   // How the job ended, when it ended by an abort the server recorded (a failure report or an
   // operator's abort).
   std::optional<AbortEvent> abort;
+  // Agents the server left out of `agents` to keep its reply within a fixed size.
+  int32_t omitted_agents = 0;
 };
 
 }  // namespace rdzv

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 
 namespace rdzv {
@@ -19,14 +20,25 @@ void HangWatchdog::Start(int32_t workers, Micros /*now*/, Micros job_longest_int
   job_knew_interval_ = longest_interval_ > 0;
 }
 
-void HangWatchdog::Apply(int32_t worker, const WatchdogRequest& r, Micros now) {
-  if (worker < 0 || worker >= static_cast<int32_t>(workers_.size())) return;
+std::optional<std::string> HangWatchdog::Apply(int32_t worker, const WatchdogRequest& r,
+                                               Micros now) {
+  if (worker < 0 || worker >= static_cast<int32_t>(workers_.size())) return std::nullopt;
   Worker& w = workers_[worker];
-  if (w.ended) return;
+  if (w.ended) return std::nullopt;
   switch (r.kind) {
-    case WatchdogRequest::Kind::kAcquire:
-      w.timers[{r.pid, r.scope}] = r.expiration_us;
+    case WatchdogRequest::Kind::kAcquire: {
+      auto key = std::make_pair(r.pid, r.scope);
+      if (w.timers.size() >= kMaxTimersPerWorker && !w.timers.contains(key)) {
+        if (w.told_too_many) return std::nullopt;
+        w.told_too_many = true;
+        return absl::StrFormat(
+            "worker %d holds %d watchdog timers, the most an agent keeps for one worker; its "
+            "further timers (\"%s\" first) are not watched until it releases some",
+            worker, kMaxTimersPerWorker, absl::CHexEscape(r.scope));
+      }
+      w.timers[std::move(key)] = r.expiration_us;
       break;
+    }
     case WatchdogRequest::Kind::kRelease:
       w.timers.erase({r.pid, r.scope});
       break;
@@ -38,6 +50,7 @@ void HangWatchdog::Apply(int32_t worker, const WatchdogRequest& r, Micros now) {
       w.last_beat = now;
       break;
   }
+  return std::nullopt;
 }
 
 void HangWatchdog::WorkerEnded(int32_t worker) {

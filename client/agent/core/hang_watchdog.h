@@ -63,8 +63,13 @@ class HangWatchdog {
   // far (0 when none), for auto.
   void Start(int32_t workers, Micros now, Micros job_longest_interval);
 
-  // A request from worker `worker`, received at `now`.
-  void Apply(int32_t worker, const WatchdogRequest& request, Micros now);
+  // The timers one worker may hold at once: past it, further timers of that worker are not
+  // kept (until it releases some), so that a worker naming ever new timers cannot grow its agent.
+  static constexpr size_t kMaxTimersPerWorker = 1024;
+
+  // A request from worker `worker`, received at `now`. A line to log the first time in a round
+  // that the worker holds kMaxTimersPerWorker timers and acquires another, which is not kept.
+  std::optional<std::string> Apply(int32_t worker, const WatchdogRequest& request, Micros now);
 
   // Worker `worker` has ended: its timers and heartbeats no longer count.
   void WorkerEnded(int32_t worker);
@@ -81,6 +86,7 @@ class HangWatchdog {
   struct Worker {
     bool ended = false;
     bool reported = false;
+    bool told_too_many = false;
     std::optional<Micros> last_beat;
     // Timers by (pid, scope), as torch keys them: expiration time.
     std::map<std::pair<int64_t, std::string>, Micros> timers;

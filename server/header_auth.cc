@@ -1,0 +1,136 @@
+#include "server/header_auth.h"
+
+#include <grpc/grpc_security.h>
+#include <spdlog/spdlog.h>
+
+#include <asio/post.hpp>
+#include <string>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "common/auth.h"
+#include "common/logging.h"
+#include "server/metrics.h"
+
+namespace rdzv {
+namespace {
+
+// munged answers one decode at a time per connection; a few threads keep a burst of joins
+// moving without letting a flood of bad credentials take more.
+constexpr size_t kDecodeThreads = 4;
+constexpr char kHealthPrefix[] = "/grpc.health.v1.Health/";
+
+absl::string_view View(const grpc_slice& slice) {
+  return absl::string_view(reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(slice)),
+                           GRPC_SLICE_LENGTH(slice));
+}
+
+// Server credentials made with gRPC's C core, so that they can carry an auth metadata
+// processor; gRPC's C++ server adds its listening port through AddPortToServer.
+class CoreServerCredentials final : public grpc::ServerCredentials {
+ public:
+  explicit CoreServerCredentials(grpc_server_credentials* creds) : creds_(creds) {}
+  ~CoreServerCredentials() override { grpc_server_credentials_release(creds_); }
+
+  // The processor is set on the core credentials when they are made.
+  void SetAuthMetadataProcessor(const std::shared_ptr<grpc::AuthMetadataProcessor>&) override {}
+
+ private:
+  int AddPortToServer(const std::string& addr, grpc_server* server) override {
+    return grpc_server_add_http2_port(server, addr.c_str(), creds_);
+  }
+
+  grpc_server_credentials* const creds_;
+};
+
+grpc_status_code CoreCode(const absl::Status& status) {
+  return static_cast<grpc_status_code>(status.code());
+}
+
+}  // namespace
+
+HeaderAuth::HeaderAuth(const Authenticator* auth, std::function<void(absl::string_view)> on_refused)
+    : auth_(auth), on_refused_(std::move(on_refused)), pool_(kDecodeThreads) {}
+
+HeaderAuth::~HeaderAuth() { Stop(); }
+
+void HeaderAuth::Stop() { pool_.join(); }
+
+std::shared_ptr<grpc::ServerCredentials> HeaderAuth::Credentials(const TlsServerIdentity& tls) {
+  grpc_server_credentials* creds;
+  if (tls.cert_chain_pem.empty()) {
+    creds = grpc_insecure_server_credentials_create();
+  } else {
+    grpc_ssl_pem_key_cert_pair pair = {tls.private_key_pem.c_str(), tls.cert_chain_pem.c_str()};
+    creds = grpc_ssl_server_credentials_create_ex(
+        nullptr, &pair, 1, GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE, nullptr);
+  }
+  grpc_auth_metadata_processor processor = {&HeaderAuth::Process, nullptr, this};
+  grpc_server_credentials_set_auth_metadata_processor(creds, processor);
+  return std::make_shared<CoreServerCredentials>(creds);
+}
+
+void HeaderAuth::Process(void* state, grpc_auth_context* /*context*/, const grpc_metadata* md,
+                         size_t num_md, grpc_process_auth_metadata_done_cb cb, void* user_data) {
+  auto* self = static_cast<HeaderAuth*>(state);
+  absl::string_view path, munge, token;
+  for (size_t i = 0; i < num_md; ++i) {
+    const absl::string_view key = View(md[i].key);
+    if (key == ":path") {
+      path = View(md[i].value);
+    } else if (key == kMungeMetadata) {
+      munge = View(md[i].value);
+    } else if (key == kTokenMetadata) {
+      token = View(md[i].value);
+    }
+  }
+  if (absl::StartsWith(path, kHealthPrefix) || self->auth_->policy().mode != AuthMode::kMunge ||
+      munge.empty()) {
+    // Nothing to ask munged: answered here, at once.
+    absl::Status status = absl::StartsWith(path, kHealthPrefix)
+                              ? absl::OkStatus()
+                              : self->auth_->CheckHeaders({munge, token, {}});
+    if (!status.ok()) self->Refused(path, status);
+    const std::string message(status.message());
+    cb(user_data, nullptr, 0, nullptr, 0, CoreCode(status), message.c_str());
+    return;
+  }
+  // The metadata lives until cb runs, but copies keep the task independent of it.
+  asio::post(self->pool_,
+             [self, path = std::string(path), munge = std::string(munge), cb, user_data] {
+               const absl::Status status = self->auth_->CheckHeaders({munge, {}, {}});
+               if (!status.ok()) self->Refused(path, status);
+               const std::string message(status.message());
+               cb(user_data, nullptr, 0, nullptr, 0, CoreCode(status), message.c_str());
+             });
+}
+
+void HeaderAuth::Refused(absl::string_view path, const absl::Status& status) const {
+  // A flood of refused calls must not become a flood of log lines.
+  int64_t unlogged = -1;
+  {
+    absl::MutexLock lock(&log_mu_);
+    const absl::Time now = absl::Now();
+    if (now - last_log_ >= absl::Seconds(1)) {
+      last_log_ = now;
+      unlogged = unlogged_;
+      unlogged_ = 0;
+    } else {
+      ++unlogged_;
+    }
+  }
+  if (unlogged == 0) {
+    spdlog::warn("refused a call of {}: {}", absl::CHexEscape(path),
+                 EscapeControl(status.message()));
+  } else if (unlogged > 0) {
+    spdlog::warn("refused a call of {}: {} ({} more refused in the last second, not logged)",
+                 absl::CHexEscape(path), EscapeControl(status.message()), unlogged);
+  }
+  if (on_refused_) {
+    on_refused_(status.code() == absl::StatusCode::kPermissionDenied
+                    ? Metrics::kRefusedPermissionDenied
+                    : Metrics::kRefusedUnauthenticated);
+  }
+}
+
+}  // namespace rdzv

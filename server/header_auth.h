@@ -1,0 +1,64 @@
+// HeaderAuth: checks every call's credential on the call's headers, before gRPC reads the call's
+// message or runs its handler (Authenticator::CheckHeaders). A caller that has not proved who
+// it is then holds no more than its headers and the small flow-control window gRPC opens for
+// each stream: its call is failed as soon as its headers are checked. Calls of the standard
+// health service (grpc.health.v1) need no credential.
+//
+// It installs itself as gRPC core's auth metadata processor on the credentials it makes
+// (Credentials()), plaintext or TLS alike: gRPC's C++ InsecureServerCredentials() cannot take a
+// processor, its C core can. MUNGE credentials are decoded on a few threads of its own, so that
+// a slow munged holds none of gRPC's.
+//
+// Thread-safe. Must outlive the grpc::Server it serves: Stop() after that server has stopped,
+// then destroy.
+#ifndef RDZV_SERVER_HEADER_AUTH_H_
+#define RDZV_SERVER_HEADER_AUTH_H_
+
+#include <grpc/grpc_security.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include <asio/thread_pool.hpp>
+#include <functional>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/tls.h"
+#include "server/authenticator.h"
+
+namespace rdzv {
+
+class HeaderAuth {
+ public:
+  // Checks with `auth` (not owned; must outlive this). `on_refused` is told the reason of each
+  // refusal (Metrics::kRefused*), from any thread.
+  HeaderAuth(const Authenticator* auth, std::function<void(absl::string_view)> on_refused);
+  ~HeaderAuth();
+  HeaderAuth(const HeaderAuth&) = delete;
+  HeaderAuth& operator=(const HeaderAuth&) = delete;
+
+  // Server credentials, plaintext or TLS with `tls`, whose calls this checks.
+  std::shared_ptr<grpc::ServerCredentials> Credentials(const TlsServerIdentity& tls);
+
+  // Waits for the checks in flight to end. Call once the grpc::Server has stopped.
+  void Stop();
+
+ private:
+  static void Process(void* state, grpc_auth_context* context, const grpc_metadata* md,
+                      size_t num_md, grpc_process_auth_metadata_done_cb cb, void* user_data);
+  void Refused(absl::string_view path, const absl::Status& status) const;
+
+  const Authenticator* const auth_;
+  // Refusals are logged at most once a second, with a count of those not logged.
+  mutable absl::Mutex log_mu_;
+  mutable absl::Time last_log_ ABSL_GUARDED_BY(log_mu_) = absl::InfinitePast();
+  mutable int64_t unlogged_ ABSL_GUARDED_BY(log_mu_) = 0;
+  const std::function<void(absl::string_view)> on_refused_;
+  asio::thread_pool pool_;
+};
+
+}  // namespace rdzv
+
+#endif  // RDZV_SERVER_HEADER_AUTH_H_

@@ -1,0 +1,254 @@
+"""No user can hurt another user's job through rdzvd's shared resources.
+
+Each test runs a victim job of root's (two real agents, MUNGE, a private munged) on an rdzvd with
+--memory-limit-mb 256, and, while the job runs, one attack from tests/isolation_attacker.py as
+another uid (nobody). The victim must end 0 with ranks 0 and 1; rdzvd's memory and open files
+must stay bounded during the attack and come back afterwards; the operator's view (rdzvctl
+status, /metrics) must answer. Each prints its figures (RSS and fds before, at most during, and
+after; the victim's time against an unattacked run).
+
+Needs root (a second uid) and munged; skipped otherwise. Everything runs on loopback and is
+stopped when each test ends.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "testing"))
+from rdzvd_process import Rdzvd  # noqa: E402
+
+ATTACKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "isolation_attacker.py")
+RDZVCTL = os.environ.get("RDZVCTL_BIN", "")
+VICTIM_WORKER = "sleep 4; echo rank=$RANK of $WORLD_SIZE"
+MIB = 1 << 20
+
+
+def rss_and_fds(pid):
+    with open("/proc/%d/status" % pid) as f:
+        rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    return rss, len(os.listdir("/proc/%d/fd" % pid))
+
+
+class Sampler:
+    """rdzvd's RSS and fds, every 50 ms, while it runs."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.max_rss = 0
+        self.max_fds = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                rss, fds = rss_and_fds(self.pid)
+            except (OSError, StopIteration):
+                return
+            self.max_rss = max(self.max_rss, rss)
+            self.max_fds = max(self.max_fds, fds)
+            time.sleep(0.05)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+
+@unittest.skipUnless(os.geteuid() == 0 and shutil.which("munged"),
+                     "needs root (to run a second uid) and munged")
+class IsolationTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="rdzv-isolation-")
+        os.chmod(cls.dir, 0o755)  # nobody reaches the socket; the key stays private
+        key = os.path.join(cls.dir, "munge.key")
+        with open(key, "wb") as f:
+            f.write(os.urandom(1024))
+        os.chmod(key, 0o600)
+        cls.socket = os.path.join(cls.dir, "munge.socket")
+        cls.munged = subprocess.Popen(
+            ["munged", "--foreground", "--force", "--socket=" + cls.socket, "--key-file=" + key,
+             "--pid-file=" + os.path.join(cls.dir, "munged.pid"),
+             "--log-file=" + os.path.join(cls.dir, "munged.log"),
+             "--seed-file=" + os.path.join(cls.dir, "munged.seed")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not os.path.exists(cls.socket):
+            time.sleep(0.05)
+        cls.unattacked_s = None
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.munged.terminate()
+        cls.munged.wait(timeout=10)
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def rdzvd(self, memory_mb=256):
+        return Rdzvd(auth=("--auth", "munge", "--munge-socket", self.socket,
+                           "--memory-limit-mb", str(memory_mb)))
+
+    def victim(self, rdzvd, job="victim"):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RDZV_", "SLURM_"))}
+        env["RDZV_CONFIG"] = "/dev/null"
+        return [rdzvd.agent(job, node, 2, VICTIM_WORKER, args=("--munge-socket", self.socket),
+                            env=env) for node in range(2)]
+
+    def check_victim(self, rdzvd, agents):
+        for agent in agents:
+            agent.wait(timeout=90)
+        out = "".join(Rdzvd.output(a) for a in agents)
+        for agent in agents:
+            self.assertEqual(agent.returncode, 0, out + rdzvd.log()[-3000:])
+        self.assertIn("rank=0 of 2", out)
+        self.assertIn("rank=1 of 2", out)
+
+    def status(self, rdzvd):
+        result = subprocess.run(
+            [RDZVCTL, "--rdzv-endpoint", rdzvd.endpoint, "--munge-socket", self.socket, "status"],
+            capture_output=True, text=True, timeout=30,
+            env={"PATH": os.environ.get("PATH", ""), "RDZV_CONFIG": "/dev/null"})
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return result.stdout
+
+    def wait_running(self, rdzvd):
+        """Until the victim's agents have joined and run their workers."""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if any(line.startswith("victim") and " running " in line
+                   for line in self.status(rdzvd).splitlines()):
+                return
+            time.sleep(0.1)
+        self.fail("the victim job did not start: " + rdzvd.log()[-2000:])
+
+    def unattacked(self):
+        """The victim's time to finish on an rdzvd nobody attacks (once per run)."""
+        if IsolationTest.unattacked_s is None:
+            with self.rdzvd() as rdzvd:
+                started = time.monotonic()
+                agents = self.victim(rdzvd)
+                self.check_victim(rdzvd, agents)
+                IsolationTest.unattacked_s = time.monotonic() - started
+        return IsolationTest.unattacked_s
+
+    def attack(self, name, target="grpc", count=1000, seconds=4, max_rss_mib=200,
+               during=None, memory_mb=256):
+        """Runs the victim and ATTACK (as nobody) against rdzvd's gRPC or metrics port, and
+        checks the victim, rdzvd's bounds and what it gave back. DURING(rdzvd) runs as root while
+        the attack holds its connections. The attacker's summary."""
+        baseline = self.unattacked()
+        with self.rdzvd(memory_mb) as rdzvd:
+            rss0, fds0 = rss_and_fds(rdzvd.pid)
+            sampler = Sampler(rdzvd.pid)
+            started = time.monotonic()
+            agents = self.victim(rdzvd)
+            ended = []
+
+            def wait_victim():
+                for agent in agents:
+                    agent.wait(timeout=90)
+                ended.append(time.monotonic())
+
+            waiter = threading.Thread(target=wait_victim, daemon=True)
+            waiter.start()
+            self.wait_running(rdzvd)
+            port = rdzvd.port if target == "grpc" else rdzvd.metrics_port
+            attacker = subprocess.Popen(
+                ["runuser", "-u", "nobody", "--", "/usr/bin/python3", ATTACKER, name,
+                 "127.0.0.1:%d" % port, "--count", str(count), "--seconds", str(seconds),
+                 "--munge-socket", self.socket],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if during is not None:
+                time.sleep(1.5)
+                during(rdzvd)
+            out, err = attacker.communicate(timeout=120)
+            self.assertEqual(attacker.returncode, 0, err)
+            summary = json.loads(out.strip().splitlines()[-1])
+            waiter.join(timeout=100)
+            self.check_victim(rdzvd, agents)
+            victim_s = ended[0] - started
+            # What the attack took comes back once its connections are gone and idle ones closed.
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                rss1, fds1 = rss_and_fds(rdzvd.pid)
+                if fds1 <= fds0 + 4:
+                    break
+                time.sleep(0.2)
+            sampler.stop()
+            rss1, fds1 = rss_and_fds(rdzvd.pid)
+            figures = ("%s: %s; rdzvd RSS %.1f -> max %.1f -> %.1f MiB, fds %d -> max %d -> %d; "
+                       "victim %.2f s against %.2f s unattacked (%.2fx)" % (
+                           name, json.dumps(summary), rss0 / MIB, sampler.max_rss / MIB,
+                           rss1 / MIB, fds0, sampler.max_fds, fds1, victim_s, baseline,
+                           victim_s / baseline))
+            print(figures, flush=True)
+            self.assertLess(sampler.max_rss, max_rss_mib * MIB, figures)
+            self.assertLessEqual(fds1, fds0 + 4, figures)
+            self.assertLess(victim_s, baseline * 1.5 + 1, figures)
+            self.log = rdzvd.log()
+            return summary
+
+    def test_unauthenticated_half_sent_messages(self):
+        summary = self.attack("half-sent", count=3200)
+        # Every stream is refused on its headers (or its connection closed).
+        self.assertGreaterEqual(summary["ended_or_closed"], summary["opened"] * 9 // 10)
+
+    def test_unauthenticated_header_only_streams(self):
+        summary = self.attack("headers-only", count=3200)
+        self.assertGreaterEqual(summary["ended_or_closed"], summary["opened"] * 9 // 10)
+
+    def test_idle_connection_flood(self):
+        summary = self.attack("idle-connections", count=900, seconds=12)
+        self.assertGreater(summary["opened"], 500)
+
+    def test_authenticated_padded_joins_up_to_the_user_limit(self):
+        self.attack("padded-joins", count=3500, seconds=3, max_rss_mib=400)
+        # Each join's padding is dropped, and nobody's calls waiting for their messages are
+        # bounded (or, once they are in, the memory its agents hold).
+        self.assertTrue("calls waiting to start" in self.log
+                        or "--max-memory-per-user-mb" in self.log, self.log[-2000:])
+
+    def test_authenticated_joins_past_the_users_memory_share(self):
+        # 4,000 agents of ~37 KiB: past nobody's share of 96 MiB (3/8 of 256), refused, naming it.
+        self.attack("status-flood", count=4000, seconds=3, max_rss_mib=300)
+        self.assertIn("--max-memory-per-user-mb", self.log)
+
+    def test_non_reading_streams(self):
+        self.attack("non-reading", count=2000, seconds=4, max_rss_mib=300)
+
+    def test_status_flood_does_not_break_the_admins_status(self):
+        self.status_out = ""
+
+        def status(rdzvd):
+            # Every answer comes, while nobody's agents join, until it has to leave some out.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and "left out" not in self.status_out:
+                self.status_out = self.status(rdzvd)
+                time.sleep(0.5)
+
+        # Room for nobody's 8,000 agents (each user may hold 3/8 of the limit).
+        self.attack("status-flood", count=8000, seconds=20, max_rss_mib=600, during=status,
+                    memory_mb=1024)
+        self.assertIn("left out", self.status_out)
+
+    def test_idle_metrics_connections(self):
+        def scrape(rdzvd):
+            started = time.monotonic()
+            for path in ("/metrics", "/healthz"):
+                with urllib.request.urlopen(
+                        "http://127.0.0.1:%d%s" % (rdzvd.metrics_port, path), timeout=5) as r:
+                    self.assertEqual(r.status, 200)
+            self.assertLess(time.monotonic() - started, 2)
+
+        self.attack("idle-connections", target="metrics", count=900, seconds=4, during=scrape)
+
+
+if __name__ == "__main__":
+    unittest.main()
