@@ -30,7 +30,7 @@ ALLOWED = {
     "common/core": {"common/core"},
     "common": {"common", "common/core", "rdzv/v1"},
     "client/agent/core": {"client/agent/core", "common/core", "client/client.h"},
-    "client": {"client", "common", "common/core", "rdzv/v1"},
+    "client": {"client", "common", "common/core", "rdzv/v1", "grpc/health/v1"},
     "client/ctl": {"client/ctl", "client/client.h", "client/local_endpoint.h", "common",
                    "common/core", "rdzv/v1", "grpc/health/v1"},
     "client/agent": {"client/agent", "client/agent/core", "client/client.h",
