@@ -222,7 +222,7 @@ struct ErrorCase {
 
 class AgentOptionsErrorTest : public testing::TestWithParam<ErrorCase> {};
 
-TEST_P(AgentOptionsErrorTest, RefusesWithAMessageThatSaysWhatToDo) {
+TEST_P(AgentOptionsErrorTest, SaysWhatToDo) {
   const ErrorCase& c = GetParam();
   absl::StatusOr<AgentConfig> config = Resolve(c.args);
   ASSERT_FALSE(config.ok()) << "accepted; job " << config->join.job_id;

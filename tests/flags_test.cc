@@ -136,7 +136,7 @@ struct ErrorCase {
 
 class FlagParserErrorTest : public testing::TestWithParam<ErrorCase> {};
 
-TEST_P(FlagParserErrorTest, RefusesWithAMessageNamingTheFlag) {
+TEST_P(FlagParserErrorTest, NamesTheFlag) {
   const ErrorCase& c = GetParam();
   Settings s;
   absl::StatusOr<std::vector<std::string>> rest = MakeParser(s).Parse(c.args, EnvFromList(c.env));

@@ -693,7 +693,7 @@ struct ReshapeCase {
 class ReshapedRejoinTest : public RendezvousStateTest,
                            public testing::WithParamInterface<ReshapeCase> {};
 
-TEST_P(ReshapedRejoinTest, IsRefusedNamingBothValuesAndTheMemberKeepsItsPlace) {
+TEST_P(ReshapedRejoinTest, RefusedAndTheMemberStays) {
   const ReshapeCase& c = GetParam();
   JoinSpec n0 = Spec("j", "n0", 0, 2, 2);
   n0.agent.order = 0;

@@ -169,7 +169,7 @@ struct ErrorCase {
 
 class ServerFlagsErrorTest : public testing::TestWithParam<ErrorCase> {};
 
-TEST_P(ServerFlagsErrorTest, RefusesWithOneLineNamingTheFix) {
+TEST_P(ServerFlagsErrorTest, NamesTheFix) {
   const ErrorCase& c = GetParam();
   absl::StatusOr<ServerFlags> f = Parse(c.args, c.env);
   ASSERT_FALSE(f.ok());

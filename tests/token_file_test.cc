@@ -76,7 +76,7 @@ class TokenFileTest : public ::testing::TestWithParam<BadToken> {
   ScopedTempDir dir_;
 };
 
-TEST_P(TokenFileTest, AgentRefusesItWithOneLineAndExitCode2) {
+TEST_P(TokenFileTest, AgentExits2) {
   const std::string path = Write();
   Subprocess agent({.argv = {RDZV_AGENT_BIN, "--rdzv-endpoint", kNoServer, "--rdzv-id", "x",
                              "--nnodes", "1", "--rdzv-token-file", path, "--", "true"},
@@ -86,7 +86,7 @@ TEST_P(TokenFileTest, AgentRefusesItWithOneLineAndExitCode2) {
   ExpectOneLine(agent.Stderr(), "rdzv-agent", path);
 }
 
-TEST_P(TokenFileTest, RdzvctlRefusesItWithOneLineAndExitCode2) {
+TEST_P(TokenFileTest, RdzvctlExits2) {
   const std::string path = Write();
   for (const std::vector<std::string>& command :
        {std::vector<std::string>{"status"}, std::vector<std::string>{"--count", "1", "watch"},
