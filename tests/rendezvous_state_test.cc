@@ -243,9 +243,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, RoundTest, testing::ValuesIn(RoundCases()),
 
 // Every agent learns the whole job's layout, in node order, not only its own node's count.
 TEST_F(RendezvousStateTest, EveryAgentGetsEveryNodesWorkerCount) {
-  const Decisions last = JoinAll(
-      0, 1, {Spec("j", "n1", 1, 4, 1), Spec("j", "n0", 0, 4, 2), Spec("j", "n2", 2, 4, 3),
-             Spec("j", "n3", 3, 4, 3)});
+  const Decisions last = JoinAll(0, 1,
+                                 {Spec("j", "n1", 1, 4, 1), Spec("j", "n0", 0, 4, 2),
+                                  Spec("j", "n2", 2, 4, 3), Spec("j", "n3", 3, 4, 3)});
   const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(last);
   ASSERT_EQ(got.size(), 4u) << Summary(last);
   for (const auto& [stream, a] : got) EXPECT_EQ(a.workers_per_node, "2,1,3(x2)") << stream;

@@ -22,8 +22,8 @@ namespace rdzv {
 struct RankTable {
   int32_t world_size = 0;
   int32_t group_world_size = 0;
-  int32_t master_agent = 0;  // index (into the input) of the agent holding global rank 0
-  std::vector<Slot> slots;   // one per input agent, same index
+  int32_t master_agent = 0;           // index (into the input) of the agent holding global rank 0
+  std::vector<Slot> slots;            // one per input agent, same index
   std::vector<int> workers_per_node;  // one per node, by group rank
 };
 
