@@ -24,6 +24,19 @@ namespace {
 // A credential longer than this is not one (a MUNGE credential is a few hundred bytes).
 constexpr size_t kMaxCredentialBytes = 8192;
 
+// A MUNGE credential is there and of a size munged could have made, before it is decoded.
+absl::Status CheckMungeCredentialSize(absl::string_view cred) {
+  if (cred.empty()) {
+    return absl::UnauthenticatedError(
+        "this rendezvous server needs a MUNGE credential on every call: is munged running on "
+        "the agent's host (check: munge -n | unmunge)?");
+  }
+  if (cred.size() > kMaxCredentialBytes) {
+    return absl::UnauthenticatedError("the MUNGE credential is too long");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 CallCredentials CredentialsOf(const grpc::ServerContextBase& context) {
@@ -117,14 +130,7 @@ absl::StatusOr<Caller> Authenticator::Authenticate(const CallCredentials& creden
       return CheckToken(credentials.token);
     case AuthMode::kMunge: {
       const absl::string_view cred = credentials.munge;
-      if (cred.empty()) {
-        return absl::UnauthenticatedError(
-            "this rendezvous server needs a MUNGE credential on every call: is munged running on "
-            "the agent's host (check: munge -n | unmunge)?");
-      }
-      if (cred.size() > kMaxCredentialBytes) {
-        return absl::UnauthenticatedError("the MUNGE credential is too long");
-      }
+      if (absl::Status s = CheckMungeCredentialSize(cred); !s.ok()) return s;
       // Decoded already when the headers were checked; decoding again would be a replay.
       std::optional<MungeIdentity> decoded = TakeDecoded(cred);
       absl::StatusOr<MungeIdentity> id =
@@ -178,14 +184,7 @@ absl::Status Authenticator::CheckHeaders(const CallCredentials& credentials) con
       break;
   }
   const absl::string_view cred = credentials.munge;
-  if (cred.empty()) {
-    return absl::UnauthenticatedError(
-        "this rendezvous server needs a MUNGE credential on every call: is munged running on "
-        "the agent's host (check: munge -n | unmunge)?");
-  }
-  if (cred.size() > kMaxCredentialBytes) {
-    return absl::UnauthenticatedError("the MUNGE credential is too long");
-  }
+  if (absl::Status s = CheckMungeCredentialSize(cred); !s.ok()) return s;
   absl::StatusOr<MungeIdentity> id = MungeDecode(cred, policy_.munge_socket);
   if (!id.ok()) return id.status();
   if (absl::Status s = CallerOf(*id).status(); !s.ok()) return s;
