@@ -238,7 +238,10 @@ absl::StatusOr<Caller> RendezvousService::Authenticate(grpc::CallbackServerConte
   const CallCredentials credentials = CredentialsOf(*context);
   absl::StatusOr<Caller> caller = auth_.Authenticate(credentials, method, job_id);
   // Also on a refusal for a limit, which the caller then knows to be this server's.
-  if (caller.ok()) auth_.AddProof(*context, credentials, method, job_id, *caller);
+  if (caller.ok()) {
+    auth_.AddProof(*context, credentials, method, job_id, *caller);
+    if (options_.connections != nullptr) options_.connections->CallAccepted(context->peer());
+  }
   if (!caller.ok()) {
     spdlog::warn("refused {} from {}: {}", method, absl::CHexEscape(context->peer()),
                  EscapeControl(caller.status().message()));

@@ -27,6 +27,7 @@
 #include "common/core/rendezvous_state.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
 #include "server/authenticator.h"
+#include "server/connection_guard.h"
 #include "server/service_metrics.h"
 
 namespace rdzv {
@@ -44,6 +45,9 @@ struct ServiceOptions {
   // Where the service reports what it sees for rdzvd's metrics; null for none. Not owned; must
   // outlive the service.
   ServiceMetrics* metrics = nullptr;
+  // Told of each call whose caller proved who it is, so that its connection is kept; null for
+  // none. Not owned; must outlive the service.
+  ConnectionGuard* connections = nullptr;
   // What one user (one owner) may hold on this server at once: jobs, whatever their state, and
   // open Join streams (one per agent). A join past either is refused with RESOURCE_EXHAUSTED.
   int64_t max_jobs_per_user = 1000;

@@ -30,6 +30,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     server->service_metrics_ = std::make_unique<ServiceMetrics>(server->metrics_.get());
     service_options.metrics = server->service_metrics_.get();
   }
+  server->connections_ = std::make_unique<ConnectionGuard>(options.max_connections_per_host,
+                                                           options.unused_connection_timeout);
+  service_options.connections = server->connections_.get();
   server->service_ = std::make_unique<RendezvousService>(SteadyClock(), service_options);
 
 #ifdef NDEBUG
@@ -90,10 +93,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // What a caller can make the server hold before it has proved who it is: its headers and one
   // small window per stream; a connection without calls (never authenticated, or done) closes.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, options.stream_window_bytes);
-  const int idle_ms = static_cast<int>(absl::ToInt64Milliseconds(options.idle_connection_timeout));
   // The handshake keeps gRPC's own timeout (2 minutes): 10,000 agents connecting at once to a
   // busy server take more than a few seconds, and cutting them off only makes them come back.
-  if (idle_ms > 0) builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, idle_ms);
+  // Connections per host, and connections that never carry an authenticated call, are bounded
+  // by the guard, not by gRPC's idle filter, which costs about a tenth more CPU time per agent.
+  server->connections_->InstallOn(&builder);
   // An agent has one Join stream and at most a call or two beside it on its connection.
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
   // All of gRPC's buffers together: past this, new connections and reads wait or fail rather
@@ -129,6 +133,7 @@ void Server::ArmTimer() {
   timer_.async_wait([this](const std::error_code& ec) {
     if (ec) return;
     service_->Tick();
+    if (++ticks_ % kGuardEveryTicks == 0) connections_->Tick();
     ArmTimer();
   });
 }

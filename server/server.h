@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/tls.h"
+#include "server/connection_guard.h"
 #include "server/header_auth.h"
 #include "server/metrics.h"
 #include "server/metrics_http.h"
@@ -46,10 +47,15 @@ struct ServerOptions {
   // refuses joins past three quarters of it (ServiceOptions::max_memory_bytes, unless set), so
   // that attached agents never press it.
   size_t memory_limit_bytes = size_t{4} << 30;
-  // A connection with no call open is closed after this long (the client reconnects when it
-  // next calls); zero: never. Off by default: gRPC's filter that does it costs about a tenth more
-  // CPU time per agent at 10,000 agents (0.45 against 0.40 ms).
-  absl::Duration idle_connection_timeout = absl::ZeroDuration();
+  // Connections one host (one address) may hold open at once, refused at accept past it; 0: any
+  // number. Bounds what a host that shows no credential can open: connections, and on each at
+  // most request_limits.h's kMaxStreamsPerConnection streams. An agent needs one; a node's
+  // per-task agents one each.
+  int max_connections_per_host = 512;
+  // A connection that has carried no authenticated call this long after it opened is closed,
+  // whatever it holds (silence, refused calls, streams that never send their message); zero:
+  // never. Long enough for a burst of joins to a busy server to be answered.
+  absl::Duration unused_connection_timeout = absl::Seconds(60);
   // What gRPC reads ahead of the server on one stream: the flow-control window of each stream.
   // A caller's message arrives whole whatever its size (gRPC widens the window for the message
   // it is reading), but one that has not proved who it is gets no more than this buffered.
@@ -84,6 +90,7 @@ class Server {
   void ArmTimer();
 
   // Declared before the service, which reports to them: they go after it.
+  std::unique_ptr<ConnectionGuard> connections_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<ServiceMetrics> service_metrics_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
@@ -95,6 +102,9 @@ class Server {
   asio::steady_timer timer_{io_};
   absl::Duration tick_interval_;
   std::thread timer_thread_;
+  // The guard's work is done every kGuardEveryTicks ticks (about once a second).
+  static constexpr int kGuardEveryTicks = 10;
+  int64_t ticks_ = 0;
   int port_ = 0;
   bool stopped_ = false;
 };

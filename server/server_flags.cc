@@ -102,9 +102,14 @@ FlagParser MakeParser(ServerFlags& f, Converted& c) {
          "events queued for an agent that does not read them before its stream is ended\n"
          "(default 1024)",
          CountSetter(&c.max_queued_kb, 16, 1 << 20)});
-  p.Add({"idle-connection-timeout-ms", "RDZV_IDLE_CONNECTION_TIMEOUT_MS", "MS",
-         "close a connection with no call open after this long (default 0: never)",
-         MillisSetter(&o.idle_connection_timeout)});
+  p.Add({"max-connections-per-host", "RDZV_MAX_CONNECTIONS_PER_HOST", "N",
+         "connections one host (one address) may hold open; its next one is refused\n"
+         "(default 512; 0: no bound)",
+         IntSetter(&o.max_connections_per_host, 0, 1'000'000, "a whole number from 0 to 1000000")});
+  p.Add({"unused-connection-timeout-ms", "RDZV_UNUSED_CONNECTION_TIMEOUT_MS", "MS",
+         "close a connection that has carried no authenticated call this long after it\n"
+         "opened (default 60000; 0: never)",
+         MillisSetter(&o.unused_connection_timeout)});
   p.Add({"stream-window-kb", "RDZV_STREAM_WINDOW_KB", "KB",
          "what gRPC reads ahead on one stream before the server asks for it (default 16)",
          CountSetter(&c.stream_window_kb, 1, 1024)});

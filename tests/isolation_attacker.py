@@ -4,6 +4,7 @@ to open gRPC calls and send parts of messages, not to decode answers) and libmun
 ctypes for credentials of the uid that runs it.
 
     isolation_attacker.py ATTACK HOST:PORT [--count N] [--munge-socket PATH] [--seconds S]
+                          [--source ADDR]
 
 Each attack opens its connections, holds them for --seconds, prints one line of JSON (what it
 did), closes everything and exits 0. Traffic goes only to HOST:PORT, which the test makes a
@@ -107,7 +108,8 @@ class H2:
 
     def __init__(self, address, window=65535):
         host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.sock = socket.create_connection((host, int(port)), timeout=10,
+                                             source_address=(SOURCE, 0) if SOURCE else None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.lock = threading.Lock()
         self.next_stream = 1
@@ -181,6 +183,22 @@ class H2:
             pass
 
 
+SOURCE = ""
+
+
+def server_closed(sock):
+    """Whether the server has closed SOCK (reading what it sent until then)."""
+    sock.setblocking(False)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
 def connections(address, count, streams_each, window=65535):
     out = []
     for _ in range((count + streams_each - 1) // streams_each):
@@ -199,13 +217,29 @@ def main():
     parser.add_argument("--munge-socket", default="")
     parser.add_argument("--seconds", type=float, default=3)
     parser.add_argument("--job", default="attack")
+    parser.add_argument("--source", default="",
+                        help="the local address to connect from (another loopback address "
+                             "stands for another host)")
     args = parser.parse_args()
+    global SOURCE
+    SOURCE = args.source
     path = "rdzv.v1.Rendezvous/Join"
     opened = 0
     conns = []
     raw = []
     started = time.monotonic()
-    if args.attack in ("half-sent", "headers-only"):
+    if args.attack == "authenticated-headers-only":
+        # A valid credential on each call's headers, and never its message.
+        munge = Munge(args.munge_socket)
+        conns = connections(args.address, args.count, 16)
+        for conn in conns:
+            for _ in range(16):
+                if opened >= args.count:
+                    break
+                conn.open(path, (("x-rdzv-munge", munge.encode("rdzv.v1 Join " + args.job)),),
+                          body=None, end=False)
+                opened += 1
+    elif args.attack in ("half-sent", "headers-only"):
         # No credential: headers, and for half-sent the first 200 KiB of a 256 KiB message.
         conns = connections(args.address, args.count, 16)
         for conn in conns:
@@ -222,7 +256,9 @@ def main():
         host, port = args.address.rsplit(":", 1)
         for _ in range(args.count):
             try:
-                raw.append(socket.create_connection((host, int(port)), timeout=10))
+                raw.append(socket.create_connection(
+                    (host, int(port)), timeout=10,
+                    source_address=(SOURCE, 0) if SOURCE else None))
                 opened += 1
             except OSError:
                 break
@@ -254,6 +290,7 @@ def main():
     open_for = time.monotonic() - started
     time.sleep(args.seconds)
     ended = sum(len(c.ended) for c in conns)
+    raw_closed = sum(1 for s in raw if server_closed(s))
     goaway = sum(1 for c in conns if c.goaway or c.closed)
     # Streams the server ended, one by one or with their connection.
     refused = sum(c.opened if c.goaway or c.closed else len(c.ended) for c in conns)
@@ -263,7 +300,7 @@ def main():
         s.close()
     print(json.dumps({"attack": args.attack, "opened": opened, "connections": len(conns) + len(raw),
                       "ended_by_server": ended, "connections_closed_by_server": goaway,
-                      "ended_or_closed": refused,
+                      "ended_or_closed": refused, "raw_closed_by_server": raw_closed,
                       "open_s": round(open_for, 2)}), flush=True)
 
 

@@ -27,6 +27,12 @@ from rdzvd_process import Rdzvd  # noqa: E402
 ATTACKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "isolation_attacker.py")
 RDZVCTL = os.environ.get("RDZVCTL_BIN", "")
 VICTIM_WORKER = "sleep 4; echo rank=$RANK of $WORLD_SIZE"
+# The attacker connects from another loopback address: another host, as rdzvd sees it. The
+# victim's agents and the admin's rdzvctl come from 127.0.0.1.
+ATTACKER_HOST = "127.0.0.2"
+# Connections that carry no authenticated call go after 2 s (60 by default): the victim's, which
+# do, must outlive that.
+UNUSED_2S = ("--unused-connection-timeout-ms", "2000")
 MIB = 1 << 20
 
 
@@ -91,9 +97,9 @@ class IsolationTest(unittest.TestCase):
         cls.munged.wait(timeout=10)
         shutil.rmtree(cls.dir, ignore_errors=True)
 
-    def rdzvd(self, memory_mb=256):
+    def rdzvd(self, memory_mb=256, extra=()):
         return Rdzvd(auth=("--auth", "munge", "--munge-socket", self.socket,
-                           "--memory-limit-mb", str(memory_mb)))
+                           "--memory-limit-mb", str(memory_mb), *extra))
 
     def victim(self, rdzvd, job="victim"):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RDZV_", "SLURM_"))}
@@ -139,12 +145,12 @@ class IsolationTest(unittest.TestCase):
         return IsolationTest.unattacked_s
 
     def attack(self, name, target="grpc", count=1000, seconds=4, max_rss_mib=200,
-               during=None, memory_mb=256):
+               during=None, memory_mb=256, rdzvd_args=(), max_extra_fds=None):
         """Runs the victim and ATTACK (as nobody) against rdzvd's gRPC or metrics port, and
         checks the victim, rdzvd's bounds and what it gave back. DURING(rdzvd) runs as root while
         the attack holds its connections. The attacker's summary."""
         baseline = self.unattacked()
-        with self.rdzvd(memory_mb) as rdzvd:
+        with self.rdzvd(memory_mb, rdzvd_args) as rdzvd:
             rss0, fds0 = rss_and_fds(rdzvd.pid)
             sampler = Sampler(rdzvd.pid)
             started = time.monotonic()
@@ -163,7 +169,7 @@ class IsolationTest(unittest.TestCase):
             attacker = subprocess.Popen(
                 ["runuser", "-u", "nobody", "--", "/usr/bin/python3", ATTACKER, name,
                  "127.0.0.1:%d" % port, "--count", str(count), "--seconds", str(seconds),
-                 "--munge-socket", self.socket],
+                 "--munge-socket", self.socket, "--source", ATTACKER_HOST],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             if during is not None:
                 time.sleep(1.5)
@@ -191,22 +197,49 @@ class IsolationTest(unittest.TestCase):
             print(figures, flush=True)
             self.assertLess(sampler.max_rss, max_rss_mib * MIB, figures)
             self.assertLessEqual(fds1, fds0 + 4, figures)
+            if max_extra_fds is not None:
+                self.assertLessEqual(sampler.max_fds, fds0 + max_extra_fds, figures)
             self.assertLess(victim_s, baseline * 1.5 + 1, figures)
             self.log = rdzvd.log()
             return summary
 
     def test_unauthenticated_half_sent_messages(self):
-        summary = self.attack("half-sent", count=3200)
+        summary = self.attack("half-sent", count=3200, rdzvd_args=UNUSED_2S)
         # Every stream is refused on its headers (or its connection closed).
         self.assertGreaterEqual(summary["ended_or_closed"], summary["opened"] * 9 // 10)
 
     def test_unauthenticated_header_only_streams(self):
-        summary = self.attack("headers-only", count=3200)
+        summary = self.attack("headers-only", count=3200, rdzvd_args=UNUSED_2S)
         self.assertGreaterEqual(summary["ended_or_closed"], summary["opened"] * 9 // 10)
 
     def test_idle_connection_flood(self):
-        summary = self.attack("idle-connections", count=900, seconds=12)
+        # Past 512 connections from its host refused at once; the rest closed after 2 s unused.
+        summary = self.attack("idle-connections", count=900, seconds=6, rdzvd_args=UNUSED_2S)
         self.assertGreater(summary["opened"], 500)
+        self.assertGreaterEqual(summary["raw_closed_by_server"], summary["opened"] * 9 // 10)
+
+    def test_connections_per_host_are_bounded(self):
+        self.during = None
+
+        def during(rdzvd):
+            # The refused ones are closed at once (the attack's burst takes a moment to clear).
+            time.sleep(1)
+            self.during = (rss_and_fds(rdzvd.pid)[1], self.status(rdzvd))
+
+        summary = self.attack("idle-connections", count=1000, seconds=4, during=during,
+                              rdzvd_args=("--max-connections-per-host", "100"))
+        fds, status = self.during
+        self.assertIn("victim", status)  # the admin's host is another
+        # All but the host's 100 closed at once, long before they count as unused.
+        self.assertGreaterEqual(summary["raw_closed_by_server"], summary["opened"] - 100)
+        self.assertLess(fds, 100 + 40, "rdzvd's open files while the attack holds its connections")
+        self.assertIn("--max-connections-per-host", self.log)
+
+    def test_authenticated_header_only_streams(self):
+        # A valid credential and never a message: the connection never carries a call, and goes.
+        summary = self.attack("authenticated-headers-only", count=1600, seconds=4,
+                              rdzvd_args=UNUSED_2S)
+        self.assertGreaterEqual(summary["ended_or_closed"], summary["opened"] * 9 // 10)
 
     def test_authenticated_padded_joins_up_to_the_user_limit(self):
         self.attack("padded-joins", count=3500, seconds=3, max_rss_mib=400)
@@ -235,7 +268,7 @@ class IsolationTest(unittest.TestCase):
 
         # Room for nobody's 8,000 agents (each user may hold 3/8 of the limit).
         self.attack("status-flood", count=8000, seconds=20, max_rss_mib=600, during=status,
-                    memory_mb=1024)
+                    memory_mb=1024, rdzvd_args=("--max-connections-per-host", "2000"))
         self.assertIn("left out", self.status_out)
 
     def test_idle_metrics_connections(self):

@@ -40,7 +40,8 @@ TEST(ServerFlagsTest, Defaults) {
   EXPECT_EQ(o.service.max_memory_bytes, 0);
   EXPECT_EQ(o.service.max_memory_per_user_bytes, 0);
   EXPECT_EQ(o.service.max_queued_bytes_per_stream, int64_t{1} << 20);
-  EXPECT_EQ(o.idle_connection_timeout, absl::ZeroDuration());
+  EXPECT_EQ(o.unused_connection_timeout, absl::Seconds(60));
+  EXPECT_EQ(o.max_connections_per_host, 512);
   EXPECT_EQ(o.stream_window_bytes, 16 << 10);
   EXPECT_TRUE(o.tls.cert_chain_pem.empty());
   EXPECT_EQ(f->log_level, "info");
@@ -126,11 +127,14 @@ INSTANTIATE_TEST_SUITE_P(
                  [](const ServerFlags& f) {
                    EXPECT_EQ(f.options.service.max_queued_bytes_per_stream, int64_t{64} << 10);
                  }},
-        FlagCase{"IdleConnectionTimeout", "idle-connection-timeout-ms",
-                 "RDZV_IDLE_CONNECTION_TIMEOUT_MS", "30000",
+        FlagCase{"UnusedConnectionTimeout", "unused-connection-timeout-ms",
+                 "RDZV_UNUSED_CONNECTION_TIMEOUT_MS", "30000",
                  [](const ServerFlags& f) {
-                   EXPECT_EQ(f.options.idle_connection_timeout, absl::Seconds(30));
+                   EXPECT_EQ(f.options.unused_connection_timeout, absl::Seconds(30));
                  }},
+        FlagCase{"MaxConnectionsPerHost", "max-connections-per-host",
+                 "RDZV_MAX_CONNECTIONS_PER_HOST", "64",
+                 [](const ServerFlags& f) { EXPECT_EQ(f.options.max_connections_per_host, 64); }},
         FlagCase{"StreamWindow", "stream-window-kb", "RDZV_STREAM_WINDOW_KB", "8",
                  [](const ServerFlags& f) { EXPECT_EQ(f.options.stream_window_bytes, 8 << 10); }}),
     [](const testing::TestParamInfo<FlagCase>& info) { return info.param.name; });
@@ -226,6 +230,10 @@ INSTANTIATE_TEST_SUITE_P(
                   {"--stream-window-kb", "4096"},
                   {},
                   "--stream-window-kb=\"4096\": expected a whole number from 1 to 1024"},
+        ErrorCase{"NegativeConnectionsPerHost",
+                  {"--max-connections-per-host=-1"},
+                  {},
+                  "--max-connections-per-host=\"-1\": expected a whole number from 0 to 1000000"},
         ErrorCase{"KeepaliveTimeoutZero",
                   {"--keepalive-timeout-ms", "0"},
                   {},

@@ -683,6 +683,25 @@ struct Options {
   int64_t soak = 0;
 };
 
+// Whether `binary --help` mentions `flag` (an rdzvd built before it was added does not).
+bool KnowsFlag(const std::string& binary, const std::string& flag) {
+  static absl::Mutex mu(absl::kConstInit);
+  static std::map<std::pair<std::string, std::string>, bool>* known =
+      new std::map<std::pair<std::string, std::string>, bool>();
+  absl::MutexLock lock(&mu);
+  auto [it, added] = known->try_emplace({binary, flag}, false);
+  if (!added) return it->second;
+  const std::string command = absl::StrCat("'", binary, "' --help 2>&1");
+  if (FILE* out = popen(command.c_str(), "r"); out != nullptr) {
+    std::string text;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof(buf), out)) > 0;) text.append(buf, n);
+    pclose(out);
+    it->second = text.find(flag) != std::string::npos;
+  }
+  return it->second;
+}
+
 // rdzvd on a free loopback port, its stderr in log_dir. Retries when another process took the
 // port between our probe and its bind.
 absl::Status StartRdzvd(const Options& o, Child& rdzvd, int& port, const std::string& log) {
@@ -692,9 +711,14 @@ absl::Status StartRdzvd(const Options& o, Child& rdzvd, int& port, const std::st
     // Pings stay on, at rdzvd's default interval, but with a longer timeout: the simulated
     // agents share two cores with rdzvd, and a client process busy with a thousand new channels
     // can take over a second to answer (a real node answers in microseconds), which rdzvd's
-    // default 1 s timeout would take for a lost node. --rdzvd-arg values come after, and win.
+    // default 1 s timeout would take for a lost node. The simulated agents all come from one
+    // address, where real ones come from a host each: no bound per host. --rdzvd-arg values come
+    // after, and win.
     std::vector<std::string> argv = {o.rdzvd, "--listen", absl::StrCat("127.0.0.1:", *p),
                                      "--keepalive-timeout-ms=5000"};
+    if (KnowsFlag(o.rdzvd, "--max-connections-per-host")) {
+      argv.push_back("--max-connections-per-host=0");
+    }
     if (o.auth != "omit") argv.push_back(absl::StrCat("--auth=", o.auth));
     argv.insert(argv.end(), o.rdzvd_args.begin(), o.rdzvd_args.end());
     absl::StatusOr<int> metrics_port = o.metrics_scrape_ms > 0 ? FreePort() : 0;
@@ -1522,7 +1546,8 @@ int Main(int argc, char** argv) {
            return absl::OkStatus();
          }});
   p.Add({"rdzvd-arg", "", "ARG",
-         "pass ARG to rdzvd (repeatable; after the bench's own --keepalive-timeout-ms=5000)",
+         "pass ARG to rdzvd (repeatable; after the bench's own --keepalive-timeout-ms=5000\n"
+         "and --max-connections-per-host=0)",
          [&](absl::string_view v) {
            o.rdzvd_args.emplace_back(v);
            return absl::OkStatus();

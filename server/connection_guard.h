@@ -1,0 +1,58 @@
+// ConnectionGuard: the bounds rdzvd keeps on connections before any credential is shown
+// (ConnectionTable): at most so many open connections per host, refused at accept; and a
+// connection that has carried no accepted call some time after it opened is closed, whatever
+// it holds (silence, streams that never send their message, refused calls).
+//
+// It sees each connection gRPC accepts through a socket mutator, the one hook gRPC's listener
+// offers at accept, on plaintext and TLS alike (before the handshake); a refused socket is shut
+// down there, and gRPC drops it. The calls rdzvd accepts are reported by the service
+// (CallAccepted, with the call's peer). A connection past its time is shut down through a
+// duplicate of its socket, checked to be the same socket first, so that a number gRPC has
+// closed and reused meanwhile is never touched.
+//
+// Thread-safe. Owned by the server; gRPC's listener holds a reference to its state for as long
+// as it needs it.
+#ifndef RDZV_SERVER_CONNECTION_GUARD_H_
+#define RDZV_SERVER_CONNECTION_GUARD_H_
+
+#include <grpcpp/server_builder.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace rdzv {
+
+class ConnectionGuard {
+ public:
+  // `max_per_host`: 0 for no bound; `first_call_within`: zero for no time limit.
+  ConnectionGuard(int max_per_host, absl::Duration first_call_within);
+  ~ConnectionGuard();
+  ConnectionGuard(const ConnectionGuard&) = delete;
+  ConnectionGuard& operator=(const ConnectionGuard&) = delete;
+
+  // Sees every connection of the server `builder` builds next.
+  void InstallOn(grpc::ServerBuilder* builder);
+
+  // A call from `peer` (grpc::ServerContext::peer(), "ipv4:10.0.0.1:41234") was accepted.
+  void CallAccepted(absl::string_view peer);
+
+  // Closes the connections past their time, and now and then forgets closed ones. Call about
+  // once a second; does not block on the network.
+  void Tick();
+
+  // Connections refused at accept, and closed for carrying no accepted call, since the start.
+  int64_t refused() const;
+  int64_t closed_unused() const;
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace rdzv
+
+#endif  // RDZV_SERVER_CONNECTION_GUARD_H_
