@@ -5,6 +5,7 @@
 #include <grpc/impl/codegen/sync_generic.h>
 #include <grpcpp/impl/server_builder_option.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -228,6 +229,29 @@ void ConnectionGuard::Tick() {
     absl::MutexLock lock(&state_->mu);
     state_->closed_unused += closed;
   }
+}
+
+bool ConnectionGuard::ConnectionUp(absl::string_view peer) const {
+  const std::optional<Peer> p = PeerOf(peer);
+  if (!p) return false;
+  std::optional<ConnectionTable::Handle> handle;
+  {
+    absl::MutexLock lock(&state_->mu);
+    handle = state_->table.Find(p->host, p->port);
+  }
+  if (!handle) return false;
+  const int dup = fcntl(handle->fd, F_DUPFD_CLOEXEC, 0);
+  if (dup < 0) return false;
+  bool up = false;
+  if (InodeOf(dup) == handle->inode) {
+    // A peer that closed (its process ended: FIN) or reset the connection is past ESTABLISHED.
+    tcp_info info = {};
+    socklen_t len = sizeof(info);
+    up = getsockopt(dup, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
+         info.tcpi_state == TCP_ESTABLISHED;
+  }
+  close(dup);
+  return up;
 }
 
 int64_t ConnectionGuard::refused() const {

@@ -39,6 +39,10 @@ class ConnectionGuard {
   // A call from `peer` (grpc::ServerContext::peer(), "ipv4:10.0.0.1:41234") was accepted.
   void CallAccepted(absl::string_view peer);
 
+  // Whether the connection of `peer` is still up: open here and not closed by its other end.
+  // False when it is gone, closing, or unknown. A few system calls; does not block.
+  bool ConnectionUp(absl::string_view peer) const;
+
   // Closes the connections past their time, and now and then forgets closed ones. Call about
   // once a second; does not block on the network.
   void Tick();

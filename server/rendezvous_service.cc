@@ -7,6 +7,7 @@
 #include <list>
 #include <optional>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
@@ -125,11 +126,11 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
         if (!writing_ && queue_.empty()) WriteNextLocked();
       }
     }
-    service_->StreamDone(id_);
+    service_->StreamDone(id_, /*cancelled=*/true);
   }
 
   void OnDone() override {
-    service_->StreamDone(id_);
+    service_->StreamDone(id_, /*cancelled=*/false);
     bool last;
     {
       absl::MutexLock lock(&mu_);
@@ -327,7 +328,7 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
     if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedInvalid);
     return refuse(ToGrpcStatus(invalid));
   }
-  streams_.emplace(id, Stream{stream, &state});
+  streams_.emplace(id, Stream{stream, &state, context->peer()});
   ++streams_per_user_[&state];
   std::shared_ptr<Usage>& usage = usage_[&state];
   if (usage == nullptr) usage = std::make_shared<Usage>();
@@ -343,15 +344,39 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
   return stream;
 }
 
-void RendezvousService::StreamDone(StreamId id) {
+bool RendezvousService::MayReattach(StreamId id) {
+  if (options_.connections == nullptr || options_.reattach_window <= 0) return false;
+  std::string peer;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = streams_.find(id);
+    if (it == streams_.end() || !it->second.state->Runs(id)) return false;
+    peer = it->second.peer;
+  }
+  return options_.connections->ConnectionUp(peer);
+}
+
+void RendezvousService::StreamDone(StreamId id, bool cancelled) {
+  const bool may_reattach = cancelled && MayReattach(id);
   std::vector<JoinStream*> writers;
   {
     absl::MutexLock lock(&mu_);
     auto it = streams_.find(id);
     if (it == streams_.end()) return;
     RendezvousState* state = it->second.state;
-    EraseStream(it);
     const Micros now = clock_();
+    if (may_reattach) {
+      if (options_.log_jobs) {
+        spdlog::info(
+            "a running agent's stream from {} ended with its connection still up; it has {} ms "
+            "to come back before it counts as lost",
+            absl::CHexEscape(it->second.peer), options_.reattach_window / 1000);
+      }
+      reattaching_[id] = Reattaching{state, it->second.peer, now + options_.reattach_window};
+      EraseStream(it);
+      return;
+    }
+    EraseStream(it);
     if (options_.metrics != nullptr) options_.metrics->OnStreamGone(now, id);
     Decisions decisions;
     state->StreamClosed(now, id, decisions);
@@ -577,11 +602,34 @@ grpc::ServerUnaryReactor* RendezvousService::GetStatus(grpc::CallbackServerConte
 }
 
 void RendezvousService::Tick() {
+  // Agents whose streams were reset with their connections up: back (their state no longer
+  // runs on the old stream), gone (the connection closed since), or out of time.
+  std::vector<std::pair<StreamId, std::string>> waiting;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, r] : reattaching_) waiting.emplace_back(id, r.peer);
+  }
+  std::vector<StreamId> gone;
+  for (const auto& [id, peer] : waiting) {
+    if (!options_.connections->ConnectionUp(peer)) gone.push_back(id);
+  }
   std::vector<JoinStream*> writers;
   {
     absl::MutexLock lock(&mu_);
     Decisions decisions;
     const auto now = clock_();
+    for (auto it = reattaching_.begin(); it != reattaching_.end();) {
+      const Reattaching& r = it->second;
+      const bool lost = now >= r.deadline || absl::c_linear_search(gone, it->first);
+      if (r.state->Runs(it->first) && !lost) {
+        ++it;
+        continue;
+      }
+      if (options_.metrics != nullptr) options_.metrics->OnStreamGone(now, it->first);
+      // A no-op for an agent that came back: its new stream replaced this one.
+      r.state->StreamClosed(now, it->first, decisions);
+      reattaching_.erase(it++);
+    }
     for (auto& [owner, state] : states_) state->Tick(now, decisions);
     Apply(decisions, writers);
   }

@@ -48,6 +48,11 @@ struct ServiceOptions {
   // Told of each call whose caller proved who it is, so that its connection is kept; null for
   // none. Not owned; must outlive the service.
   ConnectionGuard* connections = nullptr;
+  // A running agent's stream that ends while its connection stays up was reset on this side
+  // (gRPC resets streams when its memory quota is pressed), not lost: its agent, which sees the
+  // reset and rejoins, has this long to come back before it counts as lost. Its connection
+  // closing meanwhile ends the wait. Needs `connections`; 0: every ended stream is a lost agent.
+  Micros reattach_window = 2'000'000;
   // What one user (one owner) may hold on this server at once: jobs, whatever their state, and
   // open Join streams (one per agent). A join past either is refused with RESOURCE_EXHAUSTED.
   int64_t max_jobs_per_user = 1000;
@@ -127,7 +132,12 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands the streams to the writer threads, which start their writes.
   void StartWrites(std::vector<JoinStream*> writers) ABSL_LOCKS_EXCLUDED(mu_);
-  void StreamDone(StreamId id);
+  // Stream `id` is over: `cancelled` when it ended without the server finishing it (its agent,
+  // its connection, or gRPC's own reset under memory pressure).
+  void StreamDone(StreamId id, bool cancelled);
+  // Whether the Join stream `id` of `state`, just cancelled, ended with its connection still up
+  // while its agent runs: then its agent is given reattach_window to come back.
+  bool MayReattach(StreamId id) ABSL_LOCKS_EXCLUDED(mu_);
   // The caller of `context`'s call of `method` on `job_id`, or why not (logged and counted):
   // unauthenticated, or `limits` (the request's check, server/request_limits.h) when not OK.
   absl::StatusOr<Caller> Authenticate(grpc::CallbackServerContext* context,
@@ -143,6 +153,13 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   struct Stream {
     JoinStream* stream;
     RendezvousState* state;  // the owner's jobs the stream joined
+    std::string peer;        // the call's peer, as gRPC names it
+  };
+  // Streams ended with their connection up, whose agents may come back until `deadline`.
+  struct Reattaching {
+    RendezvousState* state;
+    std::string peer;
+    Micros deadline;
   };
   // Forgets stream `it`, and counts it off its owner's streams.
   void EraseStream(absl::flat_hash_map<StreamId, Stream>::iterator it)
@@ -168,6 +185,7 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   const Authenticator auth_;
   absl::flat_hash_map<std::string, std::unique_ptr<RendezvousState>> states_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<StreamId, Stream> streams_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<StreamId, Reattaching> reattaching_ ABSL_GUARDED_BY(mu_);
   // Open streams by the owner's state they joined (for max_agents_per_user).
   absl::flat_hash_map<const RendezvousState*, int64_t> streams_per_user_ ABSL_GUARDED_BY(mu_);
   // Memory held per owner's state, and by all (ServiceOptions::max_memory_per_user_bytes).

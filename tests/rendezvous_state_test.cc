@@ -260,6 +260,19 @@ TEST_F(RendezvousStateTest, NothingIsSentBeforeTheRoundCompletes) {
   EXPECT_EQ(EventsOf<AssignmentEvent>(Join(2 * kSecond, 3, Spec("j", "n2", 2, 3))).size(), 3u);
 }
 
+TEST_F(RendezvousStateTest, RunsOnlyOnTheStreamsOfRunningAgentsThatHaveNotLeft) {
+  Join(0, 1, Spec("j", "n0", 0, 2));
+  EXPECT_FALSE(state_.Runs(1));  // still filling
+  Join(0, 2, Spec("j", "n1", 1, 2));
+  EXPECT_TRUE(state_.Runs(1));
+  EXPECT_TRUE(state_.Runs(2));
+  EXPECT_FALSE(state_.Runs(3));  // no such stream
+  Leave(kSecond, "j", "n1/agent");
+  EXPECT_FALSE(state_.Runs(2));
+  Closed(kSecond, 1);  // n0 lost: the job ends
+  EXPECT_FALSE(state_.Runs(1));
+}
+
 // ---- Refusals ----
 
 TEST_F(RendezvousStateTest, LateJoinerIsRefused) {

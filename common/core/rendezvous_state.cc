@@ -686,6 +686,16 @@ void RendezvousState::EndJob(Job& job, Micros now, AbortEvent abort, Decisions& 
   if (filling) job.last_detach = now;
 }
 
+bool RendezvousState::Runs(StreamId stream) const {
+  auto owner = streams_.find(stream);
+  if (owner == streams_.end()) return false;
+  auto job = jobs_.find(owner->second.job_id);
+  if (job == jobs_.end() || job->second->phase != Phase::kRunning) return false;
+  auto member = job->second->members.find(owner->second.agent_id);
+  return member != job->second->members.end() && member->second.stream == stream &&
+         !member->second.left;
+}
+
 void RendezvousState::StreamClosed(Micros now, StreamId stream, Decisions& out) {
   auto owner_it = streams_.find(stream);
   if (owner_it == streams_.end()) return;

@@ -98,6 +98,10 @@ class RendezvousState {
   // `stream` ended from the agent's side (cancelled, deadline, connection lost).
   void StreamClosed(Micros now, StreamId stream, Decisions& out);
 
+  // Whether `stream` is the stream of an agent in a running round that has not left: one whose
+  // loss ends the job.
+  bool Runs(StreamId stream) const;
+
   // An agent's worker failed, or the agent was told to stop. Ends the job unless it already
   // ended; returns the job's first failure (which may be an earlier one from another agent).
   // NotFound for an unknown job or agent; InvalidArgument for a failure of another cause.

@@ -44,6 +44,15 @@ void ConnectionTable::CallAccepted(absl::string_view host, uint16_t port) {
   if (c != h->second.end()) c->second.called = true;
 }
 
+std::optional<ConnectionTable::Handle> ConnectionTable::Find(absl::string_view host,
+                                                             uint16_t port) const {
+  auto h = hosts_.find(host);
+  if (h == hosts_.end()) return std::nullopt;
+  auto c = h->second.find(port);
+  if (c == h->second.end()) return std::nullopt;
+  return c->second.handle;
+}
+
 std::vector<ConnectionTable::Handle> ConnectionTable::TakeOverdue(absl::Time now) {
   std::vector<Handle> overdue;
   while (!opened_.empty() && now - opened_.front().at >= first_call_within_) {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,9 @@ class ConnectionTable {
 
   // The connection from `host`:`port` carried a call that rdzvd accepted: it is never overdue.
   void CallAccepted(absl::string_view host, uint16_t port);
+
+  // The handle of the connection from `host`:`port`, if recorded.
+  std::optional<Handle> Find(absl::string_view host, uint16_t port) const;
 
   // The connections open since before now - first_call_within that carried no accepted call,
   // forgotten here: the caller closes those `is_open` still confirms.
