@@ -4,9 +4,12 @@
 #include <grpcpp/resource_quota.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
+#include <malloc.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -133,9 +136,30 @@ void Server::ArmTimer() {
   timer_.async_wait([this](const std::error_code& ec) {
     if (ec) return;
     service_->Tick();
-    if (++ticks_ % kGuardEveryTicks == 0) connections_->Tick();
+    if (++ticks_ % kGuardEveryTicks == 0) {
+      connections_->Tick();
+      ReturnMemory();
+    }
     ArmTimer();
   });
+}
+
+void Server::ReturnMemory() {
+  // statm's second field: resident pages.
+  std::ifstream statm("/proc/self/statm");
+  int64_t size_pages = 0, resident_pages = 0;
+  if (!(statm >> size_pages >> resident_pages)) return;
+  static const int64_t page = sysconf(_SC_PAGESIZE);
+  const int64_t rss = resident_pages * page;
+  const int64_t held = service_->memory_held();
+  const absl::Time now = absl::Now();
+  if (!memory_return_.Check(now, held, rss)) return;
+  malloc_trim(0);
+  std::ifstream after("/proc/self/statm");
+  if (after >> size_pages >> resident_pages) {
+    SPDLOG_DEBUG("returned {} MiB to the system", (rss - resident_pages * page) >> 20);
+    memory_return_.Trimmed(absl::Now(), held, resident_pages * page);
+  }
 }
 
 Server::~Server() { Shutdown(); }

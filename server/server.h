@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "common/tls.h"
 #include "server/connection_guard.h"
+#include "server/core/memory_return.h"
 #include "server/header_auth.h"
 #include "server/metrics.h"
 #include "server/metrics_http.h"
@@ -88,6 +89,8 @@ class Server {
  private:
   Server() = default;
   void ArmTimer();
+  // Hands freed memory back to the kernel when MemoryReturn says so (on the timer's thread).
+  void ReturnMemory();
 
   // Declared before the service, which reports to them: they go after it.
   std::unique_ptr<ConnectionGuard> connections_;
@@ -105,6 +108,7 @@ class Server {
   // The guard's work is done every kGuardEveryTicks ticks (about once a second).
   static constexpr int kGuardEveryTicks = 10;
   int64_t ticks_ = 0;
+  MemoryReturn memory_return_;
   int port_ = 0;
   bool stopped_ = false;
 };
