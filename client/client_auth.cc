@@ -2,8 +2,11 @@
 #include <grpcpp/client_context.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
 #include "common/auth.h"
 #include "common/net.h"
@@ -42,7 +45,11 @@ absl::Status AttachCredential(grpc::ClientContext& ctx, const ClientAuth& auth,
       ctx.AddMetadata(kTokenMetadata, auth.token);
       return absl::OkStatus();
     case ClientAuth::Mode::kMunge: {
-      absl::StatusOr<std::string> cred = MungeEncode(CallPayload(method, job), auth.munge_socket);
+      // A busy munged is waited for within the call's deadline, up to a minute.
+      const absl::Time retry_until =
+          std::min(absl::FromChrono(ctx.deadline()), absl::Now() + absl::Minutes(1));
+      absl::StatusOr<std::string> cred =
+          MungeEncode(CallPayload(method, job), auth.munge_socket, retry_until);
       if (!cred.ok()) return cred.status();
       ctx.AddMetadata(kMungeMetadata, *cred);
       return absl::OkStatus();

@@ -22,6 +22,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/core/backoff.h"
 
 namespace rdzv {
 namespace {
@@ -127,32 +129,71 @@ std::string TokenProof(absl::string_view token, absl::string_view payload) {
   return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(mac), len));
 }
 
-absl::StatusOr<std::string> MungeEncode(absl::string_view payload, const std::string& socket) {
-  MungeContext ctx(socket);
-  if (ctx.get() == nullptr) return absl::ResourceExhaustedError("munge_ctx_create failed");
-  char* cred = nullptr;
-  const munge_err_t err =
-      munge_encode(&cred, ctx.get(), payload.data(), static_cast<int>(payload.size()));
-  if (err != EMUNGE_SUCCESS) return MungeError(err, ctx.get(), socket);
-  std::string out(cred);
-  std::free(cred);
+namespace {
+
+// One libmunge call, `call(ctx)`, again and again while munged is busy (see kMungeBusyRetry).
+// `call` returns munged's error code and fills its own result.
+template <typename Call>
+absl::Status WhileMungedBusy(const std::string& socket, absl::Time retry_until, Call call) {
+  static const BackoffPolicy kPolicy{absl::Milliseconds(5), absl::Milliseconds(200), 2.0, 0.5};
+  thread_local std::mt19937 random(std::random_device{}());
+  for (int attempt = 0;; ++attempt) {
+    MungeContext ctx(socket);
+    if (ctx.get() == nullptr) return absl::ResourceExhaustedError("munge_ctx_create failed");
+    const munge_err_t err = call(ctx.get());
+    if (err == EMUNGE_SUCCESS) return absl::OkStatus();
+    const absl::Duration delay =
+        BackoffDelay(kPolicy, attempt, std::uniform_real_distribution<double>(0, 1)(random));
+    if (err != EMUNGE_SOCKET || absl::Now() + delay > retry_until || !MungeSocketPresent(socket)) {
+      return MungeError(err, ctx.get(), socket);
+    }
+    absl::SleepFor(delay);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> MungeEncode(absl::string_view payload, const std::string& socket,
+                                        absl::Time retry_until) {
+  std::string out;
+  absl::Status status = WhileMungedBusy(socket, retry_until, [&](munge_ctx_t ctx) {
+    char* cred = nullptr;
+    const munge_err_t err =
+        munge_encode(&cred, ctx, payload.data(), static_cast<int>(payload.size()));
+    if (err == EMUNGE_SUCCESS) out = cred;
+    std::free(cred);
+    return err;
+  });
+  if (!status.ok()) return status;
   return out;
 }
 
-absl::StatusOr<MungeIdentity> MungeDecode(absl::string_view credential, const std::string& socket) {
-  MungeContext ctx(socket);
-  if (ctx.get() == nullptr) return absl::ResourceExhaustedError("munge_ctx_create failed");
+absl::StatusOr<std::string> MungeEncode(absl::string_view payload, const std::string& socket) {
+  return MungeEncode(payload, socket, absl::Now() + kMungeBusyRetry);
+}
+
+absl::StatusOr<MungeIdentity> MungeDecode(absl::string_view credential, const std::string& socket,
+                                          absl::Time retry_until) {
   const std::string cred(credential);  // libmunge wants it NUL-terminated
-  void* payload = nullptr;
-  int len = 0;
   MungeIdentity id;
-  const munge_err_t err = munge_decode(cred.c_str(), ctx.get(), &payload, &len, &id.uid, &id.gid);
-  if (payload != nullptr) {
-    if (err == EMUNGE_SUCCESS && len > 0) id.payload.assign(static_cast<const char*>(payload), len);
-    std::free(payload);
-  }
-  if (err != EMUNGE_SUCCESS) return MungeError(err, ctx.get(), socket);
+  absl::Status status = WhileMungedBusy(socket, retry_until, [&](munge_ctx_t ctx) {
+    void* payload = nullptr;
+    int len = 0;
+    const munge_err_t err = munge_decode(cred.c_str(), ctx, &payload, &len, &id.uid, &id.gid);
+    if (payload != nullptr) {
+      if (err == EMUNGE_SUCCESS && len > 0) {
+        id.payload.assign(static_cast<const char*>(payload), len);
+      }
+      std::free(payload);
+    }
+    return err;
+  });
+  if (!status.ok()) return status;
   return id;
+}
+
+absl::StatusOr<MungeIdentity> MungeDecode(absl::string_view credential, const std::string& socket) {
+  return MungeDecode(credential, socket, absl::Now() + kMungeBusyRetry);
 }
 
 bool MungeWorks(const std::string& socket) {

@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace rdzv {
 
@@ -65,12 +66,26 @@ struct MungeIdentity {
   std::string payload;
 };
 
+// A munged that is momentarily saturated (its listen backlog full in a burst of calls, or the
+// daemon stopped for a moment) refuses or drops connections; such a call is tried again with
+// backoff (5 ms doubling to 200 ms, jittered) until `retry_until`, for as long as munged is there
+// (MungeSocketPresent). A credential munged has judged (invalid, replayed, expired, another key)
+// is never tried again. By default a call is retried for kMungeBusyRetry. (libmunge itself gives
+// up on a munged that does not answer after about 10 s.)
+inline constexpr absl::Duration kMungeBusyRetry = absl::Seconds(30);
+
 // Encodes a credential for `payload` through the munged at `socket` ("" for the default).
-// Unavailable, naming the socket and what to check, when munged cannot be reached.
+// Unavailable, naming the socket and what to check, when munged cannot be reached by
+// `retry_until`.
+absl::StatusOr<std::string> MungeEncode(absl::string_view payload, const std::string& socket,
+                                        absl::Time retry_until);
 absl::StatusOr<std::string> MungeEncode(absl::string_view payload, const std::string& socket);
 
 // Decodes `credential` through the munged at `socket`. Unauthenticated when it is invalid,
-// expired, replayed or made with another key; Unavailable when munged cannot be reached.
+// expired, replayed or made with another key; Unavailable when munged cannot be reached by
+// `retry_until`.
+absl::StatusOr<MungeIdentity> MungeDecode(absl::string_view credential, const std::string& socket,
+                                          absl::Time retry_until);
 absl::StatusOr<MungeIdentity> MungeDecode(absl::string_view credential, const std::string& socket);
 
 // Whether munged answers at `socket` (one encode and decode of an empty payload).

@@ -23,7 +23,7 @@ fi
 if [ "${RDZV_SKIP_ASAN:-0}" != 1 ]; then
   cmake --preset asan >/dev/null
   cmake --build --preset asan -j "$jobs"
-  # The 2,000-agent scale check ran in the release pass; under ASan it takes minutes. The
+  # The 2,000-agent scale checks (bench_*) ran in the release pass; under ASan they take minutes. The
   # attack test bounds rdzvd's memory, which ASan's shadow and quarantine multiply; it ran in the
   # release pass too.
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \

@@ -8,6 +8,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "common/auth.h"
 #include "common/logging.h"
 #include "server/metrics.h"
@@ -95,10 +96,20 @@ void HeaderAuth::Process(void* state, grpc_auth_context* /*context*/, const grpc
     cb(user_data, nullptr, 0, nullptr, 0, CoreCode(status), message.c_str());
     return;
   }
+  if (self->queued_.fetch_add(1, std::memory_order_relaxed) >= kMaxQueued) {
+    self->queued_.fetch_sub(1, std::memory_order_relaxed);
+    const absl::Status busy = absl::UnavailableError(absl::StrFormat(
+        "the rendezvous server has %d credentials waiting for munged; try again shortly",
+        kMaxQueued));
+    self->Refused(path, busy);
+    cb(user_data, nullptr, 0, nullptr, 0, CoreCode(busy), std::string(busy.message()).c_str());
+    return;
+  }
   // The metadata lives until cb runs, but copies keep the task independent of it.
   asio::post(self->pool_,
              [self, path = std::string(path), munge = std::string(munge), cb, user_data] {
                const absl::Status status = self->auth_->CheckHeaders({munge, {}, {}});
+               self->queued_.fetch_sub(1, std::memory_order_relaxed);
                if (!status.ok()) self->Refused(path, status);
                const std::string message(status.message());
                cb(user_data, nullptr, 0, nullptr, 0, CoreCode(status), message.c_str());

@@ -18,6 +18,7 @@
 #include <grpcpp/security/server_credentials.h>
 
 #include <asio/thread_pool.hpp>
+#include <atomic>
 #include <functional>
 #include <memory>
 
@@ -56,6 +57,10 @@ class HeaderAuth {
   mutable absl::Time last_log_ ABSL_GUARDED_BY(log_mu_) = absl::InfinitePast();
   mutable int64_t unlogged_ ABSL_GUARDED_BY(log_mu_) = 0;
   const std::function<void(absl::string_view)> on_refused_;
+  // Decodes waiting for, or on, the pool: past kMaxQueued new ones are refused (UNAVAILABLE,
+  // which clients retry) rather than queued, while munged is slow.
+  static constexpr int64_t kMaxQueued = 20'000;
+  std::atomic<int64_t> queued_{0};
   asio::thread_pool pool_;
 };
 

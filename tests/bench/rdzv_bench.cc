@@ -267,6 +267,10 @@ class Worker {
       options.join_timeout = absl::Seconds(120);
       options.rpc_timeout = absl::Seconds(60);
       options.auth.mode = config_.auth;
+      // rdzvd reads the same variable: a private munged serves both.
+      if (const char* socket = std::getenv("RDZV_MUNGE_SOCKET"); socket != nullptr) {
+        options.auth.munge_socket = socket;
+      }
       absl::StatusOr<std::unique_ptr<Client>> c = Client::Create(options);
       if (!c.ok()) {
         std::fprintf(stderr, "rdzv-bench worker: %s\n", std::string(c.status().message()).c_str());
@@ -1537,7 +1541,8 @@ int Main(int argc, char** argv) {
          on(o.verbose)});
   p.Add({"auth", "", "none|munge|omit",
          "rdzvd's --auth, and the credential the simulated agents send (default none; omit\n"
-         "passes no --auth, for an rdzvd that predates it)",
+         "passes no --auth, for an rdzvd that predates it); RDZV_MUNGE_SOCKET names\n"
+         "the munged of both rdzvd and the agents",
          [&](absl::string_view v) {
            if (v != "none" && v != "munge" && v != "omit") {
              return absl::InvalidArgumentError("expected none, munge or omit");
