@@ -14,6 +14,7 @@
 #include "common/process_env.h"
 #include "common/tls.h"
 #include "server/authenticator.h"
+#include "server/metrics_http.h"
 #include "server/server.h"
 #include "server/server_flags.h"
 #include "server/systemd_notify.h"
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
   sigaddset(&stop, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
+  options.serve_metrics = &rdzv::MetricsHttpServer::StartEndpoint;
   absl::StatusOr<std::unique_ptr<rdzv::Server>> server = rdzv::Server::Start(options);
   if (!server.ok()) return Fail(server.status().message(), 1);
   spdlog::info("serving on {} (port {}), authentication: {}{}", options.listen, (*server)->port(),

@@ -390,6 +390,13 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   return server;
 }
 
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsHttpServer::StartEndpoint(
+    const std::string& listen, Metrics* metrics) {
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server = Start(listen, metrics);
+  if (!server.ok()) return server.status();
+  return std::unique_ptr<MetricsEndpoint>(*std::move(server));
+}
+
 MetricsHttpServer::~MetricsHttpServer() { Shutdown(); }
 
 void MetricsHttpServer::Shutdown() {

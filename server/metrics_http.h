@@ -22,27 +22,31 @@
 
 #include "absl/status/statusor.h"
 #include "server/metrics.h"
+#include "server/metrics_endpoint.h"
 
 namespace rdzv {
 
-class MetricsHttpServer {
+class MetricsHttpServer final : public MetricsEndpoint {
  public:
   // Binds `listen` ("host:port", "[v6addr]:port"; port 0 picks a free one, see port()) and
   // starts serving on threads of its own. InvalidArgument for a malformed address,
   // FailedPrecondition (one line naming the address and why) when it cannot be bound.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& listen,
                                                                   Metrics* metrics);
-  ~MetricsHttpServer();
+  // Start, as a ServerOptions::serve_metrics.
+  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartEndpoint(const std::string& listen,
+                                                                        Metrics* metrics);
+  ~MetricsHttpServer() override;
   MetricsHttpServer(const MetricsHttpServer&) = delete;
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
 
   // The port actually bound.
-  int port() const { return port_; }
+  int port() const override { return port_; }
 
   // Stops accepting, lets the requests in progress finish and joins the threads. Returns
   // within about a second (longer only while a client is in the middle of sending a request
   // or reading a response, up to the 2 s timeouts).
-  void Shutdown();
+  void Shutdown() override;
 
  private:
   class Http;  // httplib's server, in the .cc

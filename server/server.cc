@@ -116,8 +116,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
 
   if (server->metrics_ != nullptr) {
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
-        MetricsHttpServer::Start(options.metrics_listen, server->metrics_.get());
+    if (options.serve_metrics == nullptr) {
+      return absl::FailedPreconditionError("this program serves no metrics; leave out the address");
+    }
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> http =
+        options.serve_metrics(options.metrics_listen, server->metrics_.get());
     if (!http.ok()) return http.status();  // the destructor stops what started
     server->metrics_http_ = *std::move(http);
   }

@@ -23,7 +23,7 @@
 #include "server/core/memory_return.h"
 #include "server/header_auth.h"
 #include "server/metrics.h"
-#include "server/metrics_http.h"
+#include "server/metrics_endpoint.h"
 #include "server/rendezvous_service.h"
 #include "server/service_metrics.h"
 
@@ -44,6 +44,9 @@ struct ServerOptions {
   // "host:port" to serve Prometheus metrics on (GET /metrics); empty for none. Port 0 picks a
   // free one (see Server::metrics_port()).
   std::string metrics_listen;
+  // What serves metrics_listen: MetricsHttpServer::StartEndpoint (server/metrics_http.h, library
+  // rdzv_metrics_http), which rdzvd passes. Without it a metrics_listen is refused.
+  MetricsEndpointStarter serve_metrics = nullptr;
   // gRPC's memory for all connections and calls together (its resource quota). The service
   // refuses joins past three quarters of it (ServiceOptions::max_memory_bytes, unless set), so
   // that attached agents never press it.
@@ -96,7 +99,7 @@ class Server {
   std::unique_ptr<ConnectionGuard> connections_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<ServiceMetrics> service_metrics_;
-  std::unique_ptr<MetricsHttpServer> metrics_http_;
+  std::unique_ptr<MetricsEndpoint> metrics_http_;
   std::unique_ptr<RendezvousService> service_;
   // Checks credentials on headers; after the grpc::Server, which calls it, goes.
   std::unique_ptr<HeaderAuth> header_auth_;
