@@ -17,17 +17,21 @@ import test_slurm  # noqa: E402
 from test_slurm import SlurmTestCase, base_env, setUpModule  # noqa: E402,F401
 
 # Writes its environment, its pid and its open descriptors. With --fail-first-rank R, rank R of
-# the first attempt fails before writing, so that the job restarts.
+# the first attempt fails before writing, so that the job restarts, and the other ranks of that
+# attempt wait until the restart stops them.
 PLACE_READER = textwrap.dedent("""\
-    import argparse, json, os
+    import argparse, json, os, time
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
     parser.add_argument("--fail-first-rank", type=int, default=None)
     args = parser.parse_args()
     e = os.environ
-    if (args.fail_first_rank == int(e["RANK"]) and
-            e["TORCHELASTIC_RESTART_COUNT"] == "0"):
-        raise SystemExit(3)
+    if args.fail_first_rank is not None and e["TORCHELASTIC_RESTART_COUNT"] == "0":
+        if args.fail_first_rank == int(e["RANK"]):
+            raise SystemExit(3)
+        # The others wait for the restart to stop them: a node whose workers all succeeded
+        # first would have left the job, and the restart would wait for it.
+        time.sleep(120)
     fds = {}
     for fd in os.listdir("/proc/self/fd"):
         try:
