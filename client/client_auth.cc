@@ -4,8 +4,10 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "common/auth.h"
@@ -63,11 +65,72 @@ absl::Status AttachCredential(grpc::ClientContext& ctx, const ClientAuth& auth,
 
 namespace {
 
-// The proof in the answer's initial metadata, or in its trailing metadata when the server ended
-// the call at once (gRPC then sends both in one block).
-std::string FindProof(const grpc::ClientContext& ctx) {
+// The server keys this process has seen vouched for, by the credential that vouched: each
+// credential is decoded once (by this host's munged) and its key kept until it expires.
+class VouchedKeys {
+ public:
+  struct Key {
+    std::string public_key;
+    uid_t uid = 0;
+  };
+
+  absl::StatusOr<Key> Check(absl::string_view credential, const std::string& socket,
+                            absl::Time retry_until) {
+    const absl::Time now = absl::Now();
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = keys_.find(credential);
+      if (it != keys_.end() && now < it->second.until) return it->second.key;
+    }
+    if (credential.size() > kMaxCredentialBytes) {
+      return absl::FailedPreconditionError("its key credential is too long");
+    }
+    absl::StatusOr<MungeIdentity> id = MungeDecodeShared(credential, socket, retry_until);
+    if (!id.ok()) {
+      if (id.status().code() == absl::StatusCode::kUnavailable) return id.status();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "its key credential is no valid MUNGE credential here: ", id.status().message()));
+    }
+    absl::StatusOr<std::string> public_key = ParseServerKeyPayload(id->payload);
+    if (!public_key.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("its key credential is wrong: ", public_key.status().message()));
+    }
+    Entry entry{{*std::move(public_key), id->uid}, now + kKeepAtMost};
+    // Kept no longer than munged would accept the credential (a clock a little off only shortens
+    // that).
+    if (id->encoded_at != absl::InfinitePast()) {
+      entry.until = std::min(entry.until, id->encoded_at + id->ttl);
+    }
+    absl::MutexLock lock(&mu_);
+    if (keys_.size() >= kMaxKeys) {
+      absl::erase_if(keys_, [now](const auto& kv) { return now >= kv.second.until; });
+      if (keys_.size() >= kMaxKeys) keys_.clear();
+    }
+    keys_[std::string(credential)] = entry;
+    return entry.key;
+  }
+
+ private:
+  static constexpr size_t kMaxCredentialBytes = 8192;
+  static constexpr size_t kMaxKeys = 64;
+  static constexpr absl::Duration kKeepAtMost = absl::Minutes(10);
+  struct Entry {
+    Key key;
+    absl::Time until;
+  };
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Entry> keys_ ABSL_GUARDED_BY(mu_);
+};
+
+VouchedKeys& Vouched() {
+  static VouchedKeys* keys = new VouchedKeys();
+  return *keys;
+}
+
+std::string FindMetadata(const grpc::ClientContext& ctx, const char* key) {
   for (const auto* md : {&ctx.GetServerInitialMetadata(), &ctx.GetServerTrailingMetadata()}) {
-    auto it = md->find(kProofMetadata);
+    auto it = md->find(key);
     if (it != md->end()) return std::string(it->second.data(), it->second.length());
   }
   return "";
@@ -81,7 +144,9 @@ absl::Status CheckServerProof(const grpc::ClientContext& ctx, const ClientAuth& 
   if (auth.mode != ClientAuth::Mode::kMunge && auth.mode != ClientAuth::Mode::kToken) {
     return absl::OkStatus();
   }
-  const std::string proof = FindProof(ctx);
+  // In the answer's initial metadata, or in its trailing metadata when the server ended the call
+  // at once (gRPC then sends both in one block).
+  const std::string proof = FindMetadata(ctx, kProofMetadata);
   if (proof.empty()) {
     if (!required) return absl::OkStatus();
     return absl::FailedPreconditionError("it sent no proof");
@@ -95,18 +160,24 @@ absl::Status CheckServerProof(const grpc::ClientContext& ctx, const ClientAuth& 
     }
     return absl::OkStatus();
   }
-  absl::StatusOr<MungeIdentity> id = MungeDecode(proof, auth.munge_socket);
-  if (!id.ok()) {
-    if (id.status().code() == absl::StatusCode::kUnavailable) return id.status();
-    return absl::FailedPreconditionError(
-        absl::StrCat("its proof is no valid MUNGE credential here: ", id.status().message()));
-  }
-  if (id->payload != ServerProofPayload(method, job, nonce, absl::StrCat("uid:", geteuid()))) {
-    return absl::FailedPreconditionError("its proof was made for another call");
-  }
-  if (auth.server_uid && id->uid != *auth.server_uid) {
+  const std::string credential = FindMetadata(ctx, kServerKeyMetadata);
+  if (credential.empty()) return absl::FailedPreconditionError("it sent no key credential");
+  const absl::Time retry_until =
+      std::min(absl::FromChrono(ctx.deadline()), absl::Now() + absl::Minutes(1));
+  absl::StatusOr<VouchedKeys::Key> key =
+      Vouched().Check(credential, auth.munge_socket, retry_until);
+  if (!key.ok()) return key.status();
+  if (auth.server_uid && key->uid != *auth.server_uid) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "it runs as uid %d, and the server of this job runs as uid %d", id->uid, *auth.server_uid));
+        "it runs as uid %d, and the server of this job runs as uid %d", key->uid,
+        *auth.server_uid));
+  }
+  if (!VerifySignature(key->public_key,
+                       ServerProofPayload(method, job, nonce, absl::StrCat("uid:", geteuid())),
+                       proof)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "its proof is not signed by the key uid %d vouched for, or was made for another call",
+        key->uid));
   }
   return absl::OkStatus();
 }

@@ -17,11 +17,13 @@
 #include <cstring>
 #include <random>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/core/backoff.h"
 
@@ -131,6 +133,78 @@ std::string TokenProof(absl::string_view token, absl::string_view payload) {
 
 namespace {
 
+constexpr char kServerKeyPrefix[] = "rdzv.v1 server-key ed25519 ";
+constexpr size_t kEd25519KeyBytes = 32;
+constexpr size_t kEd25519SignatureBytes = 64;
+
+}  // namespace
+
+std::string ServerKeyPayload(absl::string_view public_key) {
+  return absl::StrCat(kServerKeyPrefix, absl::BytesToHexString(public_key));
+}
+
+absl::StatusOr<std::string> ParseServerKeyPayload(absl::string_view payload) {
+  absl::string_view hex = payload;
+  if (!absl::ConsumePrefix(&hex, kServerKeyPrefix) || hex.size() != 2 * kEd25519KeyBytes ||
+      !absl::c_all_of(hex, [](char c) { return absl::ascii_isxdigit(static_cast<unsigned char>(c)); })) {
+    return absl::InvalidArgumentError("it vouches for no server key");
+  }
+  return absl::HexStringToBytes(hex);
+}
+
+absl::StatusOr<SigningKey> SigningKey::Generate() {
+  EVP_PKEY* raw = nullptr;
+  EVP_PKEY_CTX* ctx = EVP_PKEY_CTX_new_id(EVP_PKEY_ED25519, nullptr);
+  const bool made = ctx != nullptr && EVP_PKEY_keygen_init(ctx) == 1 &&
+                    EVP_PKEY_keygen(ctx, &raw) == 1;
+  EVP_PKEY_CTX_free(ctx);
+  if (!made) return absl::InternalError("OpenSSL cannot make an Ed25519 key");
+  std::shared_ptr<EVP_PKEY> key(raw, EVP_PKEY_free);
+  unsigned char pub[kEd25519KeyBytes];
+  size_t len = sizeof(pub);
+  if (EVP_PKEY_get_raw_public_key(raw, pub, &len) != 1 || len != sizeof(pub)) {
+    return absl::InternalError("OpenSSL gives no public half of its Ed25519 key");
+  }
+  return SigningKey(std::move(key), std::string(reinterpret_cast<const char*>(pub), len));
+}
+
+std::string SigningKey::Sign(absl::string_view message) const {
+  unsigned char sig[kEd25519SignatureBytes];
+  size_t len = sizeof(sig);
+  EVP_MD_CTX* md = EVP_MD_CTX_new();
+  const bool signed_ok =
+      md != nullptr && EVP_DigestSignInit(md, nullptr, nullptr, nullptr, key_.get()) == 1 &&
+      EVP_DigestSign(md, sig, &len, reinterpret_cast<const unsigned char*>(message.data()),
+                     message.size()) == 1;
+  EVP_MD_CTX_free(md);
+  if (!signed_ok) return "";
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(sig), len));
+}
+
+bool VerifySignature(absl::string_view public_key, absl::string_view message,
+                     absl::string_view signature) {
+  if (public_key.size() != kEd25519KeyBytes || signature.size() != 2 * kEd25519SignatureBytes ||
+      !absl::c_all_of(signature,
+                      [](char c) { return absl::ascii_isxdigit(static_cast<unsigned char>(c)); })) {
+    return false;
+  }
+  const std::string sig = absl::HexStringToBytes(signature);
+  EVP_PKEY* key = EVP_PKEY_new_raw_public_key(
+      EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(public_key.data()),
+      public_key.size());
+  if (key == nullptr) return false;
+  EVP_MD_CTX* md = EVP_MD_CTX_new();
+  const bool ok =
+      md != nullptr && EVP_DigestVerifyInit(md, nullptr, nullptr, nullptr, key) == 1 &&
+      EVP_DigestVerify(md, reinterpret_cast<const unsigned char*>(sig.data()), sig.size(),
+                       reinterpret_cast<const unsigned char*>(message.data()), message.size()) == 1;
+  EVP_MD_CTX_free(md);
+  EVP_PKEY_free(key);
+  return ok;
+}
+
+namespace {
+
 // One libmunge call, `call(ctx)`, again and again while munged is busy (see kMungeBusyRetry).
 // `call` returns munged's error code and fills its own result.
 template <typename Call>
@@ -153,10 +227,16 @@ absl::Status WhileMungedBusy(const std::string& socket, absl::Time retry_until, 
 
 }  // namespace
 
-absl::StatusOr<std::string> MungeEncode(absl::string_view payload, const std::string& socket,
-                                        absl::Time retry_until) {
+namespace {
+
+// ttl: zero for munged's default.
+absl::StatusOr<std::string> Encode(absl::string_view payload, const std::string& socket,
+                                   absl::Duration ttl, absl::Time retry_until) {
   std::string out;
   absl::Status status = WhileMungedBusy(socket, retry_until, [&](munge_ctx_t ctx) {
+    if (ttl > absl::ZeroDuration()) {
+      munge_ctx_set(ctx, MUNGE_OPT_TTL, static_cast<int>(absl::ToInt64Seconds(ttl)));
+    }
     char* cred = nullptr;
     const munge_err_t err =
         munge_encode(&cred, ctx, payload.data(), static_cast<int>(payload.size()));
@@ -168,23 +248,30 @@ absl::StatusOr<std::string> MungeEncode(absl::string_view payload, const std::st
   return out;
 }
 
-absl::StatusOr<std::string> MungeEncode(absl::string_view payload, const std::string& socket) {
-  return MungeEncode(payload, socket, absl::Now() + kMungeBusyRetry);
-}
-
-absl::StatusOr<MungeIdentity> MungeDecode(absl::string_view credential, const std::string& socket,
-                                          absl::Time retry_until) {
+absl::StatusOr<MungeIdentity> Decode(absl::string_view credential, const std::string& socket,
+                                     absl::Time retry_until, bool accept_replayed) {
   const std::string cred(credential);  // libmunge wants it NUL-terminated
   MungeIdentity id;
   absl::Status status = WhileMungedBusy(socket, retry_until, [&](munge_ctx_t ctx) {
     void* payload = nullptr;
     int len = 0;
-    const munge_err_t err = munge_decode(cred.c_str(), ctx, &payload, &len, &id.uid, &id.gid);
+    munge_err_t err = munge_decode(cred.c_str(), ctx, &payload, &len, &id.uid, &id.gid);
+    // A replayed credential is otherwise sound: munged checked it and says who made it.
+    if (err == EMUNGE_CRED_REPLAYED && accept_replayed) err = EMUNGE_SUCCESS;
     if (payload != nullptr) {
       if (err == EMUNGE_SUCCESS && len > 0) {
         id.payload.assign(static_cast<const char*>(payload), len);
       }
       std::free(payload);
+    }
+    if (err == EMUNGE_SUCCESS) {
+      time_t encoded = 0;
+      int ttl = 0;
+      if (munge_ctx_get(ctx, MUNGE_OPT_ENCODE_TIME, &encoded) == EMUNGE_SUCCESS &&
+          munge_ctx_get(ctx, MUNGE_OPT_TTL, &ttl) == EMUNGE_SUCCESS) {
+        id.encoded_at = absl::FromTimeT(encoded);
+        id.ttl = absl::Seconds(ttl);
+      }
     }
     return err;
   });
@@ -192,8 +279,35 @@ absl::StatusOr<MungeIdentity> MungeDecode(absl::string_view credential, const st
   return id;
 }
 
+}  // namespace
+
+absl::StatusOr<std::string> MungeEncode(absl::string_view payload, const std::string& socket,
+                                        absl::Time retry_until) {
+  return Encode(payload, socket, absl::ZeroDuration(), retry_until);
+}
+
+absl::StatusOr<std::string> MungeEncode(absl::string_view payload, const std::string& socket) {
+  return MungeEncode(payload, socket, absl::Now() + kMungeBusyRetry);
+}
+
+absl::StatusOr<std::string> MungeEncodeFor(absl::string_view payload, const std::string& socket,
+                                           absl::Duration ttl, absl::Time retry_until) {
+  return Encode(payload, socket, ttl, retry_until);
+}
+
+absl::StatusOr<MungeIdentity> MungeDecode(absl::string_view credential, const std::string& socket,
+                                          absl::Time retry_until) {
+  return Decode(credential, socket, retry_until, /*accept_replayed=*/false);
+}
+
 absl::StatusOr<MungeIdentity> MungeDecode(absl::string_view credential, const std::string& socket) {
   return MungeDecode(credential, socket, absl::Now() + kMungeBusyRetry);
+}
+
+absl::StatusOr<MungeIdentity> MungeDecodeShared(absl::string_view credential,
+                                                const std::string& socket,
+                                                absl::Time retry_until) {
+  return Decode(credential, socket, retry_until, /*accept_replayed=*/true);
 }
 
 bool MungeWorks(const std::string& socket) {

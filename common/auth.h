@@ -10,25 +10,36 @@
 //
 // The server proves itself in turn (ServerProofPayload): a client that asks for it sends a fresh
 // nonce with the call, and the server answers, in the call's initial metadata, with a proof bound
-// to the method, the job id, that nonce and the caller it authenticated: a MUNGE credential it
-// made over that payload (the client's munged says which uid made it), or the payload's
-// HMAC-SHA256 under the job's token. A process that merely listens on the server's port has
-// neither the server's uid nor, unless a client hands it over, the token.
+// to the method, the job id, that nonce and the caller it authenticated:
+//   - under MUNGE, the payload's Ed25519 signature under a key the server made when it started,
+//     sent with a MUNGE credential over that key's public half (ServerKeyPayload) that the
+//     server's munged made and renews every minute. The client's munged says which uid vouched
+//     for the key; the client checks that once per vouching credential and keeps the key until
+//     the credential expires, then checks each call's signature itself. So a call costs the
+//     server's munged one decode (the caller's credential) and no encode.
+//   - with a token, the payload's HMAC-SHA256 under the job's token.
+// A process that merely listens on the server's port has neither the server's uid (so no
+// credential of its own can vouch for a key as the server's), nor the server's private key (so a
+// vouching credential it copied from the real server is worthless to it), nor, unless a client
+// hands it over, the token.
 //
-// The functions here wrap libmunge and OpenSSL's digests; they keep no state and are
-// thread-safe. MUNGE calls talk to munged over its UNIX socket (about a tenth of a
-// millisecond).
+// The functions here wrap libmunge and OpenSSL; they keep no state and are thread-safe. MUNGE
+// calls talk to munged over its UNIX socket (about a tenth of a millisecond).
 #ifndef RDZV_COMMON_AUTH_H_
 #define RDZV_COMMON_AUTH_H_
 
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+
+// OpenSSL's key type (EVP_PKEY), kept out of this header.
+struct evp_pkey_st;
 
 namespace rdzv {
 
@@ -38,6 +49,8 @@ inline constexpr char kTokenMetadata[] = "x-rdzv-token";
 // Sent by a client that wants the server's proof; answered under kProofMetadata.
 inline constexpr char kNonceMetadata[] = "x-rdzv-nonce";
 inline constexpr char kProofMetadata[] = "x-rdzv-server-proof";
+// Under MUNGE, sent with every proof: the credential vouching for the key that signed it.
+inline constexpr char kServerKeyMetadata[] = "x-rdzv-server-key";
 
 // What a credential vouches for: "rdzv.v1 <method> <job id>". A credential made for one call
 // is refused on any other.
@@ -59,11 +72,43 @@ std::string ServerProofPayload(absl::string_view method, absl::string_view job_i
 // HMAC-SHA256 of `payload` under `token`, in hex: a token holder's proof.
 std::string TokenProof(absl::string_view token, absl::string_view payload);
 
-// What a decoded credential says: the uid and gid that made it, and its payload.
+// What a server's key credential vouches for: "rdzv.v1 server-key ed25519 <public key in hex>".
+std::string ServerKeyPayload(absl::string_view public_key);
+
+// The raw public key (32 bytes) a ServerKeyPayload names; InvalidArgument for any other text.
+absl::StatusOr<std::string> ParseServerKeyPayload(absl::string_view payload);
+
+// An Ed25519 key pair held in memory only: a server's signing key. Copies share the key.
+class SigningKey {
+ public:
+  // A new random key (OpenSSL's generator). Internal when OpenSSL cannot make one.
+  static absl::StatusOr<SigningKey> Generate();
+
+  // The public key, raw (32 bytes).
+  const std::string& public_key() const { return public_key_; }
+  // The signature of `message`, in hex (128 digits).
+  std::string Sign(absl::string_view message) const;
+
+ private:
+  SigningKey(std::shared_ptr<evp_pkey_st> key, std::string public_key)
+      : key_(std::move(key)), public_key_(std::move(public_key)) {}
+  std::shared_ptr<evp_pkey_st> key_;
+  std::string public_key_;
+};
+
+// Whether `signature` (hex, as Sign makes it) is the signature of `message` by the key whose
+// public half is `public_key` (raw). False for anything malformed.
+bool VerifySignature(absl::string_view public_key, absl::string_view message,
+                     absl::string_view signature);
+
+// What a decoded credential says: the uid and gid that made it, its payload, and when it was made
+// and for how long munged accepts it.
 struct MungeIdentity {
   uid_t uid = 0;
   gid_t gid = 0;
   std::string payload;
+  absl::Time encoded_at = absl::InfinitePast();
+  absl::Duration ttl = absl::ZeroDuration();
 };
 
 // A munged that is momentarily saturated (its listen backlog full in a burst of calls, or the
@@ -87,6 +132,15 @@ absl::StatusOr<std::string> MungeEncode(absl::string_view payload, const std::st
 absl::StatusOr<MungeIdentity> MungeDecode(absl::string_view credential, const std::string& socket,
                                           absl::Time retry_until);
 absl::StatusOr<MungeIdentity> MungeDecode(absl::string_view credential, const std::string& socket);
+
+// Decodes like MungeDecode, but accepts a credential this host's munged has decoded before: for a
+// statement made once and shown to many (a server's key credential), never for a call's.
+absl::StatusOr<MungeIdentity> MungeDecodeShared(absl::string_view credential,
+                                                const std::string& socket, absl::Time retry_until);
+
+// A credential made for `ttl` (munged caps it at its --max-ttl) rather than munged's default.
+absl::StatusOr<std::string> MungeEncodeFor(absl::string_view payload, const std::string& socket,
+                                           absl::Duration ttl, absl::Time retry_until);
 
 // Whether munged answers at `socket` (one encode and decode of an empty payload).
 bool MungeWorks(const std::string& socket);

@@ -118,7 +118,38 @@ absl::Status CheckServerAuth(const AuthPolicy& policy, absl::string_view listen)
   return absl::OkStatus();
 }
 
-Authenticator::Authenticator(AuthPolicy policy) : policy_(std::move(policy)) {}
+namespace {
+
+std::optional<SigningKey> KeyFor(AuthMode mode) {
+  if (mode != AuthMode::kMunge) return std::nullopt;
+  absl::StatusOr<SigningKey> key = SigningKey::Generate();
+  if (!key.ok()) {
+    spdlog::error("{}; this server cannot prove itself to its clients",
+                  std::string(key.status().message()));
+    return std::nullopt;
+  }
+  return *std::move(key);
+}
+
+}  // namespace
+
+Authenticator::Authenticator(AuthPolicy policy)
+    : policy_(std::move(policy)), key_(KeyFor(policy_.mode)) {}
+
+absl::Status Authenticator::RefreshServerKey(absl::Time now) const {
+  if (!key_.has_value()) return absl::OkStatus();
+  {
+    absl::MutexLock lock(&key_mu_);
+    if (now - server_key_at_ < kServerKeyRenewal) return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> cred = MungeEncodeFor(
+      ServerKeyPayload(key_->public_key()), policy_.munge_socket, kServerKeyTtl, now + absl::Seconds(5));
+  if (!cred.ok()) return cred.status();
+  absl::MutexLock lock(&key_mu_);
+  server_key_ = *std::move(cred);
+  server_key_at_ = now;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<Caller> Authenticator::Authenticate(const CallCredentials& credentials,
                                                    absl::string_view method,
@@ -230,32 +261,47 @@ void Authenticator::ExpireLocked(absl::Time now) const {
   }
 }
 
-absl::StatusOr<std::string> Authenticator::Prove(const CallCredentials& credentials,
+absl::StatusOr<ServerProof> Authenticator::Prove(const CallCredentials& credentials,
                                                  absl::string_view method, absl::string_view job_id,
                                                  const Caller& caller) const {
-  if (!IsNonce(credentials.nonce)) return std::string();
+  if (!IsNonce(credentials.nonce)) return ServerProof{};
   const std::string payload = ServerProofPayload(method, job_id, credentials.nonce, caller.owner);
   switch (policy_.mode) {
     case AuthMode::kNone:
-      return std::string();
+      return ServerProof{};
     case AuthMode::kToken:
-      return TokenProof(credentials.token, payload);
+      return ServerProof{TokenProof(credentials.token, payload), ""};
     case AuthMode::kMunge:
-      return MungeEncode(payload, policy_.munge_socket);
+      break;
   }
-  return std::string();
+  if (!key_.has_value()) return absl::UnavailableError("this server has no key to sign with");
+  ServerProof proof;
+  {
+    absl::MutexLock lock(&key_mu_);
+    proof.server_key = server_key_;
+  }
+  if (proof.server_key.empty()) {
+    // munged did not answer when the server started; try once more, here.
+    if (absl::Status s = RefreshServerKey(absl::Now()); !s.ok()) return s;
+    absl::MutexLock lock(&key_mu_);
+    proof.server_key = server_key_;
+  }
+  proof.proof = key_->Sign(payload);
+  if (proof.proof.empty()) return absl::InternalError("OpenSSL cannot sign");
+  return proof;
 }
 
 void Authenticator::AddProof(grpc::ServerContextBase& context, const CallCredentials& credentials,
                              absl::string_view method, absl::string_view job_id,
                              const Caller& caller) const {
-  absl::StatusOr<std::string> proof = Prove(credentials, method, job_id, caller);
+  absl::StatusOr<ServerProof> proof = Prove(credentials, method, job_id, caller);
   if (!proof.ok()) {
     spdlog::warn("cannot prove this server to {}: {}", caller.name,
                  std::string(proof.status().message()));
-  } else if (!proof->empty()) {
-    context.AddInitialMetadata(kProofMetadata, *proof);
+    return;
   }
+  if (!proof->proof.empty()) context.AddInitialMetadata(kProofMetadata, proof->proof);
+  if (!proof->server_key.empty()) context.AddInitialMetadata(kServerKeyMetadata, proof->server_key);
 }
 
 bool Authenticator::IsAdmin(uid_t uid, gid_t gid) const {

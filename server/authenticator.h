@@ -8,7 +8,10 @@
 // (loopback only) everyone is one owner.
 //
 // It also proves the server to a caller that asks (Prove, common/auth.h): only to a caller it has
-// authenticated, so that the real server is no oracle that proves anything for anyone.
+// authenticated, so that the real server is no oracle that proves anything for anyone. Under
+// MUNGE the proof is a signature under the server's own key, made when the Authenticator is; the
+// credential vouching for that key is made by munged once a minute (RefreshServerKey, on the
+// server's timer thread), so answering a call costs munged nothing.
 //
 // Under MUNGE a credential is decoded once, on the call's headers (CheckHeaders, before gRPC reads
 // the call's message: server/header_auth.h), and what it proved is kept until the call's handler
@@ -67,6 +70,13 @@ struct CallCredentials {
 // The credentials in `context`'s client metadata; they live as long as the call.
 CallCredentials CredentialsOf(const grpc::ServerContextBase& context);
 
+// A server's proof for one call: the proof itself and, under MUNGE, the credential vouching for
+// the key that signed it (common/auth.h).
+struct ServerProof {
+  std::string proof;
+  std::string server_key;
+};
+
 struct Caller {
   std::string owner;   // the key the caller's jobs are kept under
   std::string name;    // for logs: "uid 1000", "a token holder", "anyone"
@@ -107,12 +117,24 @@ class Authenticator {
   absl::StatusOr<Caller> Authenticate(const CallCredentials& credentials, absl::string_view method,
                                       absl::string_view job_id) const;
 
+  // How long the credential vouching for the server's key is made for, and how old it may get
+  // before RefreshServerKey makes a new one: a client that received it just before then still
+  // has four minutes to check it in.
+  static constexpr absl::Duration kServerKeyTtl = absl::Minutes(5);
+  static constexpr absl::Duration kServerKeyRenewal = absl::Minutes(1);
+
+  // Under MUNGE, makes the credential that vouches for the server's key when there is none yet
+  // or the last is kServerKeyRenewal old. Blocks on munged (a busy one is waited for 5 s); keeps
+  // the last credential when munged does not answer. Nothing to do in other modes.
+  absl::Status RefreshServerKey(absl::Time now) const;
+
   // The proof of this server for `caller`'s call of `method` on `job_id`, which carried
-  // `credentials` (common/auth.h ServerProofPayload): a MUNGE credential made over the payload, or
-  // its HMAC under the caller's token. Empty when the call asks for none (no nonce, or one of
-  // another form) or without authentication. Unavailable when munged does not answer. Blocks on
-  // munged for about a tenth of a millisecond.
-  absl::StatusOr<std::string> Prove(const CallCredentials& credentials, absl::string_view method,
+  // `credentials` (common/auth.h ServerProofPayload): the payload's signature under the server's
+  // key with the credential vouching for that key, or the payload's HMAC under the caller's
+  // token. Empty when the call asks for none (no nonce, or one of another form) or without
+  // authentication. Unavailable when the server has no vouched key (munged has never answered).
+  // Costs a signature (some tens of microseconds), no munged trip once RefreshServerKey has run.
+  absl::StatusOr<ServerProof> Prove(const CallCredentials& credentials, absl::string_view method,
                                     absl::string_view job_id, const Caller& caller) const;
 
   // Puts Prove's proof into `context`'s initial metadata (nothing when it is empty; a warning in
@@ -131,6 +153,11 @@ class Authenticator {
   void ExpireLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const AuthPolicy policy_;
+  // Under MUNGE: the server's key, and the credential vouching for it with when it was made.
+  const std::optional<SigningKey> key_;
+  mutable absl::Mutex key_mu_;
+  mutable std::string server_key_ ABSL_GUARDED_BY(key_mu_);
+  mutable absl::Time server_key_at_ ABSL_GUARDED_BY(key_mu_) = absl::InfinitePast();
   mutable absl::Mutex mu_;
   struct Decoded {
     MungeIdentity id;

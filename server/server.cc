@@ -128,6 +128,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     health->SetServingStatus(true);
   }
 
+  if (service_options.auth.mode == AuthMode::kMunge) {
+    if (absl::Status s = server->service_->authenticator().RefreshServerKey(absl::Now()); !s.ok()) {
+      spdlog::warn("cannot have this server's key vouched for yet: {}", std::string(s.message()));
+    }
+    server->key_thread_ = std::thread([s = server.get()] { s->RenewServerKey(); });
+  }
   server->tick_interval_ = options.tick_interval;
   server->ArmTimer();
   server->timer_thread_ = std::thread([io = &server->io_] { io->run(); });
@@ -145,6 +151,20 @@ void Server::ArmTimer() {
     }
     ArmTimer();
   });
+}
+
+void Server::RenewServerKey() {
+  bool failing = false;
+  while (!stop_key_thread_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+    const absl::Status s = service_->authenticator().RefreshServerKey(absl::Now());
+    if (!s.ok() && !failing) {
+      spdlog::warn("cannot renew the credential vouching for this server's key: {}",
+                   std::string(s.message()));
+    } else if (s.ok() && failing) {
+      spdlog::info("the credential vouching for this server's key is renewed again");
+    }
+    failing = !s.ok();
+  }
 }
 
 void Server::ReturnMemory() {
@@ -189,6 +209,10 @@ void Server::Shutdown() {
   service_->StopWriters();
   io_.stop();
   if (timer_thread_.joinable()) timer_thread_.join();
+  if (key_thread_.joinable()) {
+    stop_key_thread_.Notify();
+    key_thread_.join();
+  }
 }
 
 }  // namespace rdzv

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/tls.h"
 #include "server/connection_guard.h"
@@ -111,6 +112,11 @@ class Server {
   // The guard's work is done every kGuardEveryTicks ticks (about once a second).
   static constexpr int kGuardEveryTicks = 10;
   int64_t ticks_ = 0;
+  // Renews the credential vouching for the server's key (Authenticator::RefreshServerKey) on a
+  // thread of its own, so that a munged that does not answer never holds up the timer.
+  void RenewServerKey();
+  std::thread key_thread_;
+  absl::Notification stop_key_thread_;
   MemoryReturn memory_return_;
   int port_ = 0;
   bool stopped_ = false;

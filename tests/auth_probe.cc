@@ -10,11 +10,16 @@
 // Prints "OK ..." and exits 0 when the server accepted the call, or "CODE: message" and exits 1.
 //
 // auth_probe LISTEN CREDENTIAL serve JOB [EXIT_CODE]: a fake rendezvous server on LISTEN
-// (HOST:PORT) that claims JOB. It answers every Join with a proof made with CREDENTIAL (a MUNGE
-// credential from its own uid, or the HMAC under that token; none: no proof) and an assignment,
-// rank 0 of the agent's own worker count; with EXIT_CODE, one second later, an abort with that
-// exit code. Its GetStatus lists JOB, with the same kind of proof. Prints "serving" once it
-// listens, "assigned" for each assignment it hands out, and runs until killed.
+// (HOST:PORT) that claims JOB. It answers every Join with a proof made with CREDENTIAL (a
+// signature under a key of its own that its own uid's MUNGE credential vouches for, or the HMAC
+// under that token; none: no proof) and an assignment, rank 0 of the agent's own worker count;
+// with EXIT_CODE, one second later, an abort with that exit code. Its GetStatus lists JOB, with
+// the same kind of proof. Prints "serving" once it listens, "assigned" for each assignment it
+// hands out, and runs until killed.
+//
+// auth_probe LISTEN munge:SOCKET serve-copied-key JOB REAL: the same fake, but the credential it
+// sends for its key is the one the real server at REAL sends for the real server's key (asked for
+// with a GetStatus call, as any user may): what someone who copied it would try.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -72,8 +77,13 @@ absl::string_view Md(const grpc::ServerContext& ctx, const char* key) {
 
 class FakeServer final : public Rendezvous::Service {
  public:
-  FakeServer(Credential cred, std::string job, std::optional<int> exit_code)
-      : cred_(std::move(cred)), job_(std::move(job)), exit_code_(exit_code) {}
+  FakeServer(Credential cred, std::string job, std::optional<int> exit_code, rdzv::SigningKey key,
+             std::string key_credential)
+      : cred_(std::move(cred)),
+        job_(std::move(job)),
+        exit_code_(exit_code),
+        key_(std::move(key)),
+        key_credential_(std::move(key_credential)) {}
 
   // Lists one job, JOB, as the caller's.
   grpc::Status GetStatus(grpc::ServerContext* ctx, const rdzv::v1::StatusRequest* req,
@@ -127,8 +137,8 @@ class FakeServer final : public Rendezvous::Service {
     const std::string payload =
         rdzv::ServerProofPayload(method, job, Md(ctx, rdzv::kNonceMetadata), caller);
     if (cred_.munge) {
-      absl::StatusOr<std::string> proof = rdzv::MungeEncode(payload, cred_.munge_socket);
-      if (proof.ok()) ctx.AddInitialMetadata(rdzv::kProofMetadata, *proof);
+      ctx.AddInitialMetadata(rdzv::kProofMetadata, key_.Sign(payload));
+      ctx.AddInitialMetadata(rdzv::kServerKeyMetadata, key_credential_);
     } else if (!cred_.token.empty()) {
       ctx.AddInitialMetadata(rdzv::kProofMetadata, rdzv::TokenProof(cred_.token, payload));
     }
@@ -137,11 +147,43 @@ class FakeServer final : public Rendezvous::Service {
   const Credential cred_;
   const std::string job_;
   const std::optional<int> exit_code_;
+  const rdzv::SigningKey key_;
+  const std::string key_credential_;
 };
 
+// The credential the server at `endpoint` sends for its key, to an authenticated caller.
+absl::StatusOr<std::string> CopyKeyCredential(const std::string& endpoint, const Credential& cred) {
+  auto stub =
+      Rendezvous::NewStub(grpc::CreateChannel(endpoint, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ctx.AddMetadata(rdzv::kNonceMetadata, rdzv::NewNonce());
+  if (absl::Status s = Attach(cred, ctx, "GetStatus", ""); !s.ok()) return s;
+  rdzv::v1::StatusRequest req;
+  rdzv::v1::StatusResponse resp;
+  grpc::Status s = stub->GetStatus(&ctx, req, &resp);
+  if (!s.ok()) return absl::UnavailableError(s.error_message());
+  auto it = ctx.GetServerInitialMetadata().find(rdzv::kServerKeyMetadata);
+  if (it == ctx.GetServerInitialMetadata().end()) {
+    return absl::NotFoundError("the real server sent no key credential");
+  }
+  return std::string(it->second.data(), it->second.length());
+}
+
 int Serve(const std::string& listen, const Credential& cred, const std::string& job,
-          std::optional<int> exit_code) {
-  FakeServer service(cred, job, exit_code);
+          std::optional<int> exit_code, const std::string& copy_key_from) {
+  absl::StatusOr<rdzv::SigningKey> key = rdzv::SigningKey::Generate();
+  if (!key.ok()) return Fail(key.status());
+  std::string key_credential;
+  if (cred.munge) {
+    absl::StatusOr<std::string> made =
+        copy_key_from.empty()
+            ? rdzv::MungeEncode(rdzv::ServerKeyPayload(key->public_key()), cred.munge_socket)
+            : CopyKeyCredential(copy_key_from, cred);
+    if (!made.ok()) return Fail(made.status());
+    key_credential = *std::move(made);
+  }
+  FakeServer service(cred, job, exit_code, *std::move(key), std::move(key_credential));
   grpc::ServerBuilder builder;
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials());
@@ -181,7 +223,14 @@ int main(int argc, char** argv) {
   if (action == "serve") {
     std::optional<int> exit_code;
     if (argc > 5) exit_code = std::atoi(argv[5]);
-    return Serve(endpoint, cred, job, exit_code);
+    return Serve(endpoint, cred, job, exit_code, "");
+  }
+  if (action == "serve-copied-key") {
+    if (argc < 6) {
+      std::fprintf(stderr, "usage: auth_probe LISTEN munge:SOCKET serve-copied-key JOB REAL\n");
+      return 2;
+    }
+    return Serve(endpoint, cred, job, std::nullopt, argv[5]);
   }
   auto stub =
       Rendezvous::NewStub(grpc::CreateChannel(endpoint, grpc::InsecureChannelCredentials()));

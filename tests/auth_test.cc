@@ -498,6 +498,80 @@ TEST_F(AuthTest, RdzvctlAndLibrdzvRefuseAServerOfAnotherUid) {
   rdzv_client_destroy(c);
 }
 
+// rdzvd sends the credential vouching for its key to any caller it authenticated; another user
+// who copied it and serves it from a fake server still cannot sign with rdzvd's key. rdzvctl and
+// librdzv told rdzvd's uid believe the real rdzvd and refuse the fake, naming the signature.
+TEST_F(AuthTest, AFakeServerSendingTheRealServersKeyCredentialIsRefused) {
+  StartRdzvd("munge");
+  const std::string real = endpoint_;
+  const auto ctl_status = [&](const std::string& at) {
+    return Subprocess({.argv = {RDZVCTL_BIN, "--rdzv-endpoint", at, "--munge-socket", socket_,
+                                "--server-uid", "0", "status"},
+                       .env = {{"RDZV_CONFIG", "/dev/null"}},
+                       .unset_env_prefixes = {"RDZV_", "SLURM_"}});
+  };
+  Subprocess honest = ctl_status(real);
+  EXPECT_EQ(honest.Wait(kWait), 0) << honest.Stderr();
+
+  const std::string fake_at = absl::StrCat("127.0.0.1:", testing::FreeLoopbackPort());
+  Subprocess fake({.argv = {"runuser", "-u", "nobody", "--", AUTH_PROBE_BIN, fake_at,
+                            "munge:" + socket_, "serve-copied-key", "planted", real}});
+  ASSERT_TRUE(fake.WaitForOutput("serving", kWait)) << fake.Stdout() << fake.Stderr();
+
+  Subprocess ctl = ctl_status(fake_at);
+  EXPECT_EQ(ctl.Wait(kWait), 1);
+  EXPECT_THAT(ctl.Stderr(), HasSubstr("did not prove that it is rdzvd: its proof is not signed by "
+                                      "the key uid 0 vouched for"));
+  EXPECT_THAT(ctl.Stdout(), Not(HasSubstr("planted")));
+
+  ClientOptions options;
+  options.endpoint = fake_at;
+  options.auth.mode = ClientAuth::Mode::kMunge;
+  options.auth.munge_socket = socket_;
+  options.auth.server_uid = 0;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<std::vector<JobStatusView>> jobs = (*client)->Status("");
+  ASSERT_FALSE(jobs.ok());
+  EXPECT_EQ(jobs.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(jobs.status().message(), HasSubstr("not signed by the key uid 0 vouched for"));
+
+  // The same client, pointed at the real rdzvd, believes it: the credential itself was sound.
+  options.endpoint = real;
+  absl::StatusOr<std::unique_ptr<Client>> honest_client = Client::Create(options);
+  ASSERT_TRUE(honest_client.ok()) << honest_client.status();
+  EXPECT_TRUE((*honest_client)->Status("").ok());
+}
+
+// A key credential is shown to many clients of one host, so its replay is accepted where a
+// call's credential is refused; both still say who made them, and for how long they hold.
+TEST_F(AuthTest, AKeyCredentialMayBeDecodedTwiceACallsCredentialMayNot) {
+  absl::StatusOr<std::string> cred =
+      MungeEncodeFor("rdzv.v1 test", socket_, absl::Minutes(5), absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(cred.ok()) << cred.status();
+  absl::StatusOr<MungeIdentity> first = MungeDecode(*cred, socket_);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->uid, geteuid());
+  EXPECT_EQ(first->payload, "rdzv.v1 test");
+  EXPECT_EQ(first->ttl, absl::Minutes(5));
+  EXPECT_LE(absl::AbsDuration(first->encoded_at - absl::Now()), absl::Seconds(5));
+
+  absl::StatusOr<MungeIdentity> again = MungeDecode(*cred, socket_);
+  ASSERT_FALSE(again.ok());
+  EXPECT_THAT(again.status().message(), HasSubstr("replayed"));
+
+  absl::StatusOr<MungeIdentity> shared =
+      MungeDecodeShared(*cred, socket_, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_EQ(shared->uid, geteuid());
+  EXPECT_EQ(shared->payload, "rdzv.v1 test");
+
+  // Anything else munged refuses stays refused.
+  std::string forged = *cred;
+  forged[forged.size() / 2] = forged[forged.size() / 2] == 'A' ? 'B' : 'A';
+  EXPECT_FALSE(MungeDecodeShared(forged, socket_, absl::Now() + absl::Seconds(10)).ok());
+}
+
 // A server that proves itself (here: a process of the job's own user) but ends the job with exit
 // code 0, or 256 (which a process would show as 0): every agent still exits non-zero.
 TEST_F(AuthTest, AnAbortSayingExitCodeZeroStillEndsTheAgentNonZero) {
