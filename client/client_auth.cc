@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <memory>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "common/auth.h"
@@ -74,17 +76,46 @@ class VouchedKeys {
     uid_t uid = 0;
   };
 
+  // Checks `credential`, or waits for the check another thread has begun (the many clients of
+  // one process that call at once ask munged once).
   absl::StatusOr<Key> Check(absl::string_view credential, const std::string& socket,
                             absl::Time retry_until) {
-    const absl::Time now = absl::Now();
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = keys_.find(credential);
-      if (it != keys_.end() && now < it->second.until) return it->second.key;
-    }
     if (credential.size() > kMaxCredentialBytes) {
       return absl::FailedPreconditionError("its key credential is too long");
     }
+    std::shared_ptr<Pending> pending;
+    bool mine = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = keys_.find(credential);
+      if (it != keys_.end() && absl::Now() < it->second.until) return it->second.key;
+      auto [p, added] = pending_.try_emplace(std::string(credential));
+      if (added) p->second = std::make_shared<Pending>();
+      pending = p->second;
+      mine = added;
+    }
+    if (!mine) {
+      if (pending->done.WaitForNotificationWithDeadline(retry_until)) return pending->result;
+      return absl::UnavailableError("munged did not check the server's key credential in time");
+    }
+    pending->result = Decode(credential, socket, retry_until);
+    {
+      absl::MutexLock lock(&mu_);
+      pending_.erase(std::string(credential));
+    }
+    pending->done.Notify();
+    return pending->result;
+  }
+
+ private:
+  struct Pending {
+    absl::Notification done;
+    absl::StatusOr<Key> result;
+  };
+
+  absl::StatusOr<Key> Decode(absl::string_view credential, const std::string& socket,
+                             absl::Time retry_until) {
+    const absl::Time now = absl::Now();
     absl::StatusOr<MungeIdentity> id = MungeDecodeShared(credential, socket, retry_until);
     if (!id.ok()) {
       if (id.status().code() == absl::StatusCode::kUnavailable) return id.status();
@@ -111,7 +142,6 @@ class VouchedKeys {
     return entry.key;
   }
 
- private:
   static constexpr size_t kMaxCredentialBytes = 8192;
   static constexpr size_t kMaxKeys = 64;
   static constexpr absl::Duration kKeepAtMost = absl::Minutes(10);
@@ -121,6 +151,8 @@ class VouchedKeys {
   };
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, Entry> keys_ ABSL_GUARDED_BY(mu_);
+  // Checks in flight, by credential.
+  absl::flat_hash_map<std::string, std::shared_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
 };
 
 VouchedKeys& Vouched() {

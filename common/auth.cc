@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <munge.h>
 #include <openssl/crypto.h>
+#include <openssl/ec.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <openssl/sha.h>
+#include <openssl/x509.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -20,10 +22,12 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/core/backoff.h"
 
@@ -133,9 +137,15 @@ std::string TokenProof(absl::string_view token, absl::string_view payload) {
 
 namespace {
 
-constexpr char kServerKeyPrefix[] = "rdzv.v1 server-key ed25519 ";
-constexpr size_t kEd25519KeyBytes = 32;
-constexpr size_t kEd25519SignatureBytes = 64;
+constexpr char kServerKeyPrefix[] = "rdzv.v1 server-key p256 ";
+// A P-256 public key as DER SubjectPublicKeyInfo, the point uncompressed: always this long.
+constexpr size_t kPublicKeyBytes = 91;
+// An ECDSA P-256 signature in DER: at most this long.
+constexpr size_t kMaxSignatureBytes = 72;
+
+bool IsHex(absl::string_view text) {
+  return absl::c_all_of(text, [](char c) { return absl::ascii_isxdigit(static_cast<unsigned char>(c)); });
+}
 
 }  // namespace
 
@@ -145,35 +155,34 @@ std::string ServerKeyPayload(absl::string_view public_key) {
 
 absl::StatusOr<std::string> ParseServerKeyPayload(absl::string_view payload) {
   absl::string_view hex = payload;
-  if (!absl::ConsumePrefix(&hex, kServerKeyPrefix) || hex.size() != 2 * kEd25519KeyBytes ||
-      !absl::c_all_of(hex, [](char c) { return absl::ascii_isxdigit(static_cast<unsigned char>(c)); })) {
+  if (!absl::ConsumePrefix(&hex, kServerKeyPrefix) || hex.size() != 2 * kPublicKeyBytes ||
+      !IsHex(hex)) {
     return absl::InvalidArgumentError("it vouches for no server key");
   }
   return absl::HexStringToBytes(hex);
 }
 
 absl::StatusOr<SigningKey> SigningKey::Generate() {
-  EVP_PKEY* raw = nullptr;
-  EVP_PKEY_CTX* ctx = EVP_PKEY_CTX_new_id(EVP_PKEY_ED25519, nullptr);
-  const bool made = ctx != nullptr && EVP_PKEY_keygen_init(ctx) == 1 &&
-                    EVP_PKEY_keygen(ctx, &raw) == 1;
-  EVP_PKEY_CTX_free(ctx);
-  if (!made) return absl::InternalError("OpenSSL cannot make an Ed25519 key");
+  EVP_PKEY* raw = EVP_EC_gen("P-256");
+  if (raw == nullptr) return absl::InternalError("OpenSSL cannot make a P-256 key");
   std::shared_ptr<EVP_PKEY> key(raw, EVP_PKEY_free);
-  unsigned char pub[kEd25519KeyBytes];
-  size_t len = sizeof(pub);
-  if (EVP_PKEY_get_raw_public_key(raw, pub, &len) != 1 || len != sizeof(pub)) {
-    return absl::InternalError("OpenSSL gives no public half of its Ed25519 key");
+  unsigned char* der = nullptr;
+  const int len = i2d_PUBKEY(raw, &der);
+  if (len <= 0) return absl::InternalError("OpenSSL gives no public half of its P-256 key");
+  std::string public_key(reinterpret_cast<const char*>(der), static_cast<size_t>(len));
+  OPENSSL_free(der);
+  if (public_key.size() != kPublicKeyBytes) {
+    return absl::InternalError("OpenSSL encodes its P-256 public key in an unexpected form");
   }
-  return SigningKey(std::move(key), std::string(reinterpret_cast<const char*>(pub), len));
+  return SigningKey(std::move(key), std::move(public_key));
 }
 
 std::string SigningKey::Sign(absl::string_view message) const {
-  unsigned char sig[kEd25519SignatureBytes];
+  unsigned char sig[kMaxSignatureBytes + 8];
   size_t len = sizeof(sig);
   EVP_MD_CTX* md = EVP_MD_CTX_new();
   const bool signed_ok =
-      md != nullptr && EVP_DigestSignInit(md, nullptr, nullptr, nullptr, key_.get()) == 1 &&
+      md != nullptr && EVP_DigestSignInit(md, nullptr, EVP_sha256(), nullptr, key_.get()) == 1 &&
       EVP_DigestSign(md, sig, &len, reinterpret_cast<const unsigned char*>(message.data()),
                      message.size()) == 1;
   EVP_MD_CTX_free(md);
@@ -183,27 +192,68 @@ std::string SigningKey::Sign(absl::string_view message) const {
 
 bool VerifySignature(absl::string_view public_key, absl::string_view message,
                      absl::string_view signature) {
-  if (public_key.size() != kEd25519KeyBytes || signature.size() != 2 * kEd25519SignatureBytes ||
-      !absl::c_all_of(signature,
-                      [](char c) { return absl::ascii_isxdigit(static_cast<unsigned char>(c)); })) {
+  if (public_key.size() != kPublicKeyBytes || signature.empty() ||
+      signature.size() > 2 * kMaxSignatureBytes || signature.size() % 2 != 0 || !IsHex(signature)) {
     return false;
   }
   const std::string sig = absl::HexStringToBytes(signature);
-  EVP_PKEY* key = EVP_PKEY_new_raw_public_key(
-      EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(public_key.data()),
-      public_key.size());
+  const auto* der = reinterpret_cast<const unsigned char*>(public_key.data());
+  EVP_PKEY* key = d2i_PUBKEY(nullptr, &der, static_cast<long>(public_key.size()));
   if (key == nullptr) return false;
-  EVP_MD_CTX* md = EVP_MD_CTX_new();
-  const bool ok =
-      md != nullptr && EVP_DigestVerifyInit(md, nullptr, nullptr, nullptr, key) == 1 &&
-      EVP_DigestVerify(md, reinterpret_cast<const unsigned char*>(sig.data()), sig.size(),
-                       reinterpret_cast<const unsigned char*>(message.data()), message.size()) == 1;
-  EVP_MD_CTX_free(md);
+  bool ok = EVP_PKEY_is_a(key, "EC") && EVP_PKEY_get_bits(key) == 256;
+  if (ok) {
+    EVP_MD_CTX* md = EVP_MD_CTX_new();
+    ok = md != nullptr && EVP_DigestVerifyInit(md, nullptr, EVP_sha256(), nullptr, key) == 1 &&
+         EVP_DigestVerify(md, reinterpret_cast<const unsigned char*>(sig.data()), sig.size(),
+                          reinterpret_cast<const unsigned char*>(message.data()),
+                          message.size()) == 1;
+    EVP_MD_CTX_free(md);
+  }
   EVP_PKEY_free(key);
   return ok;
 }
 
 namespace {
+
+// Whether the socket error libmunge reported in `ctx` says that munged is not there at all: no
+// socket file, or one that refuses connections (left behind by a munged that is gone). Told
+// from the socket file and libmunge's message alone: a connect of our own to see would, while
+// munged is busy, add a connection it must accept to its full queue.
+bool MungedGone(munge_ctx_t ctx, const std::string& socket) {
+  const std::string path = socket.empty() ? std::string(kDefaultMungeSocket) : socket;
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) return true;
+  const char* detail = munge_ctx_strerror(ctx);
+  return detail != nullptr && absl::StrContains(detail, strerror(ECONNREFUSED));
+}
+
+// The munged calls this process has open at once (kMungeCallsInFlight at most): a thousand
+// threads of one process that need a credential at the same moment (librdzv's clients in one
+// launcher) queue here, asleep, instead of filling munged's listen queue and then trying again
+// and again, which takes the CPU time munged needs to answer.
+class MungeSlots {
+ public:
+  bool Acquire(absl::Time until) {
+    absl::MutexLock lock(&mu_);
+    if (!mu_.AwaitWithDeadline(absl::Condition(&Free, &in_use_), until)) return false;
+    ++in_use_;
+    return true;
+  }
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    --in_use_;
+  }
+
+ private:
+  static bool Free(int* in_use) { return *in_use < kMungeCallsInFlight; }
+  absl::Mutex mu_;
+  int in_use_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+MungeSlots& Slots() {
+  static MungeSlots* slots = new MungeSlots();
+  return *slots;
+}
 
 // One libmunge call, `call(ctx)`, again and again while munged is busy (see kMungeBusyRetry).
 // `call` returns munged's error code and fills its own result.
@@ -214,11 +264,18 @@ absl::Status WhileMungedBusy(const std::string& socket, absl::Time retry_until, 
   for (int attempt = 0;; ++attempt) {
     MungeContext ctx(socket);
     if (ctx.get() == nullptr) return absl::ResourceExhaustedError("munge_ctx_create failed");
+    if (!Slots().Acquire(retry_until)) {
+      return absl::UnavailableError(absl::StrFormat(
+          "munged through %s is too busy: this process's calls to it waited too long",
+          SocketName(socket)));
+    }
     const munge_err_t err = call(ctx.get());
+    Slots().Release();
     if (err == EMUNGE_SUCCESS) return absl::OkStatus();
     const absl::Duration delay =
         BackoffDelay(kPolicy, attempt, std::uniform_real_distribution<double>(0, 1)(random));
-    if (err != EMUNGE_SOCKET || absl::Now() + delay > retry_until || !MungeSocketPresent(socket)) {
+    if (err != EMUNGE_SOCKET || absl::Now() + delay > retry_until ||
+        MungedGone(ctx.get(), socket)) {
       return MungeError(err, ctx.get(), socket);
     }
     absl::SleepFor(delay);

@@ -223,7 +223,8 @@ absl::Status Authenticator::CheckHeaders(const CallCredentials& credentials) con
   absl::MutexLock lock(&mu_);
   ExpireLocked(now);
   size_t& pending = pending_per_uid_[id->uid];
-  if (pending >= kMaxPendingPerUid) {
+  if (pending >= (policy_.max_pending_per_uid > 0 ? policy_.max_pending_per_uid
+                                                  : kMaxPendingPerUid)) {
     return absl::UnavailableError(absl::StrFormat(
         "uid %d has %d calls waiting to start on this rendezvous server; try again shortly",
         id->uid, pending));

@@ -57,6 +57,9 @@ struct AuthPolicy {
   std::optional<std::string> only_token;
   // Members of these groups (and root) see and may act on every job.
   std::vector<gid_t> admin_gids;
+  // How many calls one uid may have checked on their headers and not yet handled
+  // (Authenticator::CheckHeaders); zero: Authenticator::kMaxPendingPerUid.
+  size_t max_pending_per_uid = 0;
 };
 
 // The credentials one call carries (empty when absent), and the nonce of a caller that asks the
@@ -94,9 +97,10 @@ absl::Status CheckServerAuth(const AuthPolicy& policy, absl::string_view listen)
 class Authenticator {
  public:
   // Credentials checked on headers wait at most this long for their handler, and one uid may
-  // have at most kMaxPendingPerUid of them waiting at once (past that its calls are refused with
-  // UNAVAILABLE, which clients retry, until some reach their handler or expire). This also bounds
-  // the messages one uid has in flight: at most this many, of at most 256 KiB each.
+  // have at most AuthPolicy::max_pending_per_uid of them waiting at once (past that its calls are
+  // refused with UNAVAILABLE, which clients retry, until some reach their handler or expire).
+  // This also bounds the messages one uid has in flight: at most this many, of at most 256 KiB
+  // each. kMaxPendingPerUid unless the policy says otherwise.
   static constexpr absl::Duration kPendingFor = absl::Seconds(30);
   static constexpr size_t kMaxPendingPerUid = 1024;
 

@@ -205,10 +205,27 @@ class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::
 constexpr size_t kWriterThreads = 4;
 constexpr size_t kWritesPerTask = 256;
 
+namespace {
+
+// One uid's calls waiting for their handler may hold as much as its memory share (each call's
+// message at most kMaxRequestBytes), and never fewer than the Authenticator's own bound: a
+// 10,000-node job's burst of joins comes from one uid.
+AuthPolicy WithPendingBound(AuthPolicy policy, int64_t max_memory_per_user_bytes) {
+  if (policy.max_pending_per_uid == 0) {
+    policy.max_pending_per_uid =
+        std::max<size_t>(Authenticator::kMaxPendingPerUid,
+                         static_cast<size_t>(std::max<int64_t>(max_memory_per_user_bytes, 0) /
+                                             static_cast<int64_t>(kMaxRequestBytes)));
+  }
+  return policy;
+}
+
+}  // namespace
+
 RendezvousService::RendezvousService(Clock clock, ServiceOptions options)
     : clock_(std::move(clock)),
       options_(std::move(options)),
-      auth_(options_.auth),
+      auth_(WithPendingBound(options_.auth, options_.max_memory_per_user_bytes)),
       writer_pool_(kWriterThreads) {}
 
 RendezvousService::~RendezvousService() = default;

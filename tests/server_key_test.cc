@@ -16,11 +16,12 @@ using ::testing::HasSubstr;
 TEST(ServerKeyTest, ASignatureVerifiesUnderItsKeyForItsMessageOnly) {
   absl::StatusOr<SigningKey> key = SigningKey::Generate();
   ASSERT_TRUE(key.ok()) << key.status();
-  EXPECT_EQ(key->public_key().size(), 32u);
+  EXPECT_EQ(key->public_key().size(), 91u);
   const std::string message = ServerProofPayload("Join", "job-1", "00112233445566778899aabbccddeeff",
                                                  "uid:1000");
   const std::string sig = key->Sign(message);
-  ASSERT_EQ(sig.size(), 128u);
+  ASSERT_GE(sig.size(), 128u);
+  ASSERT_LE(sig.size(), 144u);
   EXPECT_TRUE(VerifySignature(key->public_key(), message, sig));
 
   // Another call (method, job, nonce or caller): refused.
@@ -52,14 +53,17 @@ TEST(ServerKeyTest, MalformedSignaturesAndKeysAreRefusedNotTrusted) {
   EXPECT_FALSE(VerifySignature(key->public_key(), "m", std::string(128, 'z')));
   EXPECT_FALSE(VerifySignature("", "m", sig));
   EXPECT_FALSE(VerifySignature(key->public_key().substr(1), "m", sig));
-  EXPECT_FALSE(VerifySignature(std::string(32, '\0'), "m", sig));
+  EXPECT_FALSE(VerifySignature(std::string(91, '\0'), "m", sig));
+  std::string bent_key = key->public_key();
+  bent_key[40] ^= 1;  // a point off the curve, or another key
+  EXPECT_FALSE(VerifySignature(bent_key, "m", sig));
 }
 
 TEST(ServerKeyTest, TheKeyCredentialPayloadNamesExactlyOneKey) {
   absl::StatusOr<SigningKey> key = SigningKey::Generate();
   ASSERT_TRUE(key.ok());
   const std::string payload = ServerKeyPayload(key->public_key());
-  EXPECT_THAT(payload, HasSubstr("rdzv.v1 server-key ed25519 "));
+  EXPECT_THAT(payload, HasSubstr("rdzv.v1 server-key p256 "));
   absl::StatusOr<std::string> parsed = ParseServerKeyPayload(payload);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(*parsed, key->public_key());
@@ -69,10 +73,10 @@ TEST(ServerKeyTest, TheKeyCredentialPayloadNamesExactlyOneKey) {
   const std::string hex = absl::BytesToHexString(key->public_key());
   for (const std::string& bad :
        {CallPayload("Join", "job"), ServerProofPayload("Join", "j", "00112233445566778899", "u"),
-        std::string("rdzv.v1 server-key ed25519 ") + hex.substr(2),
-        std::string("rdzv.v1 server-key ed25519 ") + hex + "00",
-        std::string("rdzv.v1 server-key ed25519 ") + hex + " ",
-        std::string("rdzv.v1 server-key rsa ") + hex, std::string("rdzv.v1 server-key ed25519 ") +
+        std::string("rdzv.v1 server-key p256 ") + hex.substr(2),
+        std::string("rdzv.v1 server-key p256 ") + hex + "00",
+        std::string("rdzv.v1 server-key p256 ") + hex + " ",
+        std::string("rdzv.v1 server-key ed25519 ") + hex, std::string("rdzv.v1 server-key p256 ") +
                                                           std::string(64, 'g'),
         std::string()}) {
     EXPECT_FALSE(ParseServerKeyPayload(bad).ok()) << bad;
