@@ -38,9 +38,9 @@ HANG_S = 2.0              # rdzv-agent --hang-timeout: a worker without heartbea
 HEARTBEAT_S = 0.2         # how often the workers send one
 # A hung worker's stack: the other agents wait for it up to the term timeout and 2 s more.
 STACK_WAIT_S = TERM_S + 2.0
-# The agent's own pings to rdzvd (5 s apart, 5 s for the answer): how long a frozen rdzvd,
+# The agent's own pings to rdzvd (5 s apart, 20 s for the answer): how long a frozen rdzvd,
 # whose connections stay open, takes to be noticed. No flag sets them.
-CLIENT_KEEPALIVE_S = 10.0
+CLIENT_KEEPALIVE_S = 25.0
 # Room for a loaded machine (two cores shared with builds) on every bound.
 SLACK_S = 5.0
 
