@@ -3,6 +3,7 @@
 // requests are refused with a status naming the field, one user's jobs and agents are capped,
 // and a failure's huge stderr reaches the other agents cut to a fixed size.
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <memory>
@@ -150,6 +151,10 @@ TEST_F(ServerLimitsTest, OneUsersJobsAndAgentsAreCapped) {
 TEST_F(ServerLimitsTest, RejoinUnderTheSameAgentIdWithAnotherNprocIsRefused) {
   Start();
   Joined first = Join(JoinOf("j", "a0", 2));
+  // The first join is in before the second is sent: two streams opened one after the other may
+  // reach the server in either order.
+  for (int i = 0; i < 1000 && server_->open_streams() < 1; ++i) usleep(10'000);
+  ASSERT_EQ(server_->open_streams(), 1u);
   v1::JoinRequest reshaped = JoinOf("j", "a0", 2);
   reshaped.set_nproc(4);
   Joined second = Join(reshaped);
