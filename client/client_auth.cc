@@ -200,9 +200,9 @@ absl::Status CheckServerProof(const grpc::ClientContext& ctx, const ClientAuth& 
       Vouched().Check(credential, auth.munge_socket, retry_until);
   if (!key.ok()) return key.status();
   if (auth.server_uid && key->uid != *auth.server_uid) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "it runs as uid %d, and the server of this job runs as uid %d", key->uid,
-        *auth.server_uid));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("it runs as uid %d, and the server of this job runs as uid %d", key->uid,
+                        *auth.server_uid));
   }
   if (!VerifySignature(key->public_key,
                        ServerProofPayload(method, job, nonce, absl::StrCat("uid:", geteuid())),

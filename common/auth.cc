@@ -144,7 +144,8 @@ constexpr size_t kPublicKeyBytes = 91;
 constexpr size_t kMaxSignatureBytes = 72;
 
 bool IsHex(absl::string_view text) {
-  return absl::c_all_of(text, [](char c) { return absl::ascii_isxdigit(static_cast<unsigned char>(c)); });
+  return absl::c_all_of(text,
+                        [](char c) { return absl::ascii_isxdigit(static_cast<unsigned char>(c)); });
 }
 
 }  // namespace
@@ -362,8 +363,7 @@ absl::StatusOr<MungeIdentity> MungeDecode(absl::string_view credential, const st
 }
 
 absl::StatusOr<MungeIdentity> MungeDecodeShared(absl::string_view credential,
-                                                const std::string& socket,
-                                                absl::Time retry_until) {
+                                                const std::string& socket, absl::Time retry_until) {
   return Decode(credential, socket, retry_until, /*accept_replayed=*/true);
 }
 

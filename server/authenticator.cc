@@ -142,8 +142,9 @@ absl::Status Authenticator::RefreshServerKey(absl::Time now) const {
     absl::MutexLock lock(&key_mu_);
     if (now - server_key_at_ < kServerKeyRenewal) return absl::OkStatus();
   }
-  absl::StatusOr<std::string> cred = MungeEncodeFor(
-      ServerKeyPayload(key_->public_key()), policy_.munge_socket, kServerKeyTtl, now + absl::Seconds(5));
+  absl::StatusOr<std::string> cred =
+      MungeEncodeFor(ServerKeyPayload(key_->public_key()), policy_.munge_socket, kServerKeyTtl,
+                     now + absl::Seconds(5));
   if (!cred.ok()) return cred.status();
   absl::MutexLock lock(&key_mu_);
   server_key_ = *std::move(cred);
@@ -223,8 +224,8 @@ absl::Status Authenticator::CheckHeaders(const CallCredentials& credentials) con
   absl::MutexLock lock(&mu_);
   ExpireLocked(now);
   size_t& pending = pending_per_uid_[id->uid];
-  if (pending >= (policy_.max_pending_per_uid > 0 ? policy_.max_pending_per_uid
-                                                  : kMaxPendingPerUid)) {
+  if (pending >=
+      (policy_.max_pending_per_uid > 0 ? policy_.max_pending_per_uid : kMaxPendingPerUid)) {
     return absl::UnavailableError(absl::StrFormat(
         "uid %d has %d calls waiting to start on this rendezvous server; try again shortly",
         id->uid, pending));

@@ -17,8 +17,8 @@ TEST(ServerKeyTest, ASignatureVerifiesUnderItsKeyForItsMessageOnly) {
   absl::StatusOr<SigningKey> key = SigningKey::Generate();
   ASSERT_TRUE(key.ok()) << key.status();
   EXPECT_EQ(key->public_key().size(), 91u);
-  const std::string message = ServerProofPayload("Join", "job-1", "00112233445566778899aabbccddeeff",
-                                                 "uid:1000");
+  const std::string message =
+      ServerProofPayload("Join", "job-1", "00112233445566778899aabbccddeeff", "uid:1000");
   const std::string sig = key->Sign(message);
   ASSERT_GE(sig.size(), 128u);
   ASSERT_LE(sig.size(), 144u);
@@ -76,9 +76,8 @@ TEST(ServerKeyTest, TheKeyCredentialPayloadNamesExactlyOneKey) {
         std::string("rdzv.v1 server-key p256 ") + hex.substr(2),
         std::string("rdzv.v1 server-key p256 ") + hex + "00",
         std::string("rdzv.v1 server-key p256 ") + hex + " ",
-        std::string("rdzv.v1 server-key ed25519 ") + hex, std::string("rdzv.v1 server-key p256 ") +
-                                                          std::string(64, 'g'),
-        std::string()}) {
+        std::string("rdzv.v1 server-key ed25519 ") + hex,
+        std::string("rdzv.v1 server-key p256 ") + std::string(64, 'g'), std::string()}) {
     EXPECT_FALSE(ParseServerKeyPayload(bad).ok()) << bad;
   }
 }
