@@ -210,6 +210,8 @@ class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
         if (assigned && handlers_.on_abort) handlers_.on_abort(abort);
         break;
       }
+      case v1::JoinEvent::kMemberEnd:  // group streams only (a node's relay)
+      case v1::JoinEvent::kBatch:
       case v1::JoinEvent::EVENT_NOT_SET:
         break;
     }

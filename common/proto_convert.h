@@ -9,9 +9,10 @@
 namespace rdzv {
 
 // The protocol revision this build speaks; a server refuses requests newer than itself. A
-// request states the lowest revision it needs: 2 for a resume, else 1, so that joins still
-// work against an older server.
-inline constexpr int32_t kProtocolVersion = 2;
+// request states the lowest revision it needs: 3 for a group join (JoinRequest.members), 2 for a
+// resume, else 1, so that joins still work against an older server.
+inline constexpr int32_t kProtocolVersion = 3;
+inline constexpr int32_t kGroupJoinProtocolVersion = 3;
 
 v1::JoinRequest ToProto(const JoinSpec& spec);
 JoinSpec FromProto(const v1::JoinRequest& request);

@@ -317,6 +317,11 @@ Metrics::Metrics(absl::string_view version) {
                             "state");
   agents_attached_ = &AddCallbackGauge("rdzv_agents_attached",
                                        "Agents with an open join stream to the server.", "");
+  join_streams_ = &AddCallbackGauge(
+      "rdzv_join_streams",
+      "Join streams the server holds: one per agent, or one per node whose tasks join through "
+      "the node's relay.",
+      "");
   AddGaugeFamily("rdzv_build_info", "The rdzvd version; always 1.", "version")
       .WithLabel(version)
       .Set(1);
@@ -347,6 +352,16 @@ void Metrics::SetAgentsAttachedSource(std::function<int64_t()> source) {
     return;
   }
   agents_attached_->SetSource([source = std::move(source)] {
+    return CallbackGauge::Samples{{"", static_cast<double>(source())}};
+  });
+}
+
+void Metrics::SetJoinStreamsSource(std::function<int64_t()> source) {
+  if (!source) {
+    join_streams_->SetSource(nullptr);
+    return;
+  }
+  join_streams_->SetSource([source = std::move(source)] {
     return CallbackGauge::Samples{{"", static_cast<double>(source())}};
   });
 }

@@ -190,6 +190,8 @@ class Metrics {
   // removes one. See CallbackGauge::SetSource for when they run and what they must not do.
   void SetJobsSource(std::function<JobCounts()> source);
   void SetAgentsAttachedSource(std::function<int64_t()> source);
+  // The source of rdzv_join_streams, the same way.
+  void SetJoinStreamsSource(std::function<int64_t()> source);
 
   // ---- Other metrics. A name (or label) must match [a-zA-Z_:][a-zA-Z0-9_:]* ([a-zA-Z_]
   // [a-zA-Z0-9_]*, not "le") and be new: anything else is a programming error and aborts.
@@ -229,6 +231,7 @@ class Metrics {
   Family<Counter>* refused_calls_ = nullptr;
   CallbackGauge* jobs_ = nullptr;
   CallbackGauge* agents_attached_ = nullptr;
+  CallbackGauge* join_streams_ = nullptr;
 };
 
 }  // namespace rdzv

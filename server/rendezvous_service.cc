@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "absl/algorithm/container.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
@@ -330,35 +331,87 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
                                                options_.only_job, request->job_id())));
   }
   RendezvousState& state = StateOf(caller.owner);
-  const int64_t join_bytes = kAgentBaseBytes + static_cast<int64_t>(request->ByteSizeLong());
-  if (absl::Status limit = CheckUserLimits(caller, state, request->job_id(), join_bytes);
+  const bool group = request->members_size() > 0;
+  const int64_t agents = group ? request->members_size() : 1;
+  const int64_t join_bytes = kAgentBaseBytes + (agents - 1) * kGroupMemberBytes +
+                             static_cast<int64_t>(request->ByteSizeLong());
+  if (absl::Status limit = CheckUserLimits(caller, state, request->job_id(), join_bytes, agents);
       !limit.ok()) {
     spdlog::warn("refused a join of job {}: {}", absl::CHexEscape(request->job_id()),
                  limit.message());
     if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedLimit);
     return refuse(ToGrpcStatus(limit));
   }
-  const JoinSpec spec = FromProto(*request);
-  // Numbers out of range are refused before anything, the metrics included, counts them.
-  if (absl::Status invalid = ValidateJoinSpec(spec); !invalid.ok()) {
-    if (options_.log_jobs) spdlog::info("refused a join: {}", EscapeControl(invalid.message()));
-    if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedInvalid);
-    return refuse(ToGrpcStatus(invalid));
+  JoinSpec spec;
+  if (!group) {
+    spec = FromProto(*request);
+    // Numbers out of range are refused before anything, the metrics included, counts them.
+    if (absl::Status invalid = ValidateJoinSpec(spec); !invalid.ok()) {
+      if (options_.log_jobs) spdlog::info("refused a join: {}", EscapeControl(invalid.message()));
+      if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedInvalid);
+      return refuse(ToGrpcStatus(invalid));
+    }
   }
-  streams_.emplace(id, Stream{stream, &state, context->peer()});
-  ++streams_per_user_[&state];
+  streams_.emplace(id, Stream{stream, &state, context->peer(), {}, group, agents});
+  streams_per_user_[&state] += agents;
   std::shared_ptr<Usage>& usage = usage_[&state];
   if (usage == nullptr) usage = std::make_shared<Usage>();
   stream->Charge(usage, total_usage_, join_bytes, options_.max_queued_bytes_per_stream);
-  SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", EscapeControl(spec.job_id),
-               EscapeControl(spec.agent.agent_id), EscapeControl(spec.agent.host),
-               spec.agent.node_index, spec.agent.nproc);
   const Micros now = clock_();
-  if (options_.metrics != nullptr) options_.metrics->OnJoin(now, id, spec);
   Decisions decisions;
-  state.Join(now, id, spec, CallerInfo{PeerAddress(context->peer())}, decisions);
+  if (group) {
+    JoinMembersLocked(id, state, *request, context->peer(), decisions);
+  } else {
+    SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", EscapeControl(spec.job_id),
+                 EscapeControl(spec.agent.agent_id), EscapeControl(spec.agent.host),
+                 spec.agent.node_index, spec.agent.nproc);
+    if (options_.metrics != nullptr) options_.metrics->OnJoin(now, id, spec);
+    state.Join(now, id, spec, CallerInfo{PeerAddress(context->peer())}, decisions);
+  }
   Apply(decisions, writers);
   return stream;
+}
+
+std::string RendezvousService::MemberKey(const RendezvousState* state, absl::string_view job_id,
+                                         absl::string_view agent_id) {
+  return absl::StrCat(reinterpret_cast<uintptr_t>(state), "/", job_id.size(), "/", job_id, "/",
+                      agent_id);
+}
+
+void RendezvousService::JoinMembersLocked(StreamId id, RendezvousState& state,
+                                          const v1::JoinRequest& request, const std::string& peer,
+                                          Decisions& decisions) {
+  const Micros now = clock_();
+  Stream& group = streams_.at(id);
+  for (const v1::JoinRequest& member : request.members()) {
+    JoinSpec spec = FromProto(member);
+    spec.job_id = request.job_id();
+    const StreamId member_id = next_stream_++;
+    members_[member_id] = GroupMember{id, spec.job_id, spec.agent.agent_id};
+    group.members.push_back(member_id);
+    // A member out of range is refused alone: the others of its node go on.
+    if (absl::Status invalid = ValidateJoinSpec(spec); !invalid.ok()) {
+      if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedInvalid);
+      decisions.closes.push_back({member_id, invalid});
+      continue;
+    }
+    member_ids_[MemberKey(&state, spec.job_id, spec.agent.agent_id)] = member_id;
+    if (options_.metrics != nullptr) options_.metrics->OnJoin(now, member_id, spec);
+    state.Join(now, member_id, spec, CallerInfo{PeerAddress(peer)}, decisions);
+  }
+}
+
+void RendezvousService::EraseMember(StreamId id) {
+  auto it = members_.find(id);
+  if (it == members_.end()) return;
+  if (auto group = streams_.find(it->second.group); group != streams_.end()) {
+    std::vector<StreamId>& list = group->second.members;
+    list.erase(std::remove(list.begin(), list.end(), id), list.end());
+    auto key =
+        member_ids_.find(MemberKey(group->second.state, it->second.job_id, it->second.agent_id));
+    if (key != member_ids_.end() && key->second == id) member_ids_.erase(key);
+  }
+  members_.erase(it);
 }
 
 bool RendezvousService::MayReattach(StreamId id) {
@@ -367,7 +420,7 @@ bool RendezvousService::MayReattach(StreamId id) {
   {
     absl::MutexLock lock(&mu_);
     auto it = streams_.find(id);
-    if (it == streams_.end() || !it->second.state->Runs(id)) return false;
+    if (it == streams_.end() || it->second.group || !it->second.state->Runs(id)) return false;
     peer = it->second.peer;
   }
   return options_.connections->ConnectionUp(peer);
@@ -380,7 +433,6 @@ void RendezvousService::StreamDone(StreamId id, bool cancelled) {
     absl::MutexLock lock(&mu_);
     auto it = streams_.find(id);
     if (it == streams_.end()) return;
-    RendezvousState* state = it->second.state;
     const Micros now = clock_();
     if (may_reattach) {
       if (options_.log_jobs) {
@@ -389,60 +441,125 @@ void RendezvousService::StreamDone(StreamId id, bool cancelled) {
             "to come back before it counts as lost",
             absl::CHexEscape(it->second.peer), options_.reattach_window / 1000);
       }
-      reattaching_[id] = Reattaching{state, it->second.peer, now + options_.reattach_window};
+      reattaching_[id] =
+          Reattaching{it->second.state, it->second.peer, now + options_.reattach_window};
       EraseStream(it);
       return;
     }
-    EraseStream(it);
-    if (options_.metrics != nullptr) options_.metrics->OnStreamGone(now, id);
     Decisions decisions;
-    state->StreamClosed(now, id, decisions);
+    LoseStreamLocked(it, now, decisions);
     Apply(decisions, writers);
   }
   StartWrites(std::move(writers));
 }
 
+void RendezvousService::LoseStreamLocked(absl::flat_hash_map<StreamId, Stream>::iterator it,
+                                         Micros now, Decisions& decisions) {
+  const StreamId id = it->first;
+  RendezvousState* state = it->second.state;
+  // Every member of a group still on it is lost with it, as its own stream would have been.
+  const std::vector<StreamId> lost =
+      it->second.group ? it->second.members : std::vector<StreamId>{id};
+  EraseStream(it);
+  for (const StreamId member : lost) {
+    if (options_.metrics != nullptr) options_.metrics->OnStreamGone(now, member);
+    state->StreamClosed(now, member, decisions);
+  }
+}
+
 void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& writers) {
   if (options_.metrics != nullptr) options_.metrics->OnDecisions(clock_(), decisions);
+  std::vector<StreamId> overfull;
+  const auto push = [&](StreamId id, JoinStream* stream, std::shared_ptr<const v1::JoinEvent> event,
+                        int64_t bytes) {
+    switch (stream->Push(std::move(event), bytes)) {
+      case JoinStream::Pushed::kQueued:
+        break;
+      case JoinStream::Pushed::kStartWrites:
+        writers.push_back(stream);
+        break;
+      case JoinStream::Pushed::kOverfullStartWrites:
+        writers.push_back(stream);
+        [[fallthrough]];
+      case JoinStream::Pushed::kOverfull:
+        overfull.push_back(id);
+        break;
+    }
+  };
+  // A group's events of these decisions go out as one message per group stream, in order.
+  absl::flat_hash_map<StreamId, v1::JoinEvent> batches;
+  std::vector<StreamId> batch_order;
+  absl::flat_hash_set<StreamId> progressed;
+  const auto batch_of = [&](StreamId group) -> v1::EventBatch& {
+    auto [it, fresh] = batches.try_emplace(group);
+    if (fresh) batch_order.push_back(group);
+    return *it->second.mutable_batch();
+  };
   // A job's abort is the same event for every stream: it becomes one message that every queue
   // shares.
   std::shared_ptr<const v1::JoinEvent> last;
   int64_t last_bytes = 0;
   const Event* last_event = nullptr;
-  std::vector<StreamId> overfull;
   for (Decisions::Send& send : decisions.sends) {
     auto it = streams_.find(send.stream);
-    if (it == streams_.end()) continue;
+    if (it == streams_.end()) {
+      auto member = members_.find(send.stream);
+      if (member == members_.end()) continue;
+      const StreamId group = member->second.group;
+      // Progress is the same for every waiting member: the group hears it once, for all.
+      if (std::holds_alternative<ProgressEvent>(send.event)) {
+        if (progressed.insert(group).second) *batch_of(group).add_events() = ToProto(send.event);
+        continue;
+      }
+      v1::JoinEvent* event = batch_of(group).add_events();
+      *event = ToProto(send.event);
+      event->set_agent_id(member->second.agent_id);
+      continue;
+    }
     if (last_event == nullptr || !SameBroadcast(*last_event, send.event)) {
       last = std::make_shared<const v1::JoinEvent>(ToProto(send.event));
       last_bytes = static_cast<int64_t>(last->ByteSizeLong());
       last_event = &send.event;
     }
-    switch (it->second.stream->Push(last, last_bytes)) {
-      case JoinStream::Pushed::kQueued:
-        break;
-      case JoinStream::Pushed::kStartWrites:
-        writers.push_back(it->second.stream);
-        break;
-      case JoinStream::Pushed::kOverfullStartWrites:
-        writers.push_back(it->second.stream);
-        [[fallthrough]];
-      case JoinStream::Pushed::kOverfull:
-        overfull.push_back(send.stream);
-        break;
-    }
+    push(send.stream, it->second.stream, last, last_bytes);
   }
   for (const Decisions::Close& close : decisions.closes) {
     auto it = streams_.find(close.stream);
-    if (it == streams_.end()) continue;
-    if (options_.log_jobs && !close.status.ok() && !absl::IsAborted(close.status)) {
+    if (options_.log_jobs && !close.status.ok() && !absl::IsAborted(close.status) &&
+        (it != streams_.end() || members_.contains(close.stream))) {
       spdlog::info("refused a join: {}", EscapeControl(close.status.message()));
+    }
+    if (it == streams_.end()) {
+      auto member = members_.find(close.stream);
+      if (member == members_.end()) continue;
+      v1::JoinEvent* event = batch_of(member->second.group).add_events();
+      event->set_agent_id(member->second.agent_id);
+      event->mutable_member_end()->set_code(static_cast<int32_t>(close.status.code()));
+      event->mutable_member_end()->set_message(std::string(close.status.message()));
+      EraseMember(close.stream);
+      continue;
     }
     if (it->second.stream->PushClose(ToGrpcStatus(close.status))) {
       writers.push_back(it->second.stream);
     }
     // The stream is finished from our side: the state already forgot it.
     EraseStream(it);
+  }
+  for (const StreamId group : batch_order) {
+    auto it = streams_.find(group);
+    if (it == streams_.end()) continue;
+    v1::JoinEvent& batch = batches[group];
+    auto event = batch.batch().events_size() == 1
+                     ? std::make_shared<const v1::JoinEvent>(
+                           std::move(*batch.mutable_batch()->mutable_events(0)))
+                     : std::make_shared<const v1::JoinEvent>(std::move(batch));
+    const auto bytes = static_cast<int64_t>(event->ByteSizeLong());
+    push(group, it->second.stream, std::move(event), bytes);
+    // A group with no member left on it is over.
+    if (it->second.members.empty()) {
+      if (it->second.stream->PushClose(grpc::Status::OK)) writers.push_back(it->second.stream);
+      EraseStream(it);
+    }
   }
   if (!overfull.empty()) EndOverfull(overfull, writers);
 }
@@ -456,10 +573,7 @@ void RendezvousService::EndOverfull(const std::vector<StreamId>& overfull,
     if (it == streams_.end()) continue;
     spdlog::warn("ended a join stream whose agent did not read its messages ({} bytes queued)",
                  options_.max_queued_bytes_per_stream);
-    RendezvousState* state = it->second.state;
-    EraseStream(it);
-    if (options_.metrics != nullptr) options_.metrics->OnStreamGone(now, id);
-    state->StreamClosed(now, id, decisions);
+    LoseStreamLocked(it, now, decisions);
   }
   // What the loss of those agents decides (their jobs' aborts) goes to the others.
   if (!decisions.sends.empty() || !decisions.closes.empty()) Apply(decisions, writers);
@@ -467,13 +581,22 @@ void RendezvousService::EndOverfull(const std::vector<StreamId>& overfull,
 
 void RendezvousService::EraseStream(absl::flat_hash_map<StreamId, Stream>::iterator it) {
   auto count = streams_per_user_.find(it->second.state);
-  if (count != streams_per_user_.end() && --count->second <= 0) streams_per_user_.erase(count);
+  if (count != streams_per_user_.end() && (count->second -= it->second.agents) <= 0) {
+    streams_per_user_.erase(count);
+  }
+  for (const StreamId member : it->second.members) {
+    auto m = members_.find(member);
+    if (m == members_.end()) continue;
+    auto key = member_ids_.find(MemberKey(it->second.state, m->second.job_id, m->second.agent_id));
+    if (key != member_ids_.end() && key->second == member) member_ids_.erase(key);
+    members_.erase(m);
+  }
   streams_.erase(it);
 }
 
 absl::Status RendezvousService::CheckUserLimits(const Caller& caller, const RendezvousState& state,
-                                                const std::string& job_id,
-                                                int64_t join_bytes) const {
+                                                const std::string& job_id, int64_t join_bytes,
+                                                int64_t agents) const {
   const bool auth_none = options_.auth.mode == AuthMode::kNone;
   if (!state.has_job(job_id) &&
       static_cast<int64_t>(state.job_count()) >= options_.max_jobs_per_user) {
@@ -481,7 +604,7 @@ absl::Status RendezvousService::CheckUserLimits(const Caller& caller, const Rend
                         static_cast<int64_t>(state.job_count()), options_.max_jobs_per_user);
   }
   auto count = streams_per_user_.find(&state);
-  if (count != streams_per_user_.end() && count->second >= options_.max_agents_per_user) {
+  if (count != streams_per_user_.end() && count->second + agents > options_.max_agents_per_user) {
     return UserCapError(UserCap::kAgents, auth_none, caller.name, count->second,
                         options_.max_agents_per_user);
   }
@@ -535,7 +658,33 @@ grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerCont
   std::vector<JoinStream*> writers;
   {
     absl::MutexLock lock(&mu_);
-    if (request->has_failure()) {
+    if (request->member_lost()) {
+      // A relay lost one of its group's members: as if that member's own stream had dropped.
+      auto owner = states_.find(caller->owner);
+      auto id = owner == states_.end()
+                    ? member_ids_.end()
+                    : member_ids_.find(
+                          MemberKey(owner->second.get(), request->job_id(), request->agent_id()));
+      if (id == member_ids_.end()) {
+        status = absl::NotFoundError(
+            absl::StrFormat("job %s has no agent %s on a group stream of this caller",
+                            EscapeControl(request->job_id()), EscapeControl(request->agent_id())));
+      } else {
+        const StreamId member = id->second;
+        const StreamId group = members_.at(member).group;
+        const Micros now = clock_();
+        Decisions decisions;
+        if (options_.metrics != nullptr) options_.metrics->OnStreamGone(now, member);
+        EraseMember(member);
+        owner->second->StreamClosed(now, member, decisions);
+        Apply(decisions, writers);
+        // A group with no member left on it is over.
+        if (auto it = streams_.find(group); it != streams_.end() && it->second.members.empty()) {
+          if (it->second.stream->PushClose(grpc::Status::OK)) writers.push_back(it->second.stream);
+          EraseStream(it);
+        }
+      }
+    } else if (request->has_failure()) {
       Decisions decisions;
       v1::WorkerFailure failure = request->failure();
       TruncateFailureText(failure);

@@ -76,6 +76,9 @@ struct ServiceOptions {
 // What one attached agent costs the server beyond its request and its queued events: measured
 // at 10,000 agents (README, Performance), nearly all of it gRPC's.
 inline constexpr int64_t kAgentBaseBytes = 36 * 1024;
+// What each member of a group join (JoinRequest.members) costs beyond the first, which counts as
+// kAgentBaseBytes: the job state's entry, its member bookkeeping, and its share of the events.
+inline constexpr int64_t kGroupMemberBytes = 2 * 1024;
 
 class RendezvousService final : public v1::Rendezvous::CallbackService {
  public:
@@ -112,7 +115,7 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   // checks in front of the service (authentication, limits). Does nothing without metrics.
   void CountRefused(absl::string_view reason);
 
-  // Streams still open (for tests and status logging).
+  // Streams still open (for tests and status logging): a group join's is one.
   size_t open_streams() const;
 
   // The bytes attached agents hold, as counted against max_memory_bytes (for tests and metrics).
@@ -126,6 +129,16 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
 
   JoinStream* JoinLocked(grpc::CallbackServerContext* context, const v1::JoinRequest* request,
                          const Caller& caller, std::vector<JoinStream*>& writers);
+  // The members of a group join (JoinRequest.members), each joined to the state as an agent of
+  // its own on an id of its own, all answered on `id`'s stream.
+  void JoinMembersLocked(StreamId id, RendezvousState& state, const v1::JoinRequest& request,
+                         const std::string& peer, Decisions& decisions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the group member `id` (from members_, its group's list and member_ids_).
+  void EraseMember(StreamId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The key of member_ids_.
+  static std::string MemberKey(const RendezvousState* state, absl::string_view job_id,
+                               absl::string_view agent_id);
   // Queues the decisions' events and closes on their streams; `writers` receives the streams
   // whose writes must be started with StartWrites once mu_ is released.
   void Apply(Decisions& decisions, std::vector<JoinStream*>& writers)
@@ -154,6 +167,19 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
     JoinStream* stream;
     RendezvousState* state;  // the owner's jobs the stream joined
     std::string peer;        // the call's peer, as gRPC names it
+    // A group join's stream: the ids its members were given for the state (the core sees each
+    // member as an agent on a stream of its own), in the order they joined; those that ended
+    // are erased. Empty for an agent's own stream.
+    std::vector<StreamId> members;
+    bool group = false;
+    // What it counts toward max_agents_per_user: 1, or a group's member count.
+    int64_t agents = 1;
+  };
+  // A member of a group join, by the id the state knows it by.
+  struct GroupMember {
+    StreamId group;  // the group's stream
+    std::string job_id;
+    std::string agent_id;
   };
   // Streams ended with their connection up, whose agents may come back until `deadline`.
   struct Reattaching {
@@ -161,13 +187,17 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
     std::string peer;
     Micros deadline;
   };
-  // Forgets stream `it`, and counts it off its owner's streams.
+  // Forgets stream `it` (a group's with its members), and counts it off its owner's streams.
   void EraseStream(absl::flat_hash_map<StreamId, Stream>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stream `it` ended from the agent's side: forgets it and tells the state that its agent (each
+  // member still on a group's stream) is gone.
+  void LoseStreamLocked(absl::flat_hash_map<StreamId, Stream>::iterator it, Micros now,
+                        Decisions& decisions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why `caller` may not open another stream into `job_id` of `state`, one that holds
   // `join_bytes` (ServiceOptions' memory limits), or OK.
   absl::Status CheckUserLimits(const Caller& caller, const RendezvousState& state,
-                               const std::string& job_id, int64_t join_bytes) const
+                               const std::string& job_id, int64_t join_bytes, int64_t agents) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the streams of `overfull` (whose queues passed max_queued_bytes_per_stream): their
   // agents are lost to their jobs.
@@ -186,6 +216,10 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   absl::flat_hash_map<std::string, std::unique_ptr<RendezvousState>> states_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<StreamId, Stream> streams_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<StreamId, Reattaching> reattaching_ ABSL_GUARDED_BY(mu_);
+  // Group members by their own id, and the latest id of each by its owner, job and agent id
+  // (for ReportExit's member_lost).
+  absl::flat_hash_map<StreamId, GroupMember> members_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, StreamId> member_ids_ ABSL_GUARDED_BY(mu_);
   // Open streams by the owner's state they joined (for max_agents_per_user).
   absl::flat_hash_map<const RendezvousState*, int64_t> streams_per_user_ ABSL_GUARDED_BY(mu_);
   // Memory held per owner's state, and by all (ServiceOptions::max_memory_per_user_bytes).

@@ -63,6 +63,7 @@ void KeepStart(std::string* text, size_t max) {
 }  // namespace
 
 absl::Status CheckJoinRequest(const v1::JoinRequest& r) {
+  if (r.members_size() > 0) return CheckGroupJoinRequest(r);
   absl::Status s =
       First({CheckName(r.job_id(), "the job id", kMaxIdBytes),
              CheckName(r.agent_id(), "the agent id", kMaxIdBytes),
@@ -79,6 +80,26 @@ absl::Status CheckJoinRequest(const v1::JoinRequest& r) {
     if (s = CheckName(address, "an address", kMaxHostBytes); !s.ok()) return s;
   }
   return CheckSize(r.node_list(), "the node list", kMaxNodeListBytes);
+}
+
+absl::Status CheckGroupJoinRequest(const v1::JoinRequest& r) {
+  if (absl::Status s = CheckName(r.job_id(), "the job id", kMaxIdBytes); !s.ok()) return s;
+  if (r.members_size() > static_cast<int>(kMaxGroupMembers)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a group join holds %d agents, over rdzvd's limit of %d; relay fewer tasks per node",
+        r.members_size(), kMaxGroupMembers));
+  }
+  for (const v1::JoinRequest& member : r.members()) {
+    if (member.members_size() > 0) {
+      return absl::InvalidArgumentError("a member of a group join has members of its own");
+    }
+    if (!member.job_id().empty() && member.job_id() != r.job_id()) {
+      return absl::InvalidArgumentError(
+          "a member of a group join names another job than the group's");
+    }
+    if (absl::Status s = CheckJoinRequest(member); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckReportExitRequest(const v1::ReportExitRequest& r) {

@@ -38,8 +38,14 @@ inline constexpr size_t kMaxHangDetailBytes = 1024;
 inline constexpr int kMaxRequestBytes = 256 * 1024;
 // Calls open at once on one connection: an agent has its Join stream and a call or two beside.
 inline constexpr int kMaxStreamsPerConnection = 16;
+// The agents one group join (JoinRequest.members) may carry: the tasks of one node.
+inline constexpr size_t kMaxGroupMembers = 512;
 
+// A group join (with members) is checked as CheckGroupJoinRequest says.
 absl::Status CheckJoinRequest(const v1::JoinRequest& request);
+// At most kMaxGroupMembers members, each a join of the group's job (or none) with no members of
+// its own, each within CheckJoinRequest's bounds.
+absl::Status CheckGroupJoinRequest(const v1::JoinRequest& request);
 absl::Status CheckReportExitRequest(const v1::ReportExitRequest& request);
 absl::Status CheckLeaveRequest(const v1::LeaveRequest& request);
 absl::Status CheckStatusRequest(const v1::StatusRequest& request);

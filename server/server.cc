@@ -37,6 +37,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                            options.unused_connection_timeout);
   service_options.connections = server->connections_.get();
   server->service_ = std::make_unique<RendezvousService>(SteadyClock(), service_options);
+  if (server->metrics_ != nullptr) {
+    server->metrics_->SetJoinStreamsSource([service = server->service_.get()] {
+      return static_cast<int64_t>(service->open_streams());
+    });
+  }
 
 #ifdef NDEBUG
   // Debian builds abseil without NDEBUG, which leaves absl::Mutex's deadlock detector on in
@@ -195,6 +200,7 @@ void Server::Shutdown() {
   if (stopped_) return;
   stopped_ = true;
   if (metrics_http_ != nullptr) metrics_http_->Shutdown();
+  if (metrics_ != nullptr) metrics_->SetJoinStreamsSource(nullptr);
   if (grpc_server_ != nullptr) {
     if (auto* health = grpc_server_->GetHealthCheckService(); health != nullptr) {
       health->SetServingStatus(false);

@@ -77,6 +77,7 @@ TEST(MetricsTest, RendersEveryRdzvMetricWithHelpAndType) {
   };
   for (const Row& row : std::vector<Row>{{"rdzv_jobs", "gauge"},
                                          {"rdzv_agents_attached", "gauge"},
+                                         {"rdzv_join_streams", "gauge"},
                                          {"rdzv_joins_total", "counter"},
                                          {"rdzv_rounds_completed_total", "counter"},
                                          {"rdzv_rendezvous_duration_seconds", "histogram"},
@@ -361,7 +362,7 @@ TEST(ProcessMetricsTest, ReadsThisProcess) {
   EXPECT_GE(before->virtual_memory_bytes, before->resident_memory_bytes);
   EXPECT_GE(before->threads, 1);
   const double now = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
-  EXPECT_LE(before->start_time_seconds, now + 5);  // btime is whole seconds, and clocks drift
+  EXPECT_LE(before->start_time_seconds, now + 5);     // btime is whole seconds, and clocks drift
   EXPECT_GT(before->start_time_seconds, now - 3600);  // a test binary started minutes ago
   EXPECT_GE(before->open_fds, 3);
   EXPECT_GT(before->max_fds, before->open_fds);
