@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -160,10 +161,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   names.insert(names.end(), impl->options.alternate_endpoints.begin(),
                impl->options.alternate_endpoints.end());
   for (const std::string& name : names) {
-    absl::StatusOr<HostPort> hp = ParseHostPort(name, 29400);
-    if (!hp.ok()) return hp.status();
     Impl::Endpoint e;
-    e.name = FormatHostPort(hp->host, hp->port);
+    if (absl::StartsWith(name, "unix:")) {
+      // A node's relay (client/agent/node_relay.h): a socket in a directory of this user's own.
+      e.name = name;
+    } else {
+      absl::StatusOr<HostPort> hp = ParseHostPort(name, 29400);
+      if (!hp.ok()) return hp.status();
+      e.name = FormatHostPort(hp->host, hp->port);
+    }
     e.channel = grpc::CreateCustomChannel(e.name, setup->credentials, setup->args);
     e.stub = v1::Rendezvous::NewStub(e.channel);
     impl->endpoints.push_back(std::move(e));

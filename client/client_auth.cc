@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -215,6 +216,8 @@ absl::Status CheckServerProof(const grpc::ClientContext& ctx, const ClientAuth& 
 }
 
 bool ProofRequiredAt(absl::string_view endpoint) {
+  // A relay's socket sits in a directory only this user may enter: who listens there is this user.
+  if (absl::StartsWith(endpoint, "unix:")) return false;
   absl::StatusOr<HostPort> hp = ParseHostPort(endpoint, 29400);
   return !hp.ok() || !IsLoopbackAddress(hp->host);
 }

@@ -684,6 +684,52 @@ TEST(AgentOptionsTest, LauncherPlaceIsHiddenWhereTheAgentStartsTheWorkers) {
             "--mpi-env=\"no\": expected drop or keep");
 }
 
+TEST(AgentOptionsTest, PerTaskNodesWithSeveralTasksJoinThroughTheirFirstTasksRelay) {
+  // Node 1 of n[1-2] runs tasks 1 and 2 (SLURM_STEP_TASKS_PER_NODE 1,2).
+  const EnvList second_node = {{"SLURM_JOB_ID", "5"},         {"SLURM_STEP_ID", "0"},
+                               {"SLURM_PROCID", "1"},         {"SLURM_NODEID", "1"},
+                               {"SLURM_LOCALID", "0"},        {"SLURMD_NODENAME", "n2"},
+                               {"SLURM_NNODES", "2"},         {"SLURM_STEP_NODELIST", "n[1-2]"},
+                               {"SLURM_STEP_NUM_TASKS", "3"}, {"SLURM_STEP_TASKS_PER_NODE", "1,2"}};
+  EnvList later_task = second_node;
+  later_task[2].second = "2";  // SLURM_PROCID
+  later_task[4].second = "1";  // SLURM_LOCALID
+  EnvList first_node = second_node;
+  first_node[2].second = "0";  // SLURM_PROCID
+  first_node[3].second = "0";  // SLURM_NODEID
+  first_node[5].second = "n1";
+  const struct {
+    const char* name;
+    std::vector<std::string> args;
+    EnvList env;
+    int tasks_on_node;
+    bool host;
+  } cases[] = {
+      {"the node's first task hosts it", {}, second_node, 2, true},
+      {"a later task joins through it", {}, later_task, 2, false},
+      {"a node with one task has none", {}, first_node, 0, false},
+      {"--node-relay off", {"--node-relay", "off"}, second_node, 0, false},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> args = c.args;
+    for (const char* a : {"--", "python", "train.py"}) args.push_back(a);
+    absl::StatusOr<AgentConfig> config = Resolve(args, c.env);
+    ASSERT_TRUE(config.ok()) << c.name << ": " << config.status();
+    EXPECT_EQ(config->relay.tasks_on_node, c.tasks_on_node) << c.name;
+    EXPECT_EQ(config->relay.host, c.host) << c.name;
+    if (c.tasks_on_node > 0) {
+      EXPECT_EQ(config->relay.node, "n2") << c.name;
+    }
+  }
+  EXPECT_EQ(Resolve({"--node-relay", "yes", "--", "x"}, second_node).status().message(),
+            "--node-relay=\"yes\": expected on or off, got \"yes\"");
+  EnvList off = second_node;
+  off.emplace_back("RDZV_NODE_RELAY", "off");
+  absl::StatusOr<AgentConfig> config = Resolve({"--", "python", "train.py"}, off);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->relay.tasks_on_node, 0);
+}
+
 TEST(AgentOptionsTest, SlurmEnvKeepWarnsWhereRanksRepeat) {
   const EnvList step = {{"SLURM_JOB_ID", "5"},         {"SLURM_STEP_ID", "0"},
                         {"SLURM_PROCID", "0"},         {"SLURM_NODEID", "0"},

@@ -33,8 +33,11 @@ ALLOWED = {
     "client": {"client", "common", "common/core", "rdzv/v1", "grpc/health/v1"},
     "client/ctl": {"client/ctl", "client/client.h", "client/local_endpoint.h", "common",
                    "common/core", "rdzv/v1", "grpc/health/v1"},
+    # The agent hosts servers: the embedded rdzvd, and its node's relay, which speaks the
+    # protocol on both sides over librdzv's channel setup.
     "client/agent": {"client/agent", "client/agent/core", "client/client.h",
-                     "client/local_endpoint.h", "common", "common/core", "server"},
+                     "client/local_endpoint.h", "client/client_channel.h", "common",
+                     "common/core", "server", "rdzv/v1"},
     "server/core": {"server/core", "common/core"},
     "server": {"server", "server/core", "common", "common/core", "rdzv/v1", "grpc/health/v1"},
 }

@@ -36,6 +36,8 @@ namespace {
 constexpr absl::Duration kOutputDrainLimit = absl::Milliseconds(500);
 // How much longer an agent stays after a job ended because an agent or the server was lost.
 constexpr absl::Duration kLostPeerLinger = absl::Milliseconds(100);
+// How long an agent that hosts its node's relay waits, once done, for the node's other agents.
+constexpr absl::Duration kRelayLinger = absl::Minutes(10);
 // How often the hosting agent looks whether the other agents have gone.
 constexpr std::chrono::milliseconds kAwaitPoll(50);
 
@@ -100,6 +102,7 @@ class Agent::Impl {
   asio::steady_timer earlier_hang_timer_{io_};
 
   ServerLocation location_;
+  std::unique_ptr<NodeRelay> relay_;  // the node's, when this agent hosts it
   std::unique_ptr<AgentRendezvous> rendezvous_;
   JoinSpec spec_;  // this agent's join, as of its latest round
   std::optional<ReservedPort> master_port_;
@@ -125,6 +128,7 @@ absl::Status Agent::Impl::Prepare() {
       config_, [this](std::function<void()> task) { asio::post(io_, std::move(task)); });
   if (!connected.ok()) return connected.status();
   location_ = std::move(connected->location);
+  relay_ = std::move(connected->relay);
   rendezvous_ = std::move(connected->rendezvous);
 
   spec_ = config_.join;
@@ -191,9 +195,21 @@ int Agent::Impl::Run() {
   Handle(lifecycle_->Start());
   io_.run();
 
+  // The node's other agents reach the server through this one's relay: it stays until they are
+  // done.
+  if (relay_ != nullptr && !relay_->WaitIdle(absl::Milliseconds(100))) {
+    spdlog::info(
+        "waiting for the other agents of this node, which reach the server through this "
+        "one, to finish");
+    if (!relay_->WaitIdle(kRelayLinger)) {
+      spdlog::warn("the other agents of this node did not finish within {}; they lose the relay",
+                   absl::FormatDuration(kRelayLinger));
+    }
+  }
   // A rejoin may still be waiting for a server that is gone.
   rendezvous_->Cancel();
   rendezvous_.reset();
+  relay_.reset();
   if (location_.embedded) location_.embedded->Shutdown();
   // A failed job's explanation is the line users look for; see that it has left this process.
   if (exit_code_ != 0) AwaitOutputRead(kOutputDrainLimit);

@@ -57,6 +57,17 @@ class AgentRendezvous {
 absl::StatusOr<std::unique_ptr<AgentRendezvous>> NewRemoteRendezvous(ClientOptions options,
                                                                      AgentRendezvous::Post post);
 
+// Through the node's relay (node_relay.h) at `socket_path` while one listens there, else
+// directly as `direct` says. The first Join waits up to `wait_for_relay` for the relay to listen
+// (the node's first task may start a moment later); a later Join (a new round, or a resume after
+// the relay lost the server) asks the relay if it still listens, and goes directly if not: a
+// relay whose task died is a lost node like any other, and the others hear how the job ended
+// from the server itself. InvalidArgument for a malformed endpoint.
+absl::StatusOr<std::unique_ptr<AgentRendezvous>> NewRelayedRendezvous(std::string socket_path,
+                                                                      absl::Duration wait_for_relay,
+                                                                      ClientOptions direct,
+                                                                      AgentRendezvous::Post post);
+
 // In this process, over a RendezvousState driven by `clock`.
 std::unique_ptr<AgentRendezvous> NewLocalRendezvous(Clock clock, AgentRendezvous::Post post);
 

@@ -3,6 +3,7 @@
 #include "client/agent/remote_rendezvous.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <deque>
@@ -14,6 +15,9 @@
 
 namespace rdzv {
 namespace {
+
+// How long a task waits for its node's first task to host the relay before it joins directly.
+constexpr absl::Duration kWaitForRelay = absl::Seconds(10);
 
 class RemoteRendezvous final : public AgentRendezvous {
  public:
@@ -137,6 +141,28 @@ absl::StatusOr<ConnectedRendezvous> ConnectRendezvous(const AgentConfig& config,
   options.endpoint = endpoints.front();
   options.alternate_endpoints.assign(endpoints.begin() + 1, endpoints.end());
   options.join_timeout = config.join_timeout;
+  if (config.relay.tasks_on_node > 1) {
+    const std::string socket = RelaySocketPath(getuid(), config.join.job_id, config.relay.node);
+    if (config.relay.host) {
+      NodeRelayOptions relay;
+      relay.socket_path = socket;
+      relay.job_id = config.join.job_id;
+      relay.expected = config.relay.tasks_on_node;
+      relay.upstream = options;
+      absl::StatusOr<std::unique_ptr<NodeRelay>> started = NodeRelay::Start(std::move(relay));
+      if (started.ok()) {
+        connected.relay = *std::move(started);
+      } else {
+        spdlog::warn("this node's tasks join the server each on its own: {}",
+                     std::string(started.status().message()));
+      }
+    }
+    absl::StatusOr<std::unique_ptr<AgentRendezvous>> relayed =
+        NewRelayedRendezvous(socket, kWaitForRelay, std::move(options), std::move(post));
+    if (!relayed.ok()) return relayed.status();
+    connected.rendezvous = *std::move(relayed);
+    return connected;
+  }
   absl::StatusOr<std::unique_ptr<AgentRendezvous>> remote =
       NewRemoteRendezvous(std::move(options), std::move(post));
   if (!remote.ok()) return remote.status();

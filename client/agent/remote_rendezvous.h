@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "client/agent/agent_rendezvous.h"
 #include "client/agent/core/agent_options.h"
+#include "client/agent/node_relay.h"
 #include "client/agent/server_locator.h"
 
 namespace rdzv {
@@ -20,6 +21,9 @@ namespace rdzv {
 struct ConnectedRendezvous {
   // Where the server is, holding it when this agent hosts it; empty for a standalone agent.
   ServerLocation location;
+  // The node's relay, when this agent is the first task of a node whose tasks join through one
+  // (node_relay.h); null otherwise.
+  std::unique_ptr<NodeRelay> relay;
   std::unique_ptr<AgentRendezvous> rendezvous;
 };
 

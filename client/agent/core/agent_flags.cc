@@ -63,6 +63,20 @@ FlagParser MakeParser(AgentFlags& f) {
          StringSetter(&f.rdzv_id)});
   p.Add({"standalone", "RDZV_STANDALONE", "",
          "one node only: host the rendezvous in-process on loopback", BoolSetter(&f.standalone)});
+  p.Add({"node-relay", "RDZV_NODE_RELAY", "on|off",
+         "per-task launches: the tasks of a node reach the rendezvous server through its first "
+         "task, over one connection (default on)",
+         [&f](absl::string_view v) -> absl::Status {
+           if (v == "on") {
+             f.node_relay = true;
+           } else if (v == "off") {
+             f.node_relay = false;
+           } else {
+             return absl::InvalidArgumentError(
+                 absl::StrCat("expected on or off, got \"", absl::CHexEscape(v), "\""));
+           }
+           return absl::OkStatus();
+         }});
   p.Add({"max-restarts", "RDZV_MAX_RESTARTS", "N",
          "how often the job may restart its workers after a failure (default 0)",
          IntSetter(&f.max_restarts, 0, 1'000'000)});

@@ -151,6 +151,15 @@ absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentC
     c.join.agent.order = slurm.proc_id;
     const int tasks = slurm.num_tasks > 0 ? slurm.num_tasks : slurm.num_nodes;
     c.join.min_agents = c.join.max_agents = tasks;
+    const int on_node =
+        slurm.node_id >= 0 && static_cast<size_t>(slurm.node_id) < slurm.tasks_per_node.size()
+            ? slurm.tasks_per_node[slurm.node_id]
+            : 0;
+    if (flags.node_relay && on_node > 1) {
+      c.relay.tasks_on_node = on_node;
+      c.relay.host = slurm.local_id == 0;
+      c.relay.node = !slurm.node_name.empty() ? slurm.node_name : absl::StrCat(slurm.node_id);
+    }
   }
   if (flags.nnodes_max &&
       (*flags.nnodes_min != c.join.min_agents || *flags.nnodes_max != c.join.max_agents)) {

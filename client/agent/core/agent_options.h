@@ -38,6 +38,7 @@ struct AgentFlags {
   std::string rdzv_endpoint;
   std::string rdzv_id;
   bool standalone = false;
+  bool node_relay = true;  // --node-relay
   int32_t max_restarts = 0;
   std::string master_addr;
   int32_t master_port = 0;
@@ -120,6 +121,14 @@ struct AgentConfig {
   std::vector<std::string> command;
   // What each worker's launch gets on top of its torchrun environment (ShapingLauncher).
   WorkerShape worker_shape;
+  // Per-task under Slurm with several tasks on this node: the node's agents reach the server
+  // through one relay (node_relay.h) that its first task hosts. tasks_on_node 0: no relay.
+  struct NodeRelayConfig {
+    int tasks_on_node = 0;
+    bool host = false;  // this agent is the node's first task
+    std::string node;   // names the relay's socket, with the job id
+  };
+  NodeRelayConfig relay;
   // Lines the agent logs as warnings when it starts: a choice the user made that has a cost.
   std::vector<std::string> warnings;
 };

@@ -1,0 +1,812 @@
+#include "client/agent/node_relay.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "client/client_channel.h"
+#include "common/auth.h"
+#include "common/grpc_status.h"
+#include "common/proto_convert.h"
+#include "rdzv/v1/rdzv.grpc.pb.h"
+
+namespace rdzv {
+
+namespace {
+
+// $TMPDIR when it names an absolute path (Slurm sites may give each job a private one, which every
+// task of the job on a node shares), else /tmp.
+std::string RelayBase() {
+  const char* tmp = std::getenv("TMPDIR");
+  if (tmp != nullptr && tmp[0] == '/') {
+    std::string base = tmp;
+    while (base.size() > 1 && base.back() == '/') base.pop_back();
+    return base;
+  }
+  return "/tmp";
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> RelayDirectory(uid_t uid) {
+  const std::string dir = absl::StrCat(RelayBase(), "/rdzv-", uid);
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot make %s: %s", dir, std::strerror(errno)));
+  }
+  struct stat st;
+  if (lstat(dir.c_str(), &st) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot stat %s: %s", dir, std::strerror(errno)));
+  }
+  if (!S_ISDIR(st.st_mode) || st.st_uid != uid || (st.st_mode & 077) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s is not a directory of uid %d's own that only it may enter (mode %o, owner %d); "
+        "remove it",
+        dir, uid, st.st_mode & 07777, st.st_uid));
+  }
+  return dir;
+}
+
+std::string RelaySocketPath(uid_t uid, absl::string_view job_key, absl::string_view node) {
+  std::string name = absl::StrCat(job_key, "-", node);
+  for (char& c : name) {
+    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                       c == '.' || c == '_' || c == '-';
+    if (!plain) c = '_';
+  }
+  const std::string dir = absl::StrCat(RelayBase(), "/rdzv-", uid, "/relay-");
+  // A socket's path has room for 107 bytes; a directory too long leaves the relay unable to
+  // listen, and the node's tasks then join directly.
+  const size_t limit = sizeof(sockaddr_un::sun_path) - 1;
+  const size_t room = dir.size() + 5 + 8 < limit ? limit - dir.size() - 5 : 8;
+  if (name.size() > room) name = name.substr(name.size() - room);
+  return absl::StrCat(dir, name, ".sock");
+}
+
+bool RelayListening(const std::string& socket_path) {
+  const size_t slash = socket_path.rfind('/');
+  if (slash == std::string::npos) return false;
+  struct stat st;
+  const std::string dir = socket_path.substr(0, slash);
+  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
+      (st.st_mode & 077) != 0) {
+    return false;
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.size() >= sizeof(addr.sun_path)) return false;
+  std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return false;
+  const bool up = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 ||
+                  errno == EAGAIN || errno == EINPROGRESS;
+  close(fd);
+  return up;
+}
+
+namespace {
+
+class LocalStream;
+class GroupCall;
+
+// One agent of the node, as the relay knows it from its local Join.
+struct Member {
+  std::string agent_id;
+  LocalStream* local = nullptr;  // null once its local stream is done
+  v1::JoinRequest request;
+  GroupCall* group = nullptr;  // the group stream it went up on; null while it waits to go up
+  bool ended = false;          // its local stream is finished, or its loss reported
+  bool superseded = false;     // the same agent joined again on another local stream
+  bool left = false;           // its Leave went up
+};
+
+}  // namespace
+
+class NodeRelay::Impl final : public v1::Rendezvous::CallbackService {
+ public:
+  explicit Impl(NodeRelayOptions options) : options_(std::move(options)) {}
+  ~Impl() override;
+
+  absl::Status Init();
+
+  grpc::ServerWriteReactor<v1::JoinEvent>* Join(grpc::CallbackServerContext* context,
+                                                const v1::JoinRequest* request) override;
+  grpc::ServerUnaryReactor* ReportExit(grpc::CallbackServerContext* context,
+                                       const v1::ReportExitRequest* request,
+                                       v1::ReportExitResponse* response) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
+                                  const v1::LeaveRequest* request,
+                                  v1::LeaveResponse* response) override;
+
+  // From LocalStream.
+  void LocalGone(LocalStream* local);
+  // From GroupCall.
+  void Deliver(GroupCall* call, const v1::JoinEvent& event);
+  void GroupDone(GroupCall* call, const grpc::Status& status);
+
+  bool WaitIdle(absl::Duration timeout);
+  int upstream_streams() const {
+    absl::MutexLock lock(&mu_);
+    return upstream_streams_;
+  }
+
+ private:
+  struct Endpoint {
+    std::string name;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Rendezvous::Stub> stub;
+  };
+
+  void RunWorker();
+  void Post(std::function<void()> task);
+  void Flush();
+  // Ends the local streams of `members` still on `call` (or waiting) with `status`.
+  void EndMembers(const std::vector<std::shared_ptr<Member>>& members, const grpc::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues the report that member `agent_id` is lost (ReportExitRequest.member_lost).
+  void ReportLostLocked(const std::string& agent_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cancels `call` once no member it carries is still on it.
+  void MaybeRetire(GroupCall* call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One unary call upstream, made with the relay's credential, its answer taken only from a
+  // server that proves itself. Blocks; runs on the worker.
+  template <typename Call>
+  grpc::Status Upstream(absl::string_view method, Call call);
+  void PushLocal(Member& m, const v1::JoinEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool several() const { return endpoints_.size() > 1; }
+
+  const NodeRelayOptions options_;
+  std::vector<Endpoint> endpoints_;
+  std::unique_ptr<grpc::Server> server_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<LocalStream*, std::shared_ptr<Member>> by_local_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Member>> pending_ ABSL_GUARDED_BY(mu_);
+  absl::Time flush_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::flat_hash_map<GroupCall*, std::vector<std::shared_ptr<Member>>> groups_
+      ABSL_GUARDED_BY(mu_);
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // the worker runs a task
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  size_t current_ ABSL_GUARDED_BY(mu_) = 0;  // the endpoint in use
+  int upstream_streams_ ABSL_GUARDED_BY(mu_) = 0;
+  // The group call the worker waits on for the server's proof, so that stopping can end it.
+  std::shared_ptr<GroupCall> inflight_ ABSL_GUARDED_BY(mu_);
+  std::thread worker_;
+};
+
+namespace {
+
+// A member's Join stream on the local socket. Events are written one at a time from a queue;
+// End finishes it once the queue has drained. Pushed to only under the relay's lock, and forgets
+// the relay's record of it (LocalGone) before it is deleted, so the relay never holds a dangling
+// pointer. Owned by gRPC: deleted in OnDone.
+class LocalStream final : public grpc::ServerWriteReactor<v1::JoinEvent> {
+ public:
+  explicit LocalStream(NodeRelay::Impl* relay) : relay_(relay) {}
+
+  void Push(v1::JoinEvent event) {
+    absl::MutexLock lock(&mu_);
+    if (finishing_) return;
+    queue_.push_back(std::move(event));
+    if (!writing_) WriteNextLocked();
+  }
+
+  void End(const grpc::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (finishing_) return;
+    finishing_ = true;
+    finish_ = status;
+    if (!writing_) WriteNextLocked();
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    queue_.pop_front();
+    writing_ = false;
+    if (!ok) {
+      queue_.clear();
+      if (!finishing_) {
+        finishing_ = true;
+        finish_ = grpc::Status::CANCELLED;
+      }
+    }
+    WriteNextLocked();
+  }
+
+  void OnCancel() override {
+    End(grpc::Status::CANCELLED);
+    relay_->LocalGone(this);
+  }
+
+  void OnDone() override {
+    relay_->LocalGone(this);
+    delete this;
+  }
+
+ private:
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    if (!queue_.empty()) {
+      writing_ = true;
+      StartWrite(&queue_.front());
+    } else if (finishing_) {
+      finished_ = true;
+      Finish(finish_);
+    }
+  }
+
+  NodeRelay::Impl* const relay_;
+  absl::Mutex mu_;
+  std::deque<v1::JoinEvent> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status finish_ ABSL_GUARDED_BY(mu_);
+};
+
+// The group stream to the server. Holds itself until OnDone; the relay's worker holds it too
+// while it decides whether the server proved itself.
+class GroupCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
+                        public std::enable_shared_from_this<GroupCall> {
+ public:
+  GroupCall(NodeRelay::Impl* relay, v1::JoinRequest request)
+      : relay_(relay), request_(std::move(request)) {}
+
+  grpc::ClientContext& context() { return context_; }
+
+  void Start(v1::Rendezvous::Stub* stub) {
+    self_ = shared_from_this();
+    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(24 * 30));
+    stub->async()->Join(&context_, &request_, this);
+    AddHold();  // until the proof is checked: no event counts before it
+    StartCall();
+  }
+
+  enum class Headers { kWaiting, kArrived, kNone };
+  Headers AwaitHeaders(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithDeadline(absl::Condition(
+                              +[](GroupCall* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
+                                return c->headers_ != Headers::kWaiting;
+                              },
+                              this),
+                          deadline);
+    return headers_;
+  }
+
+  void Proceed() {
+    StartRead(&event_);
+    RemoveHold();
+  }
+  // Lets a call that ended without initial metadata finish: its status goes to OnDone.
+  void LetEnd() { RemoveHold(); }
+  // Ends the call with `why` for its members instead of the status gRPC gives it.
+  void Abandon(grpc::Status why) {
+    {
+      absl::MutexLock lock(&mu_);
+      override_ = std::move(why);
+    }
+    context_.TryCancel();
+    RemoveHold();
+  }
+  void Cancel() { context_.TryCancel(); }
+
+  void OnReadInitialMetadataDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    headers_ = ok ? Headers::kArrived : Headers::kNone;
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    relay_->Deliver(this, event_);
+    StartRead(&event_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::shared_ptr<GroupCall> keep = std::move(self_);
+    grpc::Status final = status;
+    {
+      absl::MutexLock lock(&mu_);
+      if (override_) final = *override_;
+    }
+    relay_->GroupDone(this, final);
+    absl::MutexLock lock(&mu_);
+    status_ = final;
+    done_ = true;
+  }
+
+  // The call's status once it is done.
+  grpc::Status AwaitDone() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+    return status_;
+  }
+
+ private:
+  NodeRelay::Impl* const relay_;
+  grpc::ClientContext context_;
+  v1::JoinRequest request_;
+  v1::JoinEvent event_;
+  absl::Mutex mu_;
+  Headers headers_ ABSL_GUARDED_BY(mu_) = Headers::kWaiting;
+  std::optional<grpc::Status> override_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<GroupCall> self_;
+};
+
+grpc::Status Unavailable(const std::string& why) {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE, why);
+}
+
+}  // namespace
+
+absl::Status NodeRelay::Impl::Init() {
+  absl::StatusOr<ClientChannelSetup> setup = MakeClientChannelSetup(options_.upstream);
+  if (!setup.ok()) return setup.status();
+  std::vector<std::string> names = {options_.upstream.endpoint};
+  names.insert(names.end(), options_.upstream.alternate_endpoints.begin(),
+               options_.upstream.alternate_endpoints.end());
+  for (const std::string& name : names) {
+    Endpoint e;
+    e.name = name;
+    e.channel = grpc::CreateCustomChannel(name, setup->credentials, setup->args);
+    e.stub = v1::Rendezvous::NewStub(e.channel);
+    endpoints_.push_back(std::move(e));
+  }
+  const size_t slash = options_.socket_path.rfind('/');
+  if (slash == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the relay socket %s is not a path", options_.socket_path));
+  }
+  absl::StatusOr<std::string> dir = RelayDirectory(getuid());
+  if (!dir.ok()) return dir.status();
+  if (*dir != options_.socket_path.substr(0, slash)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the relay socket %s is not in %s", options_.socket_path, *dir));
+  }
+  // A socket left by an earlier step of a requeued job.
+  unlink(options_.socket_path.c_str());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat("unix:", options_.socket_path),
+                           grpc::InsecureServerCredentials());
+  builder.RegisterService(this);
+  builder.SetMaxReceiveMessageSize(256 * 1024);
+  // The node's agents keep one quiet stream open for the whole job and ping it, as they would
+  // rdzvd's (server/server.cc): gRPC's defaults would answer their pings with GOAWAY.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
+    return absl::UnavailableError(
+        absl::StrFormat("cannot listen on the relay socket %s", options_.socket_path));
+  }
+  worker_ = std::thread([this] { RunWorker(); });
+  return absl::OkStatus();
+}
+
+NodeRelay::Impl::~Impl() {
+  // The worker still answers the calls the shutdown waits for.
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    server_->Wait();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    if (inflight_ != nullptr) inflight_->Cancel();
+  }
+  if (worker_.joinable()) worker_.join();
+  unlink(options_.socket_path.c_str());
+  // The group streams end before the channels they use go.
+  absl::MutexLock lock(&mu_);
+  for (auto& [call, members] : groups_) call->Cancel();
+  mu_.Await(absl::Condition(
+      +[](absl::flat_hash_map<GroupCall*, std::vector<std::shared_ptr<Member>>>* g) {
+        return g->empty();
+      },
+      &groups_));
+}
+
+grpc::ServerWriteReactor<v1::JoinEvent>* NodeRelay::Impl::Join(grpc::CallbackServerContext*,
+                                                               const v1::JoinRequest* request) {
+  auto* local = new LocalStream(this);
+  if (request->job_id() != options_.job_id || request->members_size() > 0) {
+    local->End(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                            absl::StrFormat("this node's relay serves job %s, not %s",
+                                            options_.job_id, request->job_id())));
+    return local;
+  }
+  // The node's agents trust the relay by its directory: nothing to prove, and the headers go
+  // before any event can.
+  local->StartSendInitialMetadata();
+  auto member = std::make_shared<Member>();
+  member->agent_id = request->agent_id();
+  member->local = local;
+  member->request = *request;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      local->End(Unavailable("the node's relay is stopping"));
+      return local;
+    }
+    for (auto& [other_local, other] : by_local_) {
+      if (other->agent_id == member->agent_id) other->superseded = true;
+    }
+    by_local_[local] = member;
+    pending_.push_back(member);
+    if (pending_.size() == 1) flush_at_ = absl::Now() + options_.gather;
+  }
+  return local;
+}
+
+void NodeRelay::Impl::LocalGone(LocalStream* local) {
+  absl::MutexLock lock(&mu_);
+  auto it = by_local_.find(local);
+  if (it == by_local_.end()) return;
+  std::shared_ptr<Member> m = it->second;
+  by_local_.erase(it);
+  m->local = nullptr;
+  if (m->group == nullptr) {
+    pending_.erase(std::remove(pending_.begin(), pending_.end(), m), pending_.end());
+    return;
+  }
+  if (m->ended || m->superseded || m->left) {
+    MaybeRetire(m->group);
+    return;
+  }
+  // Its task ended without a word: the server hears that it is lost, as it would have from the
+  // agent's own stream.
+  m->ended = true;
+  ReportLostLocked(m->agent_id);
+  MaybeRetire(m->group);
+}
+
+void NodeRelay::Impl::ReportLostLocked(const std::string& agent_id) {
+  tasks_.push_back([this, agent_id] {
+    v1::ReportExitRequest request;
+    request.set_job_id(options_.job_id);
+    request.set_agent_id(agent_id);
+    request.set_member_lost(true);
+    v1::ReportExitResponse response;
+    const grpc::Status s =
+        Upstream("ReportExit", [&](v1::Rendezvous::Stub& stub, grpc::ClientContext* ctx) {
+          return stub.ReportExit(ctx, request, &response);
+        });
+    // NOT_FOUND: the server had let the member go already (the job ended, or it left).
+    if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
+      spdlog::warn("job {}: could not tell the server that agent {} of this node is gone: {}",
+                   options_.job_id, agent_id, s.error_message());
+    }
+  });
+}
+
+void NodeRelay::Impl::MaybeRetire(GroupCall* call) {
+  auto it = groups_.find(call);
+  if (it == groups_.end()) return;
+  for (const std::shared_ptr<Member>& m : it->second) {
+    if (m->group == call && !m->ended && !m->superseded) return;
+  }
+  call->Cancel();
+}
+
+void NodeRelay::Impl::PushLocal(Member& m, const v1::JoinEvent& event) {
+  if (m.local == nullptr || m.ended) return;
+  v1::JoinEvent copy = event;
+  copy.clear_agent_id();
+  m.local->Push(std::move(copy));
+}
+
+void NodeRelay::Impl::Deliver(GroupCall* call, const v1::JoinEvent& event) {
+  if (event.has_batch()) {
+    for (const v1::JoinEvent& e : event.batch().events()) Deliver(call, e);
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = groups_.find(call);
+  if (it == groups_.end()) return;
+  for (const std::shared_ptr<Member>& m : it->second) {
+    if (m->group != call || m->superseded) continue;
+    if (event.agent_id().empty()) {
+      // Progress, the same for every member still waiting.
+      PushLocal(*m, event);
+      continue;
+    }
+    if (m->agent_id != event.agent_id()) continue;
+    if (event.has_member_end()) {
+      if (m->local != nullptr && !m->ended) {
+        m->local->End(grpc::Status(static_cast<grpc::StatusCode>(event.member_end().code()),
+                                   event.member_end().message()));
+      }
+      m->ended = true;
+      MaybeRetire(call);
+    } else {
+      PushLocal(*m, event);
+    }
+    break;
+  }
+}
+
+void NodeRelay::Impl::GroupDone(GroupCall* call, const grpc::Status& status) {
+  absl::MutexLock lock(&mu_);
+  auto it = groups_.find(call);
+  if (it == groups_.end()) return;
+  grpc::Status for_members = status;
+  if (status.error_code() == grpc::StatusCode::CANCELLED ||
+      status.error_code() == grpc::StatusCode::NOT_FOUND) {
+    for_members = Unavailable(
+        absl::StrCat("the node's relay lost its stream to the server: ", status.error_message()));
+  }
+  std::vector<std::shared_ptr<Member>> members = std::move(it->second);
+  groups_.erase(it);
+  for (const std::shared_ptr<Member>& m : members) {
+    if (m->group != call) continue;
+    // The call is about to go: nothing may point at it.
+    m->group = nullptr;
+    if (m->superseded || m->ended) continue;
+    if (m->local != nullptr) m->local->End(for_members);
+    m->ended = true;
+  }
+}
+
+void NodeRelay::Impl::EndMembers(const std::vector<std::shared_ptr<Member>>& members,
+                                 const grpc::Status& status) {
+  for (const std::shared_ptr<Member>& m : members) {
+    if (m->local != nullptr && !m->ended) m->local->End(status);
+    m->ended = true;
+  }
+}
+
+void NodeRelay::Impl::Post(std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  tasks_.push_back(std::move(task));
+}
+
+void NodeRelay::Impl::RunWorker() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      absl::MutexLock lock(&mu_);
+      busy_ = false;
+      const auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !tasks_.empty() ||
+               (!pending_.empty() && (static_cast<int>(pending_.size()) >= options_.expected ||
+                                      absl::Now() >= flush_at_));
+      };
+      while (!ready()) {
+        const absl::Time until = pending_.empty()
+                                     ? absl::Now() + absl::Milliseconds(200)
+                                     : std::min(flush_at_, absl::Now() + absl::Milliseconds(200));
+        mu_.AwaitWithDeadline(absl::Condition(&ready), until);
+      }
+      if (stopping_) return;
+      busy_ = true;
+      if (!tasks_.empty()) {
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+    }
+    if (task) {
+      task();
+    } else {
+      Flush();
+    }
+  }
+}
+
+void NodeRelay::Impl::Flush() {
+  std::vector<std::shared_ptr<Member>> batch;
+  v1::JoinRequest request;
+  {
+    absl::MutexLock lock(&mu_);
+    batch = std::move(pending_);
+    pending_.clear();
+    flush_at_ = absl::InfiniteFuture();
+    batch.erase(std::remove_if(batch.begin(), batch.end(),
+                               [](const std::shared_ptr<Member>& m) {
+                                 return m->local == nullptr || m->superseded;
+                               }),
+                batch.end());
+    if (batch.empty()) return;
+    request.set_job_id(options_.job_id);
+    request.set_protocol_version(kGroupJoinProtocolVersion);
+    for (const std::shared_ptr<Member>& m : batch) *request.add_members() = m->request;
+  }
+  // Like a single agent, the relay moves on to the next candidate at once when one is
+  // unreachable, serves another job or does not prove itself; after a round over all of them the
+  // members hear Unavailable, and their own joins retry with backoff.
+  grpc::Status last = Unavailable("no rendezvous server to try");
+  for (size_t tries = 0; tries < endpoints_.size(); ++tries) {
+    size_t endpoint;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) break;
+      endpoint = current_;
+    }
+    const auto next_endpoint = [&] {
+      absl::MutexLock lock(&mu_);
+      if (current_ == endpoint) current_ = (current_ + 1) % endpoints_.size();
+    };
+    const Endpoint& e = endpoints_[endpoint];
+    auto call = std::make_shared<GroupCall>(this, request);
+    const std::string nonce = NewNonce();
+    if (absl::Status s = AttachCredential(call->context(), options_.upstream.auth, "Join",
+                                          options_.job_id, nonce);
+        !s.ok()) {
+      last = ToGrpcStatus(s);
+      break;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      inflight_ = call;
+    }
+    call->Start(e.stub.get());
+    const absl::Time wait_until =
+        absl::Now() + (several() ? options_.upstream.rpc_timeout : options_.upstream.join_timeout);
+    const GroupCall::Headers headers = call->AwaitHeaders(wait_until);
+    absl::Status proof = absl::OkStatus();
+    if (headers == GroupCall::Headers::kArrived) {
+      proof = CheckServerProof(call->context(), options_.upstream.auth, "Join", options_.job_id,
+                               nonce, several() || ProofRequiredAt(e.name));
+      if (proof.ok()) {
+        absl::MutexLock lock(&mu_);
+        inflight_.reset();
+        for (const std::shared_ptr<Member>& m : batch) {
+          m->group = call.get();
+          // Its task ended while the batch was on its way: the server hears it is lost.
+          if (m->local == nullptr && !m->ended) {
+            m->ended = true;
+            ReportLostLocked(m->agent_id);
+          }
+        }
+        groups_[call.get()] = batch;
+        ++upstream_streams_;
+        call->Proceed();
+        return;
+      }
+    }
+    grpc::Status status;
+    if (headers == GroupCall::Headers::kNone) {
+      call->LetEnd();
+      status = call->AwaitDone();
+    } else {
+      call->Abandon(grpc::Status::CANCELLED);
+      call->AwaitDone();
+      status = headers == GroupCall::Headers::kWaiting
+                   ? Unavailable(absl::StrFormat(
+                         "the rendezvous server at %s sent nothing in answer", e.name))
+                   : Unavailable(absl::StrFormat("the server at %s did not prove that it is the "
+                                                 "rendezvous server of job %s: %s",
+                                                 e.name, options_.job_id, proof.message()));
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      inflight_.reset();
+    }
+    const bool elsewhere = status.error_code() == grpc::StatusCode::NOT_FOUND && several();
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE && !elsewhere) {
+      last = status;  // a refusal: the members hear it as it is
+      break;
+    }
+    last = Unavailable(status.error_message());
+    next_endpoint();
+  }
+  absl::MutexLock lock(&mu_);
+  EndMembers(batch, last);
+}
+
+template <typename Call>
+grpc::Status NodeRelay::Impl::Upstream(absl::string_view method, Call call) {
+  size_t endpoint;
+  {
+    absl::MutexLock lock(&mu_);
+    endpoint = current_;
+  }
+  const Endpoint& e = endpoints_[endpoint];
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   absl::ToChronoMilliseconds(options_.upstream.rpc_timeout));
+  const std::string nonce = NewNonce();
+  if (absl::Status s =
+          AttachCredential(ctx, options_.upstream.auth, method, options_.job_id, nonce);
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  grpc::Status status = call(*e.stub, &ctx);
+  const absl::Status proof = CheckServerProof(ctx, options_.upstream.auth, method, options_.job_id,
+                                              nonce, ProofRequiredAt(e.name));
+  if (!proof.ok()) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrFormat("the server at %s did not prove itself: %s", e.name, proof.message()));
+  }
+  return status;
+}
+
+grpc::ServerUnaryReactor* NodeRelay::Impl::ReportExit(grpc::CallbackServerContext* context,
+                                                      const v1::ReportExitRequest* request,
+                                                      v1::ReportExitResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (request->job_id() != options_.job_id || request->member_lost()) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "the node's relay forwards its own job's failure reports only"));
+    return reactor;
+  }
+  Post([this, reactor, request, response] {
+    reactor->Finish(
+        Upstream("ReportExit", [&](v1::Rendezvous::Stub& stub, grpc::ClientContext* ctx) {
+          return stub.ReportExit(ctx, *request, response);
+        }));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* NodeRelay::Impl::Leave(grpc::CallbackServerContext* context,
+                                                 const v1::LeaveRequest* request,
+                                                 v1::LeaveResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (request->job_id() != options_.job_id) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                 absl::StrFormat("this node's relay serves job %s, not %s",
+                                                 options_.job_id, request->job_id())));
+    return reactor;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [local, m] : by_local_) {
+      if (m->agent_id == request->agent_id() && !m->superseded) m->left = true;
+    }
+  }
+  Post([this, reactor, request, response] {
+    reactor->Finish(Upstream("Leave", [&](v1::Rendezvous::Stub& stub, grpc::ClientContext* ctx) {
+      return stub.Leave(ctx, *request, response);
+    }));
+  });
+  return reactor;
+}
+
+bool NodeRelay::Impl::WaitIdle(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  const auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return by_local_.empty() && pending_.empty() && tasks_.empty() && !busy_;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+}
+
+absl::StatusOr<std::unique_ptr<NodeRelay>> NodeRelay::Start(NodeRelayOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  if (absl::Status s = impl->Init(); !s.ok()) return s;
+  return std::unique_ptr<NodeRelay>(new NodeRelay(std::move(impl)));
+}
+
+NodeRelay::NodeRelay(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+NodeRelay::~NodeRelay() = default;
+
+bool NodeRelay::WaitIdle(absl::Duration timeout) { return impl_->WaitIdle(timeout); }
+
+int NodeRelay::upstream_streams() const { return impl_->upstream_streams(); }
+
+}  // namespace rdzv

@@ -1,0 +1,86 @@
+// NodeRelay: the tasks of one node reach the rendezvous server through one connection, one
+// stream and one credential. Under `srun --ntasks-per-node=G rdzv-agent`, each task's agent is
+// one rank; without a relay the server would hold G streams per node and check G credentials.
+//
+// The node's first task runs the relay: a gRPC server for the node's agents on a UNIX socket in
+// a directory only this user may enter (RelayDirectory), which is what authenticates the tasks
+// to it and it to them. Every agent of the node, the first task's own included, joins through
+// it with the usual rdzv.v1 calls. The relay gathers their joins and sends them to the server as
+// one group join (JoinRequest.members), made with the relay's credential; the server answers
+// each member on the group stream, and the relay hands every event to its member's local stream.
+// A member's ReportExit and Leave go up with the relay's credential; a member whose task ends
+// without a word is reported lost (ReportExitRequest.member_lost), as its own dropped stream
+// would have been. When the relay's group stream to the server ends, every member on it hears
+// that the server was lost, and rejoins through the relay if it is still there, or directly
+// (RelayedRendezvous, agent_rendezvous.h).
+//
+// Thread-safe. Owns a thread that makes the upstream calls (credentials may wait for munged).
+#ifndef RDZV_CLIENT_AGENT_NODE_RELAY_H_
+#define RDZV_CLIENT_AGENT_NODE_RELAY_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+
+namespace rdzv {
+
+struct NodeRelayOptions {
+  // The UNIX socket the node's agents join at (RelaySocketPath).
+  std::string socket_path;
+  // The job the node's agents join; joins of another job are refused.
+  std::string job_id;
+  // The node's task count: once that many agents wait, their joins go up at once.
+  int expected = 1;
+  // How long the relay waits, after the first of a batch of joins, for the rest of the node's
+  // tasks before it sends the joins it has.
+  absl::Duration gather = absl::Milliseconds(500);
+  // The server and how to reach it: endpoint and alternates (tried in turn when one is
+  // unreachable, serves another job or does not prove itself), auth, TLS and rpc_timeout.
+  ClientOptions upstream;
+};
+
+// The private directory the relay's socket lives in: $TMPDIR/rdzv-<uid> ($TMPDIR when it is an
+// absolute path, else /tmp), made 0700 when missing.
+// FailedPrecondition naming the path when it is not a directory of this user's own that no one
+// else may enter (a symlink, another owner, group or world access).
+absl::StatusOr<std::string> RelayDirectory(uid_t uid);
+
+// The socket of job `job_key`'s relay on node `node` for user `uid`, in RelayDirectory's path
+// (which this does not create or check). Characters outside [A-Za-z0-9._-] become '_'.
+std::string RelaySocketPath(uid_t uid, absl::string_view job_key, absl::string_view node);
+
+// Whether a relay listens at `socket_path` in a directory RelayDirectory accepts. Does not block.
+bool RelayListening(const std::string& socket_path);
+
+class NodeRelay {
+ public:
+  // Listens on options.socket_path (replacing a stale socket there) after checking its directory
+  // (RelayDirectory). Errors name the socket and why.
+  static absl::StatusOr<std::unique_ptr<NodeRelay>> Start(NodeRelayOptions options);
+
+  // Stops serving: the node's agents still attached lose the relay (and rejoin directly).
+  ~NodeRelay();
+  NodeRelay(const NodeRelay&) = delete;
+  NodeRelay& operator=(const NodeRelay&) = delete;
+
+  // Blocks until every agent that joined has left or ended, or until `timeout`: the first task's
+  // agent, which hosts the relay, waits here before it exits so that the node's other agents keep
+  // their way to the server. False at the timeout.
+  bool WaitIdle(absl::Duration timeout);
+
+  // Group streams opened to the server so far (for logs and tests).
+  int upstream_streams() const;
+
+  class Impl;
+
+ private:
+  explicit NodeRelay(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rdzv
+
+#endif  // RDZV_CLIENT_AGENT_NODE_RELAY_H_

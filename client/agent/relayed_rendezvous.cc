@@ -1,0 +1,157 @@
+// An agent's rendezvous through its node's relay, or directly when there is none.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/agent/agent_rendezvous.h"
+#include "client/agent/node_relay.h"
+
+namespace rdzv {
+namespace {
+
+class RelayedRendezvous final : public AgentRendezvous {
+ public:
+  RelayedRendezvous(std::string socket_path, absl::Duration wait_for_relay,
+                    std::unique_ptr<AgentRendezvous> local, std::unique_ptr<AgentRendezvous> direct,
+                    Post post)
+      : socket_path_(std::move(socket_path)),
+        wait_for_relay_(wait_for_relay),
+        local_(std::move(local)),
+        direct_(std::move(direct)),
+        post_(std::move(post)),
+        watcher_([this] { Watch(); }) {}
+
+  ~RelayedRendezvous() override {
+    stopping_ = true;
+    if (waiter_.joinable()) waiter_.join();
+    watcher_.join();
+  }
+
+  void Join(const JoinSpec& spec, absl::Duration timeout, Handlers events,
+            std::function<void(absl::StatusOr<AssignmentEvent>)> done) override {
+    if (!first_) {
+      StartJoin(!relay_gone_ && RelayListening(socket_path_), spec, absl::Now() + timeout,
+                std::move(events), std::move(done));
+      return;
+    }
+    first_ = false;
+    // The node's first task may not listen yet: wait for it, off the agent's loop.
+    waiter_ = std::thread(
+        [this, spec, timeout, events = std::move(events), done = std::move(done)]() mutable {
+          const absl::Time deadline = absl::Now() + timeout;
+          const absl::Time until = absl::Now() + wait_for_relay_;
+          bool up = RelayListening(socket_path_);
+          while (!up && !stopping_ && absl::Now() < until) {
+            absl::SleepFor(absl::Milliseconds(20));
+            up = RelayListening(socket_path_);
+          }
+          if (stopping_) return;
+          post_([this, up, spec, deadline, events = std::move(events),
+                 done = std::move(done)]() mutable {
+            if (!up) {
+              spdlog::info("no relay listens at {} after {}: joining the server directly",
+                           socket_path_, absl::FormatDuration(wait_for_relay_));
+            }
+            StartJoin(up, spec, deadline, std::move(events), std::move(done));
+          });
+        });
+  }
+
+  void ReportFailure(const FailureInfo& failure,
+                     std::function<void(absl::StatusOr<AbortEvent>)> done) override {
+    Current().ReportFailure(failure, std::move(done));
+  }
+
+  void Leave(std::function<void(absl::Status)> done) override { Current().Leave(std::move(done)); }
+
+  void Cancel() override {
+    stopping_ = true;
+    local_->Cancel();
+    direct_->Cancel();
+  }
+
+  std::string endpoint() const override { return direct_->endpoint(); }
+
+ private:
+  AgentRendezvous& Current() { return current_ != nullptr ? *current_ : *direct_; }
+
+  // Joins through the relay, or directly. A join through the relay is watched: should the relay
+  // stop listening before it completes (its task died), it is cancelled and made directly.
+  void StartJoin(bool via_relay, const JoinSpec& spec, absl::Time deadline, Handlers events,
+                 std::function<void(absl::StatusOr<AssignmentEvent>)> done) {
+    const absl::Duration left = std::max(deadline - absl::Now(), absl::Seconds(1));
+    if (!via_relay) {
+      current_ = direct_.get();
+      direct_->Join(spec, left, std::move(events), std::move(done));
+      return;
+    }
+    current_ = local_.get();
+    watching_ = true;
+    local_->Join(spec, left, events,
+                 [this, spec, deadline, events,
+                  done = std::move(done)](absl::StatusOr<AssignmentEvent> result) mutable {
+                   watching_ = false;
+                   if (!result.ok() && relay_gone_) {
+                     spdlog::warn("this node's relay at {} is gone: joining the server directly",
+                                  socket_path_);
+                     StartJoin(false, spec, deadline, std::move(events), std::move(done));
+                     return;
+                   }
+                   done(std::move(result));
+                 });
+  }
+
+  // While a join through the relay is in progress, checks that the relay still listens.
+  void Watch() {
+    while (!stopping_) {
+      absl::SleepFor(absl::Milliseconds(50));
+      if (watching_ && !relay_gone_ && !RelayListening(socket_path_)) {
+        relay_gone_ = true;
+        local_->Cancel();  // the join in progress returns, and goes directly
+      }
+    }
+  }
+
+  const std::string socket_path_;
+  const absl::Duration wait_for_relay_;
+  const std::unique_ptr<AgentRendezvous> local_;
+  const std::unique_ptr<AgentRendezvous> direct_;
+  const Post post_;
+  AgentRendezvous* current_ = nullptr;  // the one the latest Join went through
+  bool first_ = true;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> watching_{false};
+  std::atomic<bool> relay_gone_{false};  // for good: every later join goes directly
+  std::thread waiter_;
+  std::thread watcher_;  // last: it starts running in the constructor
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AgentRendezvous>> NewRelayedRendezvous(std::string socket_path,
+                                                                      absl::Duration wait_for_relay,
+                                                                      ClientOptions direct,
+                                                                      AgentRendezvous::Post post) {
+  ClientOptions local;
+  local.endpoint = absl::StrCat("unix:", socket_path);
+  local.join_timeout = direct.join_timeout;
+  local.rpc_timeout = direct.rpc_timeout;
+  local.backoff = direct.backoff;
+  // The relay's own socket, in a directory only this user may enter, vouches for both ends.
+  local.auth.mode = ClientAuth::Mode::kNone;
+  absl::StatusOr<std::unique_ptr<AgentRendezvous>> through_relay =
+      NewRemoteRendezvous(std::move(local), post);
+  if (!through_relay.ok()) return through_relay.status();
+  absl::StatusOr<std::unique_ptr<AgentRendezvous>> directly =
+      NewRemoteRendezvous(std::move(direct), post);
+  if (!directly.ok()) return directly.status();
+  return std::make_unique<RelayedRendezvous>(std::move(socket_path), wait_for_relay,
+                                             *std::move(through_relay), *std::move(directly),
+                                             std::move(post));
+}
+
+}  // namespace rdzv

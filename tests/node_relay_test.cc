@@ -1,0 +1,321 @@
+// NodeRelay (client/agent/node_relay.h) between librdzv clients and rdzvd's service in this
+// process: each "node" hosts a relay on a UNIX socket, its agents join through it with ordinary
+// rdzv::Client calls, and the server sees one group stream per node. What the agents see: their
+// ranks, a failure or a lost peer anywhere in the job, their departure, and the server's end.
+#include "client/agent/node_relay.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "server/server.h"
+#include "tests/testing/wire.h"
+
+namespace rdzv {
+namespace {
+
+// What any one wait of a test may take: long enough for a loaded machine, short enough that a
+// failing test ends.
+constexpr absl::Duration kWait = absl::Seconds(15);
+
+// What a client's handlers saw, written on gRPC threads.
+struct Seen {
+  absl::Mutex mu;
+  std::optional<AbortEvent> abort ABSL_GUARDED_BY(mu);
+  std::optional<absl::Status> lost ABSL_GUARDED_BY(mu);
+
+  bool Aborted() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return abort.has_value(); }
+  bool Lost() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return lost.has_value(); }
+};
+
+// One task of a node: its client, what it saw, and its Join running on a thread of its own.
+struct Task {
+  std::string host;
+  std::unique_ptr<Client> client;
+  std::shared_ptr<Seen> seen = std::make_shared<Seen>();
+  // Declared last: it refers to the client, so it goes (waiting for the Join) before it.
+  std::future<absl::StatusOr<AssignmentEvent>> joined;
+
+  absl::StatusOr<AssignmentEvent> Assignment() {
+    if (joined.wait_for(absl::ToChronoMilliseconds(kWait)) != std::future_status::ready) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("Join did not return within ", absl::FormatDuration(kWait)));
+    }
+    return joined.get();
+  }
+  std::optional<AbortEvent> AwaitAbort() {
+    absl::MutexLock lock(&seen->mu);
+    seen->mu.AwaitWithTimeout(absl::Condition(seen.get(), &Seen::Aborted), kWait);
+    return seen->abort;
+  }
+  std::optional<absl::Status> AwaitLost() {
+    absl::MutexLock lock(&seen->mu);
+    seen->mu.AwaitWithTimeout(absl::Condition(seen.get(), &Seen::Lost), kWait);
+    return seen->lost;
+  }
+};
+
+class NodeRelayTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = testing::StartLoopbackServer(testing::LoopbackServerOptions());
+    ASSERT_NE(server_, nullptr);
+    // Sockets of runs side by side, and of the cases of one run, never meet.
+    job_ = absl::StrCat(::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
+                        getpid());
+  }
+
+  // Clients first (their streams end), then the relays, then the server.
+  void TearDown() override {
+    tasks_.clear();
+    relays_.clear();
+    if (server_ != nullptr) server_->Shutdown();
+  }
+
+  std::string Socket(const std::string& node) const {
+    return RelaySocketPath(getuid(), job_, node);
+  }
+
+  NodeRelayOptions RelayOptions(const std::string& node, int expected) const {
+    NodeRelayOptions options;
+    options.socket_path = Socket(node);
+    options.job_id = job_;
+    options.expected = expected;
+    options.upstream.endpoint = absl::StrCat("127.0.0.1:", server_->port());
+    options.upstream.auth.mode = ClientAuth::Mode::kNone;
+    options.upstream.join_timeout = kWait;
+    options.upstream.rpc_timeout = absl::Seconds(10);
+    return options;
+  }
+
+  NodeRelay* StartRelay(NodeRelayOptions options) {
+    absl::StatusOr<std::unique_ptr<NodeRelay>> relay = NodeRelay::Start(std::move(options));
+    EXPECT_TRUE(relay.ok()) << relay.status();
+    if (!relay.ok()) return nullptr;
+    relays_.push_back(std::move(*relay));
+    return relays_.back().get();
+  }
+
+  // Task `order` of the job joins through node `node_index`'s relay, as agent a<order> on host
+  // n<node_index>, one worker, in a job of exactly `agents` agents.
+  void StartTask(int node_index, int order, int agents) {
+    auto task = std::make_unique<Task>();
+    task->host = absl::StrCat("n", node_index);
+    ClientOptions options;
+    options.endpoint = absl::StrCat("unix:", Socket(task->host));
+    options.auth.mode = ClientAuth::Mode::kNone;
+    options.join_timeout = kWait;
+    options.rpc_timeout = absl::Seconds(10);
+    options.keepalive_time = keepalive_;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    task->client = std::move(*client);
+    JoinSpec spec;
+    spec.job_id = job_;
+    spec.agent = {.agent_id = absl::StrCat("a", order),
+                  .host = task->host,
+                  .node_index = node_index,
+                  .order = order,
+                  .nproc = 1};
+    spec.min_agents = spec.max_agents = agents;
+    spec.addresses = {"127.0.0.1"};
+    spec.master_port = 29500;
+    Handlers handlers;
+    handlers.on_abort = [seen = task->seen](const AbortEvent& abort) {
+      absl::MutexLock lock(&seen->mu);
+      if (!seen->abort) seen->abort = abort;
+    };
+    handlers.on_lost = [seen = task->seen](const absl::Status& status) {
+      absl::MutexLock lock(&seen->mu);
+      if (!seen->lost) seen->lost = status;
+    };
+    task->joined = std::async(std::launch::async, [client = task->client.get(), spec, handlers] {
+      return client->Join(spec, handlers);
+    });
+    tasks_.push_back(std::move(task));
+  }
+
+  // `nodes` nodes of `per_node` tasks each, every node with its relay; all assigned.
+  void RunJob(int nodes, int per_node) {
+    for (int n = 0; n < nodes; ++n) {
+      ASSERT_NE(StartRelay(RelayOptions(absl::StrCat("n", n), per_node)), nullptr);
+    }
+    for (int n = 0; n < nodes; ++n) {
+      for (int i = 0; i < per_node; ++i) StartTask(n, n * per_node + i, nodes * per_node);
+    }
+    for (auto& task : tasks_) {
+      absl::StatusOr<AssignmentEvent> a = task->Assignment();
+      ASSERT_TRUE(a.ok()) << task->host << ": " << a.status();
+      assignments_.push_back(*a);
+    }
+  }
+
+  // Waits until the server holds `n` streams.
+  bool AwaitOpenStreams(size_t n) {
+    const absl::Time deadline = absl::Now() + kWait;
+    while (server_->open_streams() != n && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return server_->open_streams() == n;
+  }
+
+  std::string job_;
+  std::unique_ptr<Server> server_;
+  std::vector<std::unique_ptr<NodeRelay>> relays_;
+  std::vector<std::unique_ptr<Task>> tasks_;
+  std::vector<AssignmentEvent> assignments_;
+  // How often each task's client pings its quiet stream.
+  absl::Duration keepalive_ = ClientOptions().keepalive_time;
+};
+
+TEST_F(NodeRelayTest, EachNodeIsOneStreamAndEveryTaskGetsItsRank) {
+  ASSERT_NO_FATAL_FAILURE(RunJob(2, 3));
+  for (int order = 0; order < 6; ++order) {
+    SCOPED_TRACE(absl::StrCat("task ", order));
+    const AssignmentEvent& a = assignments_[order];
+    EXPECT_EQ(a.slot.rank_offset, order);
+    EXPECT_EQ(a.slot.local_rank_offset, order % 3);
+    EXPECT_EQ(a.slot.local_world_size, 3);
+    EXPECT_EQ(a.slot.group_rank, order / 3);
+    EXPECT_EQ(a.world_size, 6);
+  }
+  EXPECT_EQ(server_->open_streams(), 2u);
+  for (const auto& relay : relays_) EXPECT_EQ(relay->upstream_streams(), 1);
+}
+
+TEST_F(NodeRelayTest, AWorkerFailureAbortsEveryOtherTask) {
+  ASSERT_NO_FATAL_FAILURE(RunJob(2, 3));
+  FailureInfo failure;
+  failure.cause = AbortCause::kWorkerFailed;
+  failure.host = "n1";
+  failure.group_rank = 1;
+  failure.rank = 4;
+  failure.local_rank = 1;
+  failure.exit_code = 3;
+  absl::StatusOr<AbortEvent> first = tasks_[4]->client->ReportFailure(failure);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->cause, AbortCause::kWorkerFailed);
+  for (int order = 0; order < 6; ++order) {
+    if (order == 4) continue;
+    SCOPED_TRACE(absl::StrCat("task ", order));
+    std::optional<AbortEvent> abort = tasks_[order]->AwaitAbort();
+    ASSERT_TRUE(abort.has_value()) << "no abort within " << kWait;
+    EXPECT_EQ(abort->cause, AbortCause::kWorkerFailed);
+    EXPECT_EQ(abort->exit_code, 3);
+    ASSERT_TRUE(abort->first_failure.has_value());
+    EXPECT_EQ(abort->first_failure->rank, 4);
+    EXPECT_EQ(abort->first_failure->host, "n1");
+  }
+}
+
+TEST_F(NodeRelayTest, ATaskThatVanishesIsReportedLost) {
+  ASSERT_NO_FATAL_FAILURE(RunJob(2, 3));
+  // Its process ends without a word: its stream to the relay drops.
+  tasks_[4]->client.reset();
+  for (int order = 0; order < 6; ++order) {
+    if (order == 4) continue;
+    SCOPED_TRACE(absl::StrCat("task ", order));
+    std::optional<AbortEvent> abort = tasks_[order]->AwaitAbort();
+    ASSERT_TRUE(abort.has_value()) << "no abort within " << kWait;
+    EXPECT_EQ(abort->cause, AbortCause::kAgentLost);
+    EXPECT_TRUE(absl::StrContains(abort->reason, "n1")) << abort->reason;
+  }
+}
+
+TEST_F(NodeRelayTest, TasksThatLeaveCloseTheNodesStream) {
+  ASSERT_NO_FATAL_FAILURE(RunJob(2, 3));
+  for (auto& task : tasks_) EXPECT_TRUE(task->client->Leave().ok()) << task->host;
+  EXPECT_TRUE(AwaitOpenStreams(0)) << server_->open_streams() << " streams still open";
+  for (const auto& relay : relays_) EXPECT_TRUE(relay->WaitIdle(absl::Seconds(5)));
+  for (auto& task : tasks_) {
+    absl::MutexLock lock(&task->seen->mu);
+    EXPECT_FALSE(task->seen->abort.has_value()) << task->seen->abort->reason;
+    EXPECT_FALSE(task->seen->lost.has_value()) << *task->seen->lost;
+  }
+}
+
+// A job runs for hours with nothing on its streams but the clients' pings, which the relay must
+// take as rdzvd does.
+TEST_F(NodeRelayTest, AQuietJobOutlivesItsTasksPings) {
+  keepalive_ = absl::Milliseconds(500);
+  ASSERT_NO_FATAL_FAILURE(RunJob(2, 3));
+  absl::SleepFor(absl::Seconds(5));
+  for (auto& task : tasks_) {
+    absl::MutexLock lock(&task->seen->mu);
+    EXPECT_FALSE(task->seen->lost.has_value()) << task->host << ": " << *task->seen->lost;
+    EXPECT_FALSE(task->seen->abort.has_value()) << task->host << ": " << task->seen->abort->reason;
+  }
+  EXPECT_EQ(server_->open_streams(), 2u);
+}
+
+TEST_F(NodeRelayTest, EveryTaskHearsThatTheServerIsLost) {
+  ASSERT_NO_FATAL_FAILURE(RunJob(2, 3));
+  server_->Shutdown();
+  for (auto& task : tasks_) {
+    std::optional<absl::Status> lost = task->AwaitLost();
+    ASSERT_TRUE(lost.has_value()) << task->host << ": on_lost did not fire within " << kWait;
+    EXPECT_TRUE(absl::IsUnavailable(*lost)) << *lost;
+  }
+}
+
+// In a $TMPDIR of its own, so that no other relay shares the directory it opens up.
+TEST_F(NodeRelayTest, ARelayRefusesADirectoryOthersMayEnter) {
+  char base[] = "/tmp/relay-dir-test-XXXXXX";
+  ASSERT_NE(mkdtemp(base), nullptr);
+  ASSERT_EQ(setenv("TMPDIR", base, 1), 0);
+  absl::StatusOr<std::string> dir = RelayDirectory(getuid());
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(*dir, absl::StrCat(base, "/rdzv-", getuid()));
+  ASSERT_EQ(chmod(dir->c_str(), 0755), 0);
+  absl::StatusOr<std::unique_ptr<NodeRelay>> relay = NodeRelay::Start(RelayOptions("n0", 1));
+  const bool listening = RelayListening(Socket("n0"));
+  unsetenv("TMPDIR");
+  rmdir(dir->c_str());
+  rmdir(base);
+  ASSERT_FALSE(relay.ok());
+  EXPECT_TRUE(absl::StrContains(relay.status().message(), *dir)) << relay.status();
+  EXPECT_FALSE(listening);
+}
+
+TEST_F(NodeRelayTest, RelayListeningOnlyWhileARelayRuns) {
+  EXPECT_FALSE(RelayListening(Socket("n0")));
+  NodeRelay* relay = StartRelay(RelayOptions("n0", 1));
+  ASSERT_NE(relay, nullptr);
+  EXPECT_TRUE(RelayListening(Socket("n0")));
+  EXPECT_FALSE(RelayListening(Socket("n1")));
+  relays_.clear();
+  EXPECT_FALSE(RelayListening(Socket("n0")));
+}
+
+TEST_F(NodeRelayTest, JoinsGoUpAfterTheGatherDelayWhenTasksAreMissing) {
+  NodeRelayOptions options = RelayOptions("n0", 3);
+  options.gather = absl::Milliseconds(200);
+  ASSERT_NE(StartRelay(options), nullptr);
+  StartTask(0, 0, 2);
+  StartTask(0, 1, 2);
+  for (int order = 0; order < 2; ++order) {
+    absl::StatusOr<AssignmentEvent> a = tasks_[order]->Assignment();
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->slot.rank_offset, order);
+    EXPECT_EQ(a->world_size, 2);
+  }
+  EXPECT_EQ(relays_[0]->upstream_streams(), 1);
+  EXPECT_EQ(server_->open_streams(), 1u);
+}
+
+}  // namespace
+}  // namespace rdzv

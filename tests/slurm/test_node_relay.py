@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Per-task launches through each node's relay, under the local Slurm cluster and a head-node
+rdzvd: the tasks of a node reach rdzvd over one stream (rdzv_join_streams), with the ranks,
+fail-fast and lost-node detection of tasks that join on their own, and rdzvctl's view of every
+task. Runs like test_slurm.py (same inputs)."""
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+import unittest
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_slurm  # noqa: E402
+from test_slurm import SlurmTestCase, base_env, free_port, setUpModule  # noqa: E402,F401
+
+# Writes its record (test_slurm's worker) once its hold is over; the rank named by
+# RDZV_TEST_VICTIM instead kills its own agent (the worker's grandparent: the agent runs each
+# worker under a guard process) with SIGKILL, or exits 3 with RDZV_TEST_MODE=fail.
+VICTIM = textwrap.dedent("""\
+    import os, signal, sys, time
+    time.sleep(float(sys.argv[2]))
+    if os.environ["RANK"] == os.environ.get("RDZV_TEST_VICTIM"):
+        if os.environ.get("RDZV_TEST_MODE") == "fail":
+            sys.exit(3)
+        with open("/proc/%d/stat" % os.getppid()) as f:
+            agent = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(os.path.join(sys.argv[1], "killed"), "w") as f:
+            f.write(str(time.time()))
+        os.kill(agent, signal.SIGKILL)
+    time.sleep(60)
+""")
+
+
+def scrape(port):
+    """rdzvd's metrics as {name: value} for the unlabelled rdzv_* gauges."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r"^(rdzv_\w+) (\S+)$", text, re.MULTILINE)}
+
+
+class NodeRelayTest(SlurmTestCase):
+    def setUp(self):
+        super().setUp()
+        self.victim = os.path.join(self.tmp, "victim.py")
+        with open(self.victim, "w") as f:
+            f.write(VICTIM)
+
+    def start_rdzvd_with_metrics(self):
+        port, metrics = free_port(), free_port()
+        log = open(os.path.join(self.tmp, "rdzvd.log"), "w")
+        self.addCleanup(log.close)
+        proc = subprocess.Popen(
+            [test_slurm.RDZVD, "--listen", f"127.0.0.1:{port}", "--metrics-listen",
+             f"127.0.0.1:{metrics}"], stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, env=base_env(), start_new_session=True)
+        self.procs.append(proc)
+
+        def up():
+            try:
+                scrape(metrics)
+                return True
+            except OSError:
+                self.assertIsNone(proc.poll(), "rdzvd exited")
+                return False
+        self.wait_for(up, 15, "rdzvd serving its metrics")
+        return f"127.0.0.1:{port}", metrics
+
+    def streams_while_running(self, relay, nodes=3, tasks_per_node=4):
+        """Runs NODES x TASKS_PER_NODE tasks (--node-relay RELAY) that hold for a few seconds;
+        returns rdzvd's join streams and attached agents once all have joined, and checks the
+        workers' ranks."""
+        endpoint, metrics = self.start_rdzvd_with_metrics()
+        out_dir = self.out_dir()
+        tasks = nodes * tasks_per_node
+        proc = self.start_srun([f"-N{nodes}", f"--ntasks-per-node={tasks_per_node}"],
+                               [sys.executable, self.worker, out_dir, "3"],
+                               agent_args=["--rdzv-endpoint", endpoint, "--node-relay", relay])
+        seen = {}
+
+        def all_attached():
+            seen.update(scrape(metrics))
+            return seen.get("rdzv_agents_attached") == tasks
+        self.wait_for(all_attached, 60, f"{tasks} agents attached to rdzvd")
+        code, out, err, _ = self.finish(proc, 120)
+        self.assertEqual(code, 0, err)
+        self.check_per_task(self.records(out_dir, tasks), [tasks_per_node] * nodes)
+        return seen["rdzv_join_streams"], seen["rdzv_agents_attached"]
+
+    def test_tasks_of_a_node_share_one_stream(self):
+        streams, agents = self.streams_while_running("on")
+        self.assertEqual((streams, agents), (3, 12))
+
+    def test_without_the_relay_each_task_holds_a_stream(self):
+        streams, agents = self.streams_while_running("off")
+        self.assertEqual((streams, agents), (12, 12))
+
+    def test_cyclic_distribution_keeps_slurm_ranks(self):
+        endpoint, _ = self.start_rdzvd_with_metrics()
+        out_dir = self.out_dir()
+        self.srun(["-N3", "-n6", "--distribution=cyclic"],
+                  [sys.executable, self.worker, out_dir],
+                  agent_args=["--rdzv-endpoint", endpoint])
+        records = self.records(out_dir, 6)
+        for r in records:
+            e = r["env"]
+            self.assertEqual(e["RANK"], e["SLURM_PROCID"])
+            self.assertEqual(e["LOCAL_RANK"], e["SLURM_LOCALID"])
+            self.assertEqual(e["GROUP_RANK"], e["SLURM_NODEID"])
+            self.assertEqual(e["LOCAL_WORLD_SIZE"], "2")
+        # Cyclic: node 0 runs tasks 0 and 3.
+        self.assertEqual(sorted(int(r["env"]["RANK"]) for r in records
+                                if r["env"]["SLURM_NODEID"] == "0"), [0, 3])
+
+    def run_victim(self, rank, mode="kill"):
+        """3 nodes x 4 tasks whose rank RANK kills its agent (or fails); returns srun's exit
+        code, its stderr, and the seconds from the kill to srun's end (None for a failure)."""
+        endpoint, _ = self.start_rdzvd_with_metrics()
+        out_dir = self.out_dir()
+        env = base_env(RDZV_TEST_VICTIM=rank, RDZV_TEST_MODE=mode)
+        proc = self.start_srun(["-N3", "--ntasks-per-node=4"],
+                               [sys.executable, self.victim, out_dir, "2"], env=env,
+                               agent_args=["--rdzv-endpoint", endpoint])
+        code, _, err, _ = self.finish(proc, 120)
+        ended = time.time()
+        killed = os.path.join(out_dir, "killed")
+        took = None
+        if os.path.exists(killed):
+            with open(killed) as f:
+                took = ended - float(f.read())
+        return code, err, took
+
+    def assert_every_agent_names(self, err, cause, agents):
+        lines = [line for line in err.splitlines() if "failed: " in line and " E " in line]
+        self.assertEqual(len(lines), agents, err)
+        for line in lines:
+            self.assertIn(cause, line)
+
+    def test_a_tasks_agent_killed_ends_the_job_naming_it(self):
+        # Rank 5: node 1's second task, which joins through node 1's relay.
+        code, err, took = self.run_victim("5")
+        self.assertNotEqual(code, 0)
+        self.assert_every_agent_names(
+            err, "lost contact with the agent on n2 (node 1, ranks 5-5)", 11)
+        self.assertIsNotNone(took)
+        # srun itself takes a moment to end the step; the agents heard it in milliseconds.
+        self.assertLess(took, 10, err)
+
+    def test_the_relays_agent_killed_ends_the_job_naming_its_node(self):
+        # Rank 4: node 1's first task, which hosts the node's relay.
+        code, err, took = self.run_victim("4")
+        self.assertNotEqual(code, 0)
+        self.assert_every_agent_names(err, "lost contact with the agent on n2 (node 1", 11)
+        self.assertIsNotNone(took)
+        self.assertLess(took, 10, err)
+
+    def test_a_failing_rank_stops_every_task(self):
+        code, err, _ = self.run_victim("6", mode="fail")
+        self.assertEqual(code, 3, err)
+        self.assert_every_agent_names(
+            err, "rank 6 (local rank 2, node 1) on n2 exited with code 3", 12)
+
+    def test_rdzvctl_lists_every_task(self):
+        endpoint, metrics = self.start_rdzvd_with_metrics()
+        out_dir = self.out_dir()
+        proc = self.start_srun(["-N2", "--ntasks-per-node=3"],
+                               [sys.executable, self.worker, out_dir, "4"],
+                               agent_args=["--rdzv-endpoint", endpoint])
+        self.wait_for(lambda: scrape(metrics).get("rdzv_agents_attached") == 6, 60,
+                      "6 agents attached")
+        status = subprocess.run([test_slurm.RDZVCTL, "--rdzv-endpoint", endpoint, "status",
+                                 "--all", "--json"], capture_output=True, text=True,
+                                env=base_env(), timeout=30)
+        self.assertEqual(status.returncode, 0, status.stderr)
+        code, _, err, _ = self.finish(proc, 120)
+        self.assertEqual(code, 0, err)
+        jobs = json.loads(status.stdout)["jobs"]
+        self.assertEqual(len(jobs), 1, status.stdout)
+        agents = jobs[0]["agents"]
+        self.assertEqual(len(agents), 6, status.stdout)
+        self.assertEqual(sorted(a["rank_offset"] for a in agents), list(range(6)))
+
+
+if __name__ == "__main__":
+    unittest.main()
