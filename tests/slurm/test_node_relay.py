@@ -164,6 +164,26 @@ class NodeRelayTest(SlurmTestCase):
         self.assert_every_agent_names(
             err, "rank 6 (local rank 2, node 1) on n2 exited with code 3", 12)
 
+    def test_a_restart_rejoins_through_the_relays(self):
+        endpoint, metrics = self.start_rdzvd_with_metrics()
+        marker = os.path.join(self.tmp, "failed-once")
+        script = (f"if [ $RANK = 6 ] && [ ! -e {marker} ]; then touch {marker}; exit 3; fi; "
+                  "sleep 3; echo rank $RANK restart $TORCHELASTIC_RESTART_COUNT")
+        proc = self.start_srun(["-N3", "--ntasks-per-node=4"], ["bash", "-c", script],
+                               agent_args=["--rdzv-endpoint", endpoint, "--max-restarts", "1"])
+
+        def second_round_running():
+            m = scrape(metrics)
+            return m.get("rdzv_restarts_total") == 1 and m.get("rdzv_agents_attached") == 12
+        self.wait_for(second_round_running, 60, "the restarted round running")
+        # The first round's group streams go: one per node again.
+        self.wait_for(lambda: scrape(metrics)["rdzv_join_streams"] == 3, 5,
+                      "one join stream per node in the restarted round")
+        code, out, err, _ = self.finish(proc, 120)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(sorted(re.findall(r"rank (\d+) restart 1", out), key=int),
+                         [str(r) for r in range(12)], out)
+
     def test_rdzvctl_lists_every_task(self):
         endpoint, metrics = self.start_rdzvd_with_metrics()
         out_dir = self.out_dir()
