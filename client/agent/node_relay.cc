@@ -554,11 +554,15 @@ void NodeRelay::Impl::GroupDone(GroupCall* call, const grpc::Status& status) {
   absl::MutexLock lock(&mu_);
   auto it = groups_.find(call);
   if (it == groups_.end()) return;
+  // Said by the relay, which lives: the members ask it again (RelayedRendezvous).
   grpc::Status for_members = status;
   if (status.error_code() == grpc::StatusCode::CANCELLED ||
       status.error_code() == grpc::StatusCode::NOT_FOUND) {
-    for_members = Unavailable(
-        absl::StrCat("the node's relay lost its stream to the server: ", status.error_message()));
+    for_members = Unavailable(absl::StrCat(kRelaySaid, "it lost its stream to the server (",
+                                           status.error_message(), ")"));
+  } else if (!status.ok()) {
+    for_members =
+        grpc::Status(status.error_code(), absl::StrCat(kRelaySaid, status.error_message()));
   }
   std::vector<std::shared_ptr<Member>> members = std::move(it->second);
   groups_.erase(it);

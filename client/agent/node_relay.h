@@ -27,6 +27,11 @@
 
 namespace rdzv {
 
+// How the message of a status the relay itself ends a member's stream with begins, once the
+// member had its assignment: a member that loses its stream with any other status lost the relay
+// (its task died or froze), and rejoins directly.
+inline constexpr absl::string_view kRelaySaid = "through this node's relay: ";
+
 struct NodeRelayOptions {
   // The UNIX socket the node's agents join at (RelaySocketPath).
   std::string socket_path;

@@ -6,6 +6,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/agent/agent_rendezvous.h"
 #include "client/agent/node_relay.h"
@@ -91,7 +92,19 @@ class RelayedRendezvous final : public AgentRendezvous {
     }
     current_ = local_.get();
     watching_ = true;
-    local_->Join(spec, left, events,
+    Handlers through_relay = events;
+    if (events.on_lost) {
+      // Runs on the agent's loop, before the agent rejoins.
+      through_relay.on_lost = [this, on_lost = events.on_lost](const absl::Status& status) {
+        if (!absl::StartsWith(status.message(), kRelaySaid) && !relay_gone_) {
+          relay_gone_ = true;
+          spdlog::warn("lost this node's relay at {} ({}): rejoining the server directly",
+                       socket_path_, std::string(status.message()));
+        }
+        on_lost(status);
+      };
+    }
+    local_->Join(spec, left, through_relay,
                  [this, spec, deadline, events,
                   done = std::move(done)](absl::StatusOr<AssignmentEvent> result) mutable {
                    watching_ = false;
@@ -143,6 +156,9 @@ absl::StatusOr<std::unique_ptr<AgentRendezvous>> NewRelayedRendezvous(std::strin
   local.backoff = direct.backoff;
   // The relay's own socket, in a directory only this user may enter, vouches for both ends.
   local.auth.mode = ClientAuth::Mode::kNone;
+  // A relay whose task froze is noticed within 3 s: its pings cost nothing on a local socket.
+  local.keepalive_time = absl::Seconds(1);
+  local.keepalive_timeout = absl::Seconds(2);
   absl::StatusOr<std::unique_ptr<AgentRendezvous>> through_relay =
       NewRemoteRendezvous(std::move(local), post);
   if (!through_relay.ok()) return through_relay.status();

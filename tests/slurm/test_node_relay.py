@@ -30,6 +30,10 @@ VICTIM = textwrap.dedent("""\
             agent = int(f.read().rsplit(")", 1)[1].split()[1])
         with open(os.path.join(sys.argv[1], "killed"), "w") as f:
             f.write(str(time.time()))
+        if os.environ.get("RDZV_TEST_MODE") == "freeze":
+            # Frozen, then gone: srun waits for every task.
+            os.kill(agent, signal.SIGSTOP)
+            time.sleep(12)
         os.kill(agent, signal.SIGKILL)
     time.sleep(60)
 """)
@@ -157,6 +161,34 @@ class NodeRelayTest(SlurmTestCase):
         self.assert_every_agent_names(err, "lost contact with the agent on n2 (node 1", 11)
         self.assertIsNotNone(took)
         self.assertLess(took, 10, err)
+
+    def test_a_frozen_relay_does_not_hold_its_nodes_tasks(self):
+        # Rank 4 stops (SIGSTOP) node 1's relay agent for 12 s, then kills it. rdzvd's pings find
+        # it lost; node 1's other tasks find their relay silent and ask rdzvd how the job ended,
+        # long before the relay is killed.
+        endpoint, _ = self.start_rdzvd_with_metrics()
+        out_dir = self.out_dir()
+        env = base_env(RDZV_TEST_VICTIM="4", RDZV_TEST_MODE="freeze")
+        proc = self.start_srun(["-N3", "--ntasks-per-node=4"],
+                               [sys.executable, self.victim, out_dir, "2"], env=env,
+                               agent_args=["--rdzv-endpoint", endpoint])
+        code, _, err, _ = self.finish(proc, 120)
+        self.assertNotEqual(code, 0)
+        with open(os.path.join(out_dir, "killed")) as f:
+            frozen = float(f.read())
+        ended = []
+        for line in err.splitlines():
+            m = re.match(r"rdzv-agent E (\d+):(\d+):(\d+\.\d+) job \S+ failed: ", line)
+            if m:
+                self.assertIn("lost contact with the agent on n2 (node 1", line)
+                ended.append(int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3)))
+        self.assertEqual(len(ended), 11, err)
+        day = time.localtime(frozen)  # the agents log local time
+        frozen_of_day = day.tm_hour * 3600 + day.tm_min * 60 + day.tm_sec + frozen % 1
+        # Every other agent, node 1's three included, ended well before the relay was killed.
+        print(f"frozen relay: the last agent ended {max(ended) - frozen_of_day:.2f} s after it froze",
+              file=sys.stderr)
+        self.assertLess(max(ended) - frozen_of_day, 8, err)
 
     def test_a_failing_rank_stops_every_task(self):
         code, err, _ = self.run_victim("6", mode="fail")
