@@ -635,6 +635,12 @@ void NodeRelay::Impl::Flush() {
                                }),
                 batch.end());
     if (batch.empty()) return;
+    // In task order: should the relay's own task (the node's first) die, taking the group's
+    // stream with it, the server names it, the first member it finds lost.
+    std::stable_sort(batch.begin(), batch.end(),
+                     [](const std::shared_ptr<Member>& a, const std::shared_ptr<Member>& b) {
+                       return a->request.order() < b->request.order();
+                     });
     request.set_job_id(options_.job_id);
     request.set_protocol_version(kGroupJoinProtocolVersion);
     for (const std::shared_ptr<Member>& m : batch) *request.add_members() = m->request;

@@ -158,7 +158,8 @@ class NodeRelayTest(SlurmTestCase):
         # Rank 4: node 1's first task, which hosts the node's relay.
         code, err, took = self.run_victim("4")
         self.assertNotEqual(code, 0)
-        self.assert_every_agent_names(err, "lost contact with the agent on n2 (node 1", 11)
+        self.assert_every_agent_names(
+            err, "lost contact with the agent on n2 (node 1, ranks 4-4)", 11)
         self.assertIsNotNone(took)
         self.assertLess(took, 10, err)
 
