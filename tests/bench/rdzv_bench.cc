@@ -14,6 +14,16 @@
 // Every assignment is checked (rank == node index, world size N). --check makes any error or
 // wrong assignment fail the run, for the scale smoke test.
 //
+// With --tasks-per-node G, each of the N simulated nodes is a per-task launch (srun
+// --ntasks-per-node=G): G agents that reach rdzvd as the node's relay (client/agent/node_relay.h)
+// sends them, one group join of G members on one channel with one credential, run on the node's
+// thread. Every member's assignment is checked (rank == its global task index, world size N*G,
+// local rank and local world size), and in the fan-out one member's failure goes up over its
+// node's channel and every member of every node must hear the abort. The floor stays N channels,
+// which is what rdzvd sees. rdzvd then serves its metrics, read once with every agent assigned:
+// the join streams it holds (N) and the agents attached (N*G). --compare tasks runs per-node
+// (one agent per node) and per-task launches of the same N nodes in turns.
+//
 // Launch mode (--launch) times real rdzv-agent processes: `--standalone -- true` (wall time and
 // peak RSS, median of K runs), and N agents on loopback against one rdzvd running `true`.
 //
@@ -25,6 +35,8 @@
 // workers exec this binary afresh. Every process it starts dies with it (PR_SET_PDEATHSIG) and is
 // killed and reaped on every path out, and every wait is bounded.
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -68,10 +80,14 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/client_channel.h"
 #include "common/auth.h"
 #include "common/core/env.h"
 #include "common/core/flags.h"
+#include "common/grpc_status.h"
 #include "common/process_env.h"
+#include "common/proto_convert.h"
+#include "rdzv/v1/rdzv.grpc.pb.h"
 #include "tests/bench/metrics_scrape.h"
 
 namespace rdzv::bench {
@@ -217,16 +233,242 @@ class AgentThreads {
 struct WorkerConfig {
   std::string endpoint;
   std::string job;
-  int64_t first = 0;
+  int64_t first = 0;  // the first simulated node, and how many
   int64_t count = 0;
-  int64_t n = 0;
+  int64_t n = 0;  // nodes in the job
+  int64_t tasks_per_node = 1;
   ClientAuth::Mode auth = ClientAuth::Mode::kNone;
+};
+
+// Records the first abort an agent heard, at the time it arrived.
+void MarkAbort(std::atomic<int64_t>& slot) {
+  int64_t zero = 0;
+  slot.compare_exchange_strong(zero, NowNs());
+}
+
+// One simulated node of a per-task launch (--tasks-per-node G), as its relay
+// (client/agent/node_relay.cc) reaches rdzvd: one group join that carries the joins of the node's
+// G agents, on a channel of the node's own, made with one credential and taken only from a server
+// that proves itself; its events are read and unpacked as the relay reads them, every member's
+// assignment and abort kept apart. Join and ReportFailure are called from the node's thread, the
+// reactions run on gRPC's. The object is the call's reactor: its destructor ends the call and
+// waits until gRPC is done with it, so that the channel it owns goes on this thread.
+class SimulatedNode final : public grpc::ClientReadReactor<v1::JoinEvent> {
+ public:
+  // `members`: the joins of the node's agents, by local rank. `abort_ns`: a slot per member,
+  // MarkAbort'ed when its abort arrives after its assignment.
+  SimulatedNode(const ClientOptions& options, const ClientChannelSetup& setup,
+                const std::vector<JoinSpec>& members, std::atomic<int64_t>* abort_ns)
+      : options_(options),
+        channel_(grpc::CreateCustomChannel(options.endpoint, setup.credentials, setup.args)),
+        stub_(v1::Rendezvous::NewStub(channel_)),
+        abort_ns_(abort_ns),
+        assignments_(members.size()),
+        refusals_(members.size()) {
+    job_ = members.front().job_id;
+    request_.set_job_id(job_);
+    request_.set_protocol_version(kGroupJoinProtocolVersion);
+    for (const JoinSpec& spec : members) {
+      member_ids_.push_back(spec.agent.agent_id);
+      *request_.add_members() = ToProto(spec);
+    }
+  }
+
+  ~SimulatedNode() override {
+    if (!started_) return;
+    {
+      absl::MutexLock lock(&mu_);
+      leaving_ = true;
+    }
+    context_.TryCancel();
+    done_.WaitForNotification();
+  }
+  SimulatedNode(const SimulatedNode&) = delete;
+  SimulatedNode& operator=(const SimulatedNode&) = delete;
+
+  // Sends the group join and blocks until every member has its assignment (OK), a member was
+  // refused or the stream ended (the first reason), or `deadline` passed. Call once.
+  absl::Status Join(absl::Time deadline) {
+    const std::string nonce = NewNonce();
+    if (absl::Status s = AttachCredential(context_, options_.auth, "Join", job_, nonce); !s.ok()) {
+      return s;
+    }
+    // The stream lasts as long as the job. A relay's members join again when the server cannot be
+    // reached (a burst of new connections may overflow its accept queue): waiting for the
+    // connection does that here.
+    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(24 * 30));
+    context_.set_wait_for_ready(true);
+    stub_->async()->Join(&context_, &request_, this);
+    AddHold();  // until the server's proof is checked: no event counts before it
+    StartCall();
+    started_ = true;
+    // gRPC is called without the lock held: a reaction it runs at once takes it.
+    const Headers headers =
+        Await(deadline, [](const SimulatedNode& n) { return n.headers_ != Headers::kWaiting; });
+    absl::Status proof = absl::DeadlineExceededError("rdzvd sent nothing in answer");
+    if (headers == Headers::kArrived) {
+      proof = CheckServerProof(context_, options_.auth, "Join", job_, nonce,
+                               ProofRequiredAt(options_.endpoint));
+      if (proof.ok()) StartRead(&event_);
+    }
+    if (!proof.ok()) context_.TryCancel();
+    RemoveHold();
+    if (headers == Headers::kArrived && proof.ok()) {
+      Await(deadline,
+            [](const SimulatedNode& n) { return n.ended_ || n.settled_ == n.member_ids_.size(); });
+    } else if (headers == Headers::kNone) {
+      Await(absl::InfiniteFuture(), [](const SimulatedNode& n) { return n.ended_; });
+    } else {
+      return proof;
+    }
+    absl::MutexLock lock(&mu_);
+    for (const absl::Status& refusal : refusals_) {
+      if (!refusal.ok()) return refusal;
+    }
+    if (settled_ == member_ids_.size()) return absl::OkStatus();
+    if (!ended_) return absl::DeadlineExceededError("the rendezvous did not complete in time");
+    return final_.ok() ? absl::InternalError("the group stream ended before every assignment")
+                       : final_;
+  }
+
+  // Member `member`'s assignment, once Join has returned OK.
+  AssignmentEvent assignment(size_t member) {
+    absl::MutexLock lock(&mu_);
+    return assignments_[member].value_or(AssignmentEvent{});
+  }
+
+  // Agents of the node whose assignment came and whose stream then dropped.
+  int64_t lost() {
+    absl::MutexLock lock(&mu_);
+    return lost_ ? static_cast<int64_t>(member_ids_.size()) : 0;
+  }
+
+  // Reports a worker failure of member `member` over the node's channel, as the relay forwards
+  // its agent's report: with the relay's credential, the answer taken from a server that proves
+  // itself. Blocks for up to rpc_timeout.
+  absl::Status ReportFailure(size_t member, const FailureInfo& failure) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    const std::string nonce = NewNonce();
+    if (absl::Status s = AttachCredential(ctx, options_.auth, "ReportExit", job_, nonce); !s.ok()) {
+      return s;
+    }
+    v1::ReportExitRequest request;
+    request.set_job_id(job_);
+    request.set_agent_id(member_ids_[member]);
+    *request.mutable_failure() = ToProto(failure);
+    v1::ReportExitResponse response;
+    if (grpc::Status s = stub_->ReportExit(&ctx, request, &response); !s.ok()) {
+      return FromGrpcStatus(s);
+    }
+    return CheckServerProof(ctx, options_.auth, "ReportExit", job_, nonce,
+                            ProofRequiredAt(options_.endpoint));
+  }
+
+  void OnReadInitialMetadataDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    headers_ = ok ? Headers::kArrived : Headers::kNone;
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows with the status
+    if (event_.has_batch()) {
+      for (const v1::JoinEvent& e : event_.batch().events()) Handle(e);
+    } else {
+      Handle(event_);
+    }
+    StartRead(&event_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ended_ = true;
+      final_ = FromGrpcStatus(status);
+      lost_ = settled_ == member_ids_.size() && !leaving_ && !status.ok();
+    }
+    done_.Notify();  // last: the destructor may run once it returns
+  }
+
+ private:
+  enum class Headers { kWaiting, kArrived, kNone };
+
+  // Waits until `done(*this)` holds (under the lock) or `deadline`; what headers_ then is.
+  template <typename Done>
+  Headers Await(absl::Time deadline, Done done) {
+    absl::MutexLock lock(&mu_);
+    const auto cond = [this, &done]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done(*this); };
+    mu_.AwaitWithDeadline(absl::Condition(&cond), deadline);
+    return headers_;
+  }
+
+  // One member's event, as the relay hands it to the member's own stream.
+  void Handle(const v1::JoinEvent& e) {
+    // Progress is the same for every member still waiting.
+    if (e.agent_id().empty()) return;
+    const auto it = std::find(member_ids_.begin(), member_ids_.end(), e.agent_id());
+    if (it == member_ids_.end()) return;
+    const size_t i = static_cast<size_t>(it - member_ids_.begin());
+    absl::MutexLock lock(&mu_);
+    const bool waiting = !assignments_[i].has_value() && refusals_[i].ok();
+    switch (e.event_case()) {
+      case v1::JoinEvent::kAssignment:
+        if (!waiting) break;
+        assignments_[i] = FromProto(e.assignment());
+        ++settled_;
+        break;
+      case v1::JoinEvent::kAbort:
+        // Before its assignment an abort ends the member's join, as it ends an agent's.
+        if (assignments_[i].has_value()) {
+          MarkAbort(abort_ns_[i]);
+        } else if (waiting) {
+          refusals_[i] = absl::AbortedError(e.abort().reason());
+          ++settled_;
+        }
+        break;
+      case v1::JoinEvent::kMemberEnd:
+        if (!waiting) break;
+        refusals_[i] = e.member_end().code() == 0
+                           ? absl::InternalError("the member's join ended before its assignment")
+                           : absl::Status(static_cast<absl::StatusCode>(e.member_end().code()),
+                                          e.member_end().message());
+        ++settled_;
+        break;
+      default:
+        break;
+    }
+  }
+
+  const ClientOptions& options_;
+  std::string job_;
+  std::vector<std::string> member_ids_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::Rendezvous::Stub> stub_;
+  std::atomic<int64_t>* const abort_ns_;
+  // After the channel and stub: the call lets go of the channel before they go.
+  grpc::ClientContext context_;
+  v1::JoinRequest request_;
+  v1::JoinEvent event_;
+  bool started_ = false;  // the node's thread only
+  absl::Notification done_;
+
+  absl::Mutex mu_;
+  Headers headers_ ABSL_GUARDED_BY(mu_) = Headers::kWaiting;
+  std::vector<std::optional<AssignmentEvent>> assignments_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> refusals_ ABSL_GUARDED_BY(mu_);  // a member's join that failed
+  size_t settled_ ABSL_GUARDED_BY(mu_) = 0;                  // assigned or refused
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool leaving_ ABSL_GUARDED_BY(mu_) = false;
+  bool lost_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status final_ ABSL_GUARDED_BY(mu_);
 };
 
 class Worker {
  public:
   explicit Worker(WorkerConfig config)
-      : config_(std::move(config)), abort_ns_(static_cast<size_t>(config_.count)) {}
+      : config_(std::move(config)),
+        agent_options_(AgentOptions(config_)),
+        abort_ns_(static_cast<size_t>(config_.count * config_.tasks_per_node)) {}
 
   int Run() {
     std::string line;
@@ -241,6 +483,7 @@ class Worker {
         AbortWait();
       } else if (line == "quit") {
         clients_.clear();
+        nodes_.clear();
         Send("bye");
         return 0;
       } else {
@@ -251,6 +494,24 @@ class Worker {
   }
 
  private:
+  static ClientOptions AgentOptions(const WorkerConfig& config) {
+    ClientOptions options;
+    options.endpoint = config.endpoint;
+    options.join_timeout = absl::Seconds(120);
+    options.rpc_timeout = absl::Seconds(60);
+    options.auth.mode = config.auth;
+    // rdzvd reads the same variable: a private munged serves both.
+    if (const char* socket = std::getenv("RDZV_MUNGE_SOCKET"); socket != nullptr) {
+      options.auth.munge_socket = socket;
+    }
+    return options;
+  }
+
+  [[noreturn]] static void Die(const absl::Status& status) {
+    std::fprintf(stderr, "rdzv-bench worker: %s\n", std::string(status.message()).c_str());
+    std::exit(1);
+  }
+
   void Send(const std::string& line) { WriteAll(STDOUT_FILENO, line + "\n"); }
 
   // Waits for the parent's start signal; false when it sent something else or went away.
@@ -262,23 +523,63 @@ class Worker {
   std::vector<std::unique_ptr<Client>> NewClients() {
     std::vector<std::unique_ptr<Client>> clients;
     for (int64_t i = 0; i < config_.count; ++i) {
-      ClientOptions options;
-      options.endpoint = config_.endpoint;
-      options.join_timeout = absl::Seconds(120);
-      options.rpc_timeout = absl::Seconds(60);
-      options.auth.mode = config_.auth;
-      // rdzvd reads the same variable: a private munged serves both.
-      if (const char* socket = std::getenv("RDZV_MUNGE_SOCKET"); socket != nullptr) {
-        options.auth.munge_socket = socket;
-      }
-      absl::StatusOr<std::unique_ptr<Client>> c = Client::Create(options);
-      if (!c.ok()) {
-        std::fprintf(stderr, "rdzv-bench worker: %s\n", std::string(c.status().message()).c_str());
-        std::exit(1);
-      }
+      absl::StatusOr<std::unique_ptr<Client>> c = Client::Create(agent_options_);
+      if (!c.ok()) Die(c.status());
       clients.push_back(std::move(*c));
     }
     return clients;
+  }
+
+  std::vector<std::unique_ptr<SimulatedNode>> NewNodes() {
+    absl::StatusOr<ClientChannelSetup> setup = MakeClientChannelSetup(agent_options_);
+    if (!setup.ok()) Die(setup.status());
+    const int64_t g = config_.tasks_per_node;
+    std::vector<std::unique_ptr<SimulatedNode>> nodes;
+    for (int64_t i = 0; i < config_.count; ++i) {
+      std::vector<JoinSpec> members;
+      for (int64_t local = 0; local < g; ++local) {
+        members.push_back(SpecFor(config_.first + i, local));
+      }
+      nodes.push_back(
+          std::make_unique<SimulatedNode>(agent_options_, *setup, members, &abort_ns_[i * g]));
+    }
+    return nodes;
+  }
+
+  // The join of agent `local` of simulated node `node`: the node's one agent, or one of its G
+  // tasks, ordered by global task index as SLURM_PROCID orders them.
+  JoinSpec SpecFor(int64_t node, int64_t local) const {
+    const int64_t g = config_.tasks_per_node;
+    JoinSpec spec;
+    spec.job_id = config_.job;
+    spec.agent.agent_id =
+        g == 1 ? absl::StrCat("agent-", node) : absl::StrCat("agent-", node, "-", local);
+    spec.agent.host = absl::StrCat("node", node);
+    spec.agent.node_index = node;
+    if (g > 1) spec.agent.order = node * g + local;
+    spec.agent.nproc = 1;
+    spec.min_agents = static_cast<int32_t>(config_.n * g);
+    spec.max_agents = static_cast<int32_t>(config_.n * g);
+    spec.addresses = {"127.0.0.1"};
+    spec.master_port = 29500;
+    return spec;
+  }
+
+  // Whether agent `local` of node `node` got its place: one rank per agent in task order, G per
+  // node.
+  absl::Status CheckAssignment(const AssignmentEvent& a, int64_t node, int64_t local) const {
+    const int64_t g = config_.tasks_per_node;
+    const int64_t n = config_.n;
+    if (a.slot.rank_offset == node * g + local && a.slot.group_rank == node &&
+        a.world_size == n * g && a.group_world_size == n && a.agents == n * g &&
+        a.slot.local_rank_offset == local && a.slot.local_world_size == g) {
+      return absl::OkStatus();
+    }
+    return absl::InternalError(absl::StrFormat(
+        "wrong assignment for node %d task %d: rank %d group rank %d world %d groups %d agents %d "
+        "local rank %d local world %d",
+        node, local, a.slot.rank_offset, a.slot.group_rank, a.world_size, a.group_world_size,
+        a.agents, a.slot.local_rank_offset, a.slot.local_world_size));
   }
 
   // Sends "kind ok= err= last= lat=..." for calls that ran from start[i] to end[i].
@@ -294,8 +595,9 @@ class Worker {
         last = std::max(last, end[i]);
         lat_us.push_back((end[i] - start[i]) / 1000);
       } else if (first_error.empty()) {
-        first_error = absl::StrCat("agent ", config_.first + static_cast<int64_t>(i), ": ",
-                                   status[i].ToString());
+        first_error =
+            absl::StrCat(config_.tasks_per_node > 1 ? "node " : "agent ",
+                         config_.first + static_cast<int64_t>(i), ": ", status[i].ToString());
       }
     }
     Send(absl::StrFormat("%s cpu=%d ok=%d err=%d last=%d lat=%s %s msg=%s", kind, CpuNs(), ok,
@@ -334,50 +636,51 @@ class Worker {
     }
   }
 
+  // Simulated node i's one agent joins with a Client of its own; its rank goes to ranks[i].
+  absl::Status JoinAgent(size_t i, std::vector<int64_t>& ranks) {
+    const int64_t node = config_.first + static_cast<int64_t>(i);
+    Handlers handlers;
+    handlers.on_abort = [this, i](const AbortEvent&) { MarkAbort(abort_ns_[i]); };
+    handlers.on_lost = [this](const absl::Status&) { ++lost_; };
+    absl::StatusOr<AssignmentEvent> a = clients_[i]->Join(SpecFor(node, 0), handlers);
+    if (!a.ok()) return a.status();
+    ranks[i] = a->slot.rank_offset;
+    return CheckAssignment(*a, node, 0);
+  }
+
+  // Simulated node i's G agents join through its one group join; their ranks go to
+  // ranks[i * G ...].
+  absl::Status JoinNode(size_t i, std::vector<int64_t>& ranks) {
+    const int64_t node = config_.first + static_cast<int64_t>(i);
+    if (absl::Status s = nodes_[i]->Join(absl::Now() + agent_options_.join_timeout); !s.ok()) {
+      return s;
+    }
+    absl::Status status;
+    for (int64_t local = 0; local < config_.tasks_per_node; ++local) {
+      const AssignmentEvent a = nodes_[i]->assignment(static_cast<size_t>(local));
+      ranks[i * config_.tasks_per_node + local] = a.slot.rank_offset;
+      status.Update(CheckAssignment(a, node, local));
+    }
+    return status;
+  }
+
   void Join() {
-    clients_ = NewClients();
+    const bool per_task = config_.tasks_per_node > 1;
+    if (per_task) {
+      nodes_ = NewNodes();
+    } else {
+      clients_ = NewClients();
+    }
     for (std::atomic<int64_t>& a : abort_ns_) a = 0;
-    const size_t count = clients_.size();
-    std::vector<int64_t> start(count), end(count), ranks(count, -1);
+    const size_t count = static_cast<size_t>(config_.count);
+    std::vector<int64_t> start(count), end(count), ranks(abort_ns_.size(), -1);
     std::vector<absl::Status> status(count);
     lost_ = 0;
     {
       AgentThreads threads(count, [&](size_t i) {
-        const int64_t node = config_.first + static_cast<int64_t>(i);
-        JoinSpec spec;
-        spec.job_id = config_.job;
-        spec.agent.agent_id = absl::StrCat("agent-", node);
-        spec.agent.host = absl::StrCat("node", node);
-        spec.agent.node_index = node;
-        spec.agent.nproc = 1;
-        spec.min_agents = static_cast<int32_t>(config_.n);
-        spec.max_agents = static_cast<int32_t>(config_.n);
-        spec.addresses = {"127.0.0.1"};
-        spec.master_port = 29500;
-        Handlers handlers;
-        handlers.on_abort = [this, i](const AbortEvent&) {
-          int64_t zero = 0;
-          abort_ns_[i].compare_exchange_strong(zero, NowNs());
-        };
-        handlers.on_lost = [this](const absl::Status&) { ++lost_; };
         start[i] = NowNs();
-        absl::StatusOr<AssignmentEvent> a = clients_[i]->Join(spec, handlers);
+        status[i] = per_task ? JoinNode(i, ranks) : JoinAgent(i, ranks);
         end[i] = NowNs();
-        if (!a.ok()) {
-          status[i] = a.status();
-          return;
-        }
-        ranks[i] = a->slot.rank_offset;
-        const int64_t n = config_.n;
-        if (a->slot.rank_offset != node || a->slot.group_rank != node || a->world_size != n ||
-            a->group_world_size != n || a->agents != n || a->slot.local_rank_offset != 0 ||
-            a->slot.local_world_size != 1) {
-          status[i] = absl::InternalError(absl::StrFormat(
-              "wrong assignment for node %d: rank %d group rank %d world %d groups %d agents %d "
-              "local rank %d local world %d",
-              node, a->slot.rank_offset, a->slot.group_rank, a->world_size, a->group_world_size,
-              a->agents, a->slot.local_rank_offset, a->slot.local_world_size));
-        }
       });
       if (!threads.start_error().ok()) {
         Send(absl::StrCat("error msg=", threads.start_error().ToString()));
@@ -388,29 +691,34 @@ class Worker {
       threads.Go();
       threads.Join();
     }
+    for (const std::unique_ptr<SimulatedNode>& node : nodes_) lost_ += node->lost();
     SendTimings("join", start, end, status,
                 absl::StrFormat("lost=%d ranks=%s", lost_.load(), absl::StrJoin(ranks, ",")));
   }
 
+  // The first agent of this process reports a worker failure: over its own Client, or over its
+  // node's channel as the node's relay forwards it.
   void Fail() {
-    if (clients_.empty()) {
+    if (clients_.empty() && nodes_.empty()) {
       Send("error msg=no agents joined");
       return;
     }
     FailureInfo failure;
     failure.host = absl::StrCat("node", config_.first);
     failure.group_rank = static_cast<int32_t>(config_.first);
-    failure.rank = static_cast<int32_t>(config_.first);
+    failure.rank = static_cast<int32_t>(config_.first * config_.tasks_per_node);
     failure.local_rank = 0;
     failure.exit_code = 1;
     const int64_t t = NowNs();
-    absl::StatusOr<AbortEvent> abort = clients_[0]->ReportFailure(failure);
-    Send(absl::StrFormat("failed t=%d err=%d msg=%s", t, abort.ok() ? 0 : 1,
-                         abort.ok() ? "" : OneLine(abort.status().ToString())));
+    const absl::Status reported = nodes_.empty() ? clients_[0]->ReportFailure(failure).status()
+                                                 : nodes_[0]->ReportFailure(0, failure);
+    Send(absl::StrFormat("failed t=%d err=%d msg=%s", t, reported.ok() ? 0 : 1,
+                         reported.ok() ? "" : OneLine(reported.ToString())));
   }
 
   void AbortWait() {
     const int64_t deadline = NowNs() + 30'000'000'000;
+    const auto agents = static_cast<int64_t>(abort_ns_.size());
     int64_t received = 0, last = 0;
     while (true) {
       received = 0;
@@ -422,15 +730,19 @@ class Worker {
           last = std::max(last, t);
         }
       }
-      if (received == config_.count || NowNs() > deadline) break;
+      if (received == agents || NowNs() > deadline) break;
       absl::SleepFor(absl::Milliseconds(1));
     }
     Send(absl::StrFormat("abort received=%d last=%d", received, last));
   }
 
   const WorkerConfig config_;
+  // Outlives nodes_, which refer to it.
+  const ClientOptions agent_options_;
   std::vector<std::unique_ptr<Client>> clients_;
+  // A slot per simulated agent: node i's agents from i * G.
   std::vector<std::atomic<int64_t>> abort_ns_;
+  std::vector<std::unique_ptr<SimulatedNode>> nodes_;
   std::atomic<int64_t> lost_{0};
 };
 
@@ -676,7 +988,10 @@ struct Options {
   std::vector<int64_t> launch_nodes = {8, 32};
   std::vector<std::string> rdzvd_args;
   std::string auth = "none";      // rdzvd's --auth and the agents' credential; "omit": pass none
-  int64_t metrics_scrape_ms = 0;  // 0: rdzvd serves no metrics
+  int64_t metrics_scrape_ms = 0;  // 0: rdzvd serves no metrics (unless it counts streams)
+  // Scale mode: agents per simulated node; above 1, a node's agents join as a per-task launch
+  // does, through one group join.
+  int64_t tasks_per_node = 1;
   // --compare: each N and repetition runs once per variant, the variants taking turns, so that
   // both see the same machine. "" runs the one configuration above.
   std::string compare;
@@ -706,9 +1021,19 @@ bool KnowsFlag(const std::string& binary, const std::string& flag) {
   return it->second;
 }
 
+// Whether a scale run reads rdzvd's join streams and attached agents from its metrics: for
+// per-task launches, for both sides of --compare tasks (so that they run alike), and whenever
+// rdzvd serves its metrics anyway; never for --compare metrics' side without them.
+bool CountsStreams(const Options& o) {
+  if (o.compare == "metrics") return o.metrics_scrape_ms > 0;
+  return o.tasks_per_node > 1 || o.compare == "tasks" || o.metrics_scrape_ms > 0;
+}
+
 // rdzvd on a free loopback port, its stderr in log_dir. Retries when another process took the
-// port between our probe and its bind.
-absl::Status StartRdzvd(const Options& o, Child& rdzvd, int& port, const std::string& log) {
+// port between our probe and its bind. Given `metrics_port_out`, and when CountsStreams, rdzvd
+// also serves its metrics, on the free port put there (0 when it serves none).
+absl::Status StartRdzvd(const Options& o, Child& rdzvd, int& port, const std::string& log,
+                        int* metrics_port_out = nullptr) {
   for (int attempt = 0; attempt < 5; ++attempt) {
     absl::StatusOr<int> p = FreePort();
     if (!p.ok()) return p.status();
@@ -725,13 +1050,15 @@ absl::Status StartRdzvd(const Options& o, Child& rdzvd, int& port, const std::st
     }
     if (o.auth != "omit") argv.push_back(absl::StrCat("--auth=", o.auth));
     argv.insert(argv.end(), o.rdzvd_args.begin(), o.rdzvd_args.end());
-    absl::StatusOr<int> metrics_port = o.metrics_scrape_ms > 0 ? FreePort() : 0;
+    const bool metrics =
+        o.metrics_scrape_ms > 0 || (metrics_port_out != nullptr && CountsStreams(o));
+    absl::StatusOr<int> metrics_port = metrics ? FreePort() : 0;
     if (!metrics_port.ok()) return metrics_port.status();
     if (*metrics_port != 0) {
       argv.push_back(absl::StrCat("--metrics-listen=127.0.0.1:", *metrics_port));
     }
     if (absl::Status s = rdzvd.Start(argv, false, log); !s.ok()) return s;
-    if (*metrics_port != 0) {
+    if (o.metrics_scrape_ms > 0) {
       ScrapeMetrics(*metrics_port, o.metrics_scrape_ms);
     } else {
       StopScrapingMetrics();  // a --compare variant without metrics
@@ -740,6 +1067,7 @@ absl::Status StartRdzvd(const Options& o, Child& rdzvd, int& port, const std::st
     while (NowNs() < deadline) {
       if (CanConnect(*p)) {
         port = *p;
+        if (metrics_port_out != nullptr) *metrics_port_out = *metrics_port;
         return absl::OkStatus();
       }
       if (rdzvd.Poll()) break;  // it exited: most likely the port was taken
@@ -751,11 +1079,35 @@ absl::Status StartRdzvd(const Options& o, Child& rdzvd, int& port, const std::st
       absl::StrCat("rdzvd did not start listening; its log:\n", Tail(log)));
 }
 
+// rdzvd's metrics, read once from its /metrics on `port`: each sample's value by its name (with
+// its labels, if any).
+absl::StatusOr<std::map<std::string, double>> ReadMetrics(int port) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(2);
+  client.set_read_timeout(10);
+  const httplib::Result result = client.Get("/metrics");
+  if (!result || result->status != 200) {
+    return absl::UnavailableError(
+        absl::StrCat("rdzvd's metrics on port ", port, " did not answer"));
+  }
+  std::map<std::string, double> values;
+  for (absl::string_view line : absl::StrSplit(result->body, '\n', absl::SkipEmpty())) {
+    if (line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    double v;
+    if (space != absl::string_view::npos && absl::SimpleAtod(line.substr(space + 1), &v)) {
+      values[std::string(line.substr(0, space))] = v;
+    }
+  }
+  return values;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Scale mode.
 
 struct ScaleResult {
-  int64_t n = 0;
+  int64_t n = 0;  // simulated nodes
+  int64_t tasks_per_node = 1;
   int64_t rep = 0;
   int64_t procs = 0;
   double join_wall_s = 0;
@@ -775,6 +1127,9 @@ struct ScaleResult {
   // rdzvd's CPU use while the N agents sit assigned and idle (--hold-ms), in percent of a core.
   double idle_cpu_pct = 0;
   std::vector<double> abort_per_proc_ms;
+  // What rdzvd's metrics said with every agent assigned; -1 when it served none.
+  int64_t streams = -1;
+  int64_t attached = -1;
   int64_t errors = 0;
   bool correct = false;
   std::vector<std::string> messages;
@@ -791,9 +1146,10 @@ class ScaleRun {
  public:
   ScaleRun(const Options& o, int64_t n, int64_t rep) : o_(o) {
     r_.n = n;
+    r_.tasks_per_node = o.tasks_per_node;
     r_.rep = rep;
     r_.procs = o.procs > 0 ? std::min(o.procs, n) : (n + 999) / 1000;
-    phase_timeout_ns_ = (60 + n / 50) * 1'000'000'000LL;
+    phase_timeout_ns_ = (60 + n * o.tasks_per_node / 50) * 1'000'000'000LL;
   }
 
   ScaleResult Run() {
@@ -883,7 +1239,7 @@ class ScaleRun {
   absl::Status RunPhases() {
     const std::string log = absl::StrCat(o_.log_dir, "/rdzvd-", r_.n, "-", r_.rep, ".log");
     int port = 0;
-    if (absl::Status s = StartRdzvd(o_, rdzvd_, port, log); !s.ok()) return s;
+    if (absl::Status s = StartRdzvd(o_, rdzvd_, port, log, &metrics_port_); !s.ok()) return s;
     const pid_t server = rdzvd_.pid();
     const int64_t baseline_fds = ReadProcStats(server).fds;
 
@@ -894,7 +1250,8 @@ class ScaleRun {
       const int64_t count = r_.n * (p + 1) / r_.procs - first;
       absl::Status s = workers_[p].Start(
           {o_.self, "--worker", absl::StrCat("127.0.0.1:", port), job, absl::StrCat(first),
-           absl::StrCat(count), absl::StrCat(r_.n), o_.auth == "munge" ? "munge" : "none"},
+           absl::StrCat(count), absl::StrCat(r_.n), o_.auth == "munge" ? "munge" : "none",
+           absl::StrCat(r_.tasks_per_node)},
           true, absl::StrCat(o_.log_dir, "/worker-", r_.n, "-", r_.rep, "-", p, ".log"));
       if (!s.ok()) return s;
     }
@@ -922,9 +1279,32 @@ class ScaleRun {
     return absl::OkStatus();
   }
 
-  // The rendezvous: N fresh Clients join one job; then the abort fan-out.
+  // What rdzvd holds with every agent assigned, from its metrics: a join stream per node and an
+  // agent per task are what the run sent.
+  void CountStreams() {
+    absl::StatusOr<std::map<std::string, double>> metrics = ReadMetrics(metrics_port_);
+    if (!metrics.ok()) {
+      Error(metrics.status().ToString());
+      return;
+    }
+    const auto value = [&](const std::string& name) -> int64_t {
+      auto it = metrics->find(name);
+      return it == metrics->end() ? -1 : std::llround(it->second);
+    };
+    r_.streams = value("rdzv_join_streams");
+    r_.attached = value("rdzv_agents_attached");
+    const int64_t agents = r_.n * r_.tasks_per_node;
+    if (r_.streams != r_.n || r_.attached != agents) {
+      Error(absl::StrFormat("rdzvd held %d join streams and %d agents attached, not %d and %d",
+                            r_.streams, r_.attached, r_.n, agents));
+    }
+  }
+
+  // The rendezvous: N fresh Clients (or N nodes' group joins) join one job; then the abort
+  // fan-out.
   absl::Status RunRendezvous() {
     const pid_t server = rdzvd_.pid();
+    const int64_t agents = r_.n * r_.tasks_per_node;
     const double cpu1 = ReadProcStats(server).cpu_s;
     absl::StatusOr<int64_t> t1 = StartPhase("join");
     if (!t1.ok()) return t1.status();
@@ -942,6 +1322,7 @@ class ScaleRun {
       r_.idle_cpu_pct = 100.0 * (ReadProcStats(server).cpu_s - before) /
                         (static_cast<double>(o_.hold_ms) / 1000.0);
     }
+    if (metrics_port_ != 0) CountStreams();
     std::vector<int64_t> ranks;
     for (const Reply& rep : *join) {
       if (rep.Int("lost") != 0) Error(absl::StrCat(rep.Int("lost"), " agents lost their stream"));
@@ -949,13 +1330,16 @@ class ScaleRun {
       ranks.insert(ranks.end(), l.begin(), l.end());
     }
     std::sort(ranks.begin(), ranks.end());
-    r_.correct = static_cast<int64_t>(ranks.size()) == r_.n;
+    r_.correct = static_cast<int64_t>(ranks.size()) == agents;
     for (size_t i = 0; r_.correct && i < ranks.size(); ++i) {
       r_.correct = ranks[i] == static_cast<int64_t>(i);
     }
-    if (!r_.correct) Error("the ranks are not exactly 0..N-1, one per agent");
+    if (!r_.correct) {
+      Error(absl::StrCat("the ranks are not exactly 0..", agents - 1, ", one per agent"));
+    }
 
-    // Fail-fast: the first agent reports a failure; every agent must hear the abort.
+    // Fail-fast: the first agent reports a failure (over its node's channel, in a per-task
+    // launch); every agent must hear the abort.
     absl::StatusOr<std::vector<Reply>> failed = Ask("fail", "failed", 0);
     if (!failed.ok()) return failed.status();
     if ((*failed)[0].Int("err") != 0) Error((*failed)[0].message);
@@ -977,8 +1361,8 @@ class ScaleRun {
                    static_cast<double>(*t1) / 1e9 + r_.join_wall_s,
                    static_cast<double>(t_fail) / 1e9, static_cast<double>(last) / 1e9);
     }
-    if (received != r_.n) {
-      Error(absl::StrFormat("%d of %d agents received the abort", received, r_.n));
+    if (received != agents) {
+      Error(absl::StrFormat("%d of %d agents received the abort", received, agents));
     }
     r_.hwm_mib = static_cast<double>(ReadProcStats(server).hwm_kib) / 1024.0;
 
@@ -995,6 +1379,7 @@ class ScaleRun {
   ScaleResult r_;
   int64_t phase_timeout_ns_;
   int64_t ready_cpu_ns_ = 0;
+  int metrics_port_ = 0;  // 0: rdzvd serves no metrics
   Child rdzvd_;
   std::vector<Child> workers_;
 };
@@ -1005,8 +1390,19 @@ double Median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
+// How a summary row names its N: the node count, and "NxG" for N nodes of G tasks each.
+std::string NodesLabel(int64_t n, int64_t tasks_per_node) {
+  return tasks_per_node > 1 ? absl::StrCat(n, "x", tasks_per_node) : absl::StrCat(n);
+}
+
+// A count rdzvd's metrics gave, or "-" (empty in the CSV) when it served none.
+std::string Measured(int64_t v, absl::string_view none) {
+  return v < 0 ? std::string(none) : absl::StrCat(v);
+}
+
 // Prints the medians of one configuration's repetitions at N. With `base` (--compare's first
-// variant), also the rendezvous against the base's floor and rdzvd's CPU against the base's.
+// variant), also the rendezvous against the base's floor and rdzvd's CPU and memory against the
+// base's.
 void PrintScaleSummary(int64_t n, const std::string& variant,
                        const std::vector<ScaleResult>& results,
                        const std::vector<ScaleResult>* base) {
@@ -1027,20 +1423,31 @@ void PrintScaleSummary(int64_t n, const std::string& variant,
   const double wall = med(results, join_wall);
   const double floor = med(results, floor_wall);
   const double cpu = med(results, cpu_join);
+  auto rss = [](const ScaleResult& r) { return r.rss_attached_mib; };
+  const int64_t g = results.front().tasks_per_node;
+  // Medians of what rdzvd's metrics said, over the repetitions where it said anything.
+  auto measured = [&](auto field) -> int64_t {
+    std::vector<double> v;
+    for (const ScaleResult& r : results) {
+      if (field(r) >= 0) v.push_back(static_cast<double>(field(r)));
+    }
+    return v.empty() ? -1 : std::llround(Median(v));
+  };
+  const int64_t streams = measured([](const ScaleResult& r) { return r.streams; });
+  const int64_t attached = measured([](const ScaleResult& r) { return r.attached; });
   if (!variant.empty()) std::printf("%-12s ", variant.c_str());
-  std::printf("%7ld %5ld %9.3f %8.1f %8.1f %9.3f %6.2f %7.2f %8.3f %8.1f %8.1f %9.1f %6ld %7s\n",
-              static_cast<long>(n), static_cast<long>(results.front().procs), wall,
+  std::printf("%7s %5ld %9.3f %8.1f %8.1f %9.3f %6.2f %7.2f %8.3f %8.1f %8.1f %9.1f %7s %6ld %7s\n",
+              NodesLabel(n, g).c_str(), static_cast<long>(results.front().procs), wall,
               med(results, [](const ScaleResult& r) { return r.join_p50_ms; }),
               med(results, [](const ScaleResult& r) { return r.join_p99_ms; }), floor,
               med(results,
                   [](const ScaleResult& r) {
                     return r.floor_wall_s > 0 ? r.join_wall_s / r.floor_wall_s : 0.0;
                   }),
-              cpu, 1000.0 * cpu / static_cast<double>(n),
-              med(results, [](const ScaleResult& r) { return r.rss_attached_mib; }),
+              cpu, 1000.0 * cpu / static_cast<double>(n), med(results, rss),
               med(results, [](const ScaleResult& r) { return r.hwm_mib; }),
               1000.0 * med(results, [](const ScaleResult& r) { return r.abort_s; }),
-              static_cast<long>(errors), correct ? "yes" : "NO");
+              Measured(streams, "-").c_str(), static_cast<long>(errors), correct ? "yes" : "NO");
   std::vector<std::string> per_proc;
   for (double ms : results.back().abort_per_proc_ms) {
     per_proc.push_back(absl::StrFormat("%.1f", ms));
@@ -1056,15 +1463,28 @@ void PrintScaleSummary(int64_t n, const std::string& variant,
       med(results, [](const ScaleResult& r) { return r.client_cpu_floor_s; }),
       med(results, [](const ScaleResult& r) { return r.idle_cpu_pct; }),
       absl::StrJoin(per_proc, " ").c_str());
+  const std::string held = absl::StrFormat("rdzvd held %s join streams, %s agents attached",
+                                           Measured(streams, "-"), Measured(attached, "-"));
+  if (g > 1) {
+    std::printf(
+        "        per task: %ld nodes x %ld tasks = %ld agents, one group join per node; %s\n",
+        static_cast<long>(n), static_cast<long>(g), static_cast<long>(n * g), held.c_str());
+  } else if (streams >= 0) {
+    std::printf("        %s\n", held.c_str());
+  }
   if (base != nullptr && base != &results) {
     const double base_floor = med(*base, floor_wall);
     const double base_cpu = med(*base, cpu_join);
+    const double base_rss = med(*base, rss);
     std::printf(
         "        against %s: rendezvous %.2fx its floor, %.2fx its rendezvous; rdzvd cpu %+.3f "
-        "ms/agent (%.2fx)\n",
+        "ms/%s (%.2fx), rss %+.1f MiB (%.2fx)\n",
         "the first variant", base_floor > 0 ? wall / base_floor : 0.0,
         med(*base, join_wall) > 0 ? wall / med(*base, join_wall) : 0.0,
-        1000.0 * (cpu - base_cpu) / static_cast<double>(n), base_cpu > 0 ? cpu / base_cpu : 0.0);
+        1000.0 * (cpu - base_cpu) / static_cast<double>(n),
+        std::max(g, base->front().tasks_per_node) > 1 ? "node" : "agent",
+        base_cpu > 0 ? cpu / base_cpu : 0.0, med(results, rss) - base_rss,
+        base_rss > 0 ? med(results, rss) / base_rss : 0.0);
   }
   std::fflush(stdout);
 }
@@ -1072,25 +1492,36 @@ void PrintScaleSummary(int64_t n, const std::string& variant,
 // The configurations a run measures: one, or --compare's two, each a copy of `o` with its name.
 absl::StatusOr<std::vector<Options>> ScaleVariants(const Options& o) {
   std::vector<Options> variants;
-  auto add = [&](const std::string& name, const std::string& auth, int64_t scrape_ms) {
+  auto add = [&](const std::string& name, const std::string& auth, int64_t scrape_ms,
+                 int64_t tasks_per_node) {
     Options v = o;
     v.variant = name;
     v.auth = auth;
     v.metrics_scrape_ms = scrape_ms;
+    v.tasks_per_node = tasks_per_node;
     variants.push_back(std::move(v));
   };
+  const int64_t g = o.tasks_per_node;
   if (o.compare.empty()) {
-    add("", o.auth, o.metrics_scrape_ms);
+    add("", o.auth, o.metrics_scrape_ms, g);
   } else if (o.compare == "auth") {
     // rdzvd's --auth none against MUNGE: every call of the rendezvous (and of the floor) carries
     // a fresh credential that rdzvd's munged decodes.
-    add("auth=none", "none", o.metrics_scrape_ms);
-    add("auth=munge", "munge", o.metrics_scrape_ms);
+    add("auth=none", "none", o.metrics_scrape_ms, g);
+    add("auth=munge", "munge", o.metrics_scrape_ms, g);
   } else if (o.compare == "metrics") {
-    add("metrics=off", o.auth, 0);
-    add("metrics=on", o.auth, o.metrics_scrape_ms > 0 ? o.metrics_scrape_ms : 1000);
+    add("metrics=off", o.auth, 0, g);
+    add("metrics=on", o.auth, o.metrics_scrape_ms > 0 ? o.metrics_scrape_ms : 1000, g);
+  } else if (o.compare == "tasks") {
+    // The same N nodes as one agent each, and as G agents each joining through the node's relay:
+    // what G times the agents cost rdzvd when it still holds one stream per node.
+    if (g < 2) {
+      return absl::InvalidArgumentError("--compare tasks needs --tasks-per-node 2 or more");
+    }
+    add("tasks=1", o.auth, o.metrics_scrape_ms, 1);
+    add(absl::StrCat("tasks=", g), o.auth, o.metrics_scrape_ms, g);
   } else {
-    return absl::InvalidArgumentError("--compare takes auth or metrics");
+    return absl::InvalidArgumentError("--compare takes auth, metrics or tasks");
   }
   return variants;
 }
@@ -1109,16 +1540,22 @@ int RunScale(const Options& o) {
       std::fprintf(stderr, "rdzv-bench: cannot write %s: %s\n", o.csv.c_str(), strerror(errno));
       return 2;
     }
+    // n counts nodes, each of tasks_per_node agents; streams and agents_attached are empty when
+    // rdzvd served no metrics.
     std::fprintf(csv,
                  "n,rep,procs,join_wall_s,join_p50_ms,join_p99_ms,floor_wall_s,floor_p50_ms,"
                  "floor_p99_ms,ratio,rdzvd_cpu_join_s,rdzvd_cpu_floor_s,cpu_ms_per_agent,"
                  "rss_attached_mib,hwm_mib,abort_s,errors,correct,client_cpu_join_s,"
-                 "client_cpu_floor_s,idle_cpu_pct,variant\n");
+                 "client_cpu_floor_s,idle_cpu_pct,variant,tasks_per_node,cpu_ms_per_node,streams,"
+                 "agents_attached\n");
   }
+  const bool per_task = std::any_of(variants->begin(), variants->end(),
+                                    [](const Options& v) { return v.tasks_per_node > 1; });
   if (comparing) std::printf("%-12s ", "variant");
-  std::printf("%7s %5s %9s %8s %8s %9s %6s %7s %8s %8s %8s %9s %6s %7s\n", "N", "procs", "rdzv_s",
-              "p50_ms", "p99_ms", "floor_s", "ratio", "cpu_s", "ms/agent", "rss_MiB", "hwm_MiB",
-              "abort_ms", "errors", "correct");
+  std::printf("%7s %5s %9s %8s %8s %9s %6s %7s %8s %8s %8s %9s %7s %6s %7s\n", "N", "procs",
+              "rdzv_s", "p50_ms", "p99_ms", "floor_s", "ratio", "cpu_s",
+              per_task ? "ms/node" : "ms/agent", "rss_MiB", "hwm_MiB", "abort_ms", "streams",
+              "errors", "correct");
   std::fflush(stdout);
   int64_t total_errors = 0;
   for (int64_t n : o.agents) {
@@ -1137,14 +1574,17 @@ int RunScale(const Options& o) {
         if (csv != nullptr) {
           std::fprintf(csv,
                        "%ld,%ld,%ld,%.4f,%.2f,%.2f,%.4f,%.2f,%.2f,%.3f,%.3f,%.3f,%.4f,%.1f,%.1f,"
-                       "%.4f,%ld,%d,%.3f,%.3f,%.1f,%s\n",
+                       "%.4f,%ld,%d,%.3f,%.3f,%.1f,%s,%ld,%.4f,%s,%s\n",
                        static_cast<long>(r.n), static_cast<long>(r.rep), static_cast<long>(r.procs),
                        r.join_wall_s, r.join_p50_ms, r.join_p99_ms, r.floor_wall_s, r.floor_p50_ms,
                        r.floor_p99_ms, r.floor_wall_s > 0 ? r.join_wall_s / r.floor_wall_s : 0.0,
-                       r.cpu_join_s, r.cpu_floor_s, 1000.0 * r.cpu_join_s / static_cast<double>(n),
+                       r.cpu_join_s, r.cpu_floor_s,
+                       1000.0 * r.cpu_join_s / static_cast<double>(n * r.tasks_per_node),
                        r.rss_attached_mib, r.hwm_mib, r.abort_s, static_cast<long>(r.errors),
                        r.correct ? 1 : 0, r.client_cpu_join_s, r.client_cpu_floor_s, r.idle_cpu_pct,
-                       (*variants)[v].variant.c_str());
+                       (*variants)[v].variant.c_str(), static_cast<long>(r.tasks_per_node),
+                       1000.0 * r.cpu_join_s / static_cast<double>(n),
+                       Measured(r.streams, "").c_str(), Measured(r.attached, "").c_str());
           std::fflush(csv);
         }
       }
@@ -1476,22 +1916,25 @@ Usage: rdzv-bench [--agents 1,100,1000,4000,10000] [--reps R] [--csv FILE] [--ch
        rdzv-bench --launch [--launch-reps K] [--launch-nodes 8,32] [--csv FILE]
        rdzv-bench --soak 1000
        rdzv-bench --compare auth|metrics [--agents 1000,10000] [--reps R]
+       rdzv-bench --tasks-per-node 8 [--compare tasks] [--agents 1000,10000] [--check]
        rdzv-bench --credential-cost 10000
 Scale mode prints, per agent count N: rendezvous wall time and join latency, the floor (N
 fresh channels, one empty call each) and the ratio, rdzvd's CPU time and memory, the time for
-an abort to reach every agent, errors and whether every assignment was right.)";
+an abort to reach every agent, errors and whether every assignment was right. With
+--tasks-per-node G, N counts nodes of G agents each (shown NxG), each node one group join.)";
 
 int Main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "--worker") {
-    if (argc != 8) {
-      std::fprintf(stderr, "rdzv-bench: --worker ENDPOINT JOB FIRST COUNT N AUTH\n");
+    if (argc != 9) {
+      std::fprintf(stderr, "rdzv-bench: --worker ENDPOINT JOB FIRST COUNT N AUTH TASKS_PER_NODE\n");
       return 2;
     }
     WorkerConfig c;
     c.endpoint = argv[2];
     c.job = argv[3];
     if (!absl::SimpleAtoi(argv[4], &c.first) || !absl::SimpleAtoi(argv[5], &c.count) ||
-        !absl::SimpleAtoi(argv[6], &c.n)) {
+        !absl::SimpleAtoi(argv[6], &c.n) || !absl::SimpleAtoi(argv[8], &c.tasks_per_node) ||
+        c.tasks_per_node < 1) {
       std::fprintf(stderr, "rdzv-bench: bad worker arguments\n");
       return 2;
     }
@@ -1560,13 +2003,20 @@ int Main(int argc, char** argv) {
   p.Add({"metrics-scrape-ms", "", "MS",
          "rdzvd serves its metrics and the bench scrapes them every MS ms (default 0: off)",
          [&](absl::string_view v) { return ParseCount(v, o.metrics_scrape_ms, 0); }});
-  p.Add({"compare", "", "auth|metrics",
+  p.Add({"tasks-per-node", "", "G",
+         "simulate per-task launches: each of the N nodes runs G agents, which reach rdzvd as\n"
+         "its relay sends them, one group join per node on one channel (default 1: an agent\n"
+         "per node, each with its own stream); rdzvd then serves its metrics, read once for\n"
+         "the join streams and agents it holds",
+         [&](absl::string_view v) { return ParseCount(v, o.tasks_per_node, 1); }});
+  p.Add({"compare", "", "auth|metrics|tasks",
          "run every N and repetition twice, the two taking turns: with --auth none and with\n"
-         "MUNGE (auth), or with rdzvd's metrics off and on, scraped every --metrics-scrape-ms\n"
-         "(default 1000) (metrics); the second is also shown against the first's floor",
+         "MUNGE (auth), with rdzvd's metrics off and on, scraped every --metrics-scrape-ms\n"
+         "(default 1000) (metrics), or with N nodes of one agent and of --tasks-per-node\n"
+         "agents (tasks); the second is also shown against the first's floor",
          [&](absl::string_view v) {
-           if (v != "auth" && v != "metrics") {
-             return absl::InvalidArgumentError("expected auth or metrics");
+           if (v != "auth" && v != "metrics" && v != "tasks") {
+             return absl::InvalidArgumentError("expected auth, metrics or tasks");
            }
            o.compare = std::string(v);
            return absl::OkStatus();
