@@ -6,6 +6,7 @@
 #include <grpcpp/security/tls_certificate_verifier.h>
 #include <grpcpp/security/tls_credentials_options.h>
 #include <openssl/bio.h>
+#include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
@@ -188,6 +189,8 @@ absl::StatusOr<std::string> LoadTlsCa(const std::string& ca_file, absl::string_v
   if (ParseCertificates(*ca).empty()) return NoCertificate(flag, ca_file);
   return ca;
 }
+
+void InitOpenSslWithoutExitCleanup() { OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr); }
 
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsServerIdentity& identity) {
   if (identity.cert_chain_pem.empty()) return grpc::InsecureServerCredentials();

@@ -48,6 +48,12 @@ absl::StatusOr<TlsServerIdentity> LoadTlsServerIdentity(const std::string& cert_
 absl::StatusOr<std::string> LoadTlsCa(const std::string& ca_file, absl::string_view flag);
 
 // TLS credentials for `identity`, or plaintext ones when it is empty.
+// Call first thing in main(), before any OpenSSL use (gRPC's TLS, MUNGE-vouched keys). OpenSSL
+// frees its state from an atexit handler by default; a thread of gRPC's that ends after that
+// handler ran leaves its per-thread random generator behind, which LeakSanitizer reports. Without
+// the handler each thread frees its own when it ends, and the rest goes with the process.
+void InitOpenSslWithoutExitCleanup();
+
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsServerIdentity& identity);
 
 // Credentials that verify the server against `ca_pem`, or plaintext ones when it is empty.

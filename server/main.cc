@@ -30,6 +30,7 @@ int Fail(absl::string_view message, int code = 2) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  rdzv::InitOpenSslWithoutExitCleanup();
   absl::StatusOr<rdzv::ServerFlags> flags =
       rdzv::ParseServerFlags(std::vector<std::string>(argv + 1, argv + argc), rdzv::ProcessEnv());
   if (!flags.ok()) return Fail(flags.status().message());

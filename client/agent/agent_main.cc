@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "common/process_env.h"
 #include "common/site_config.h"
+#include "common/tls.h"
 
 namespace {
 
@@ -29,6 +30,7 @@ int Fail(absl::string_view message, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  rdzv::InitOpenSslWithoutExitCleanup();
   absl::StatusOr<rdzv::EnvLookup> loaded = rdzv::WithSiteConfig(rdzv::ProcessEnv());
   if (!loaded.ok()) return Fail(loaded.status().message(), kUsageError);
   const rdzv::EnvLookup& env = *loaded;

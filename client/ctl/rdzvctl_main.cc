@@ -9,8 +9,10 @@
 #include "common/logging.h"
 #include "common/process_env.h"
 #include "common/site_config.h"
+#include "common/tls.h"
 
 int main(int argc, char** argv) {
+  rdzv::InitOpenSslWithoutExitCleanup();
   absl::StatusOr<rdzv::EnvLookup> env = rdzv::WithSiteConfig(rdzv::ProcessEnv());
   if (!env.ok()) {
     std::fprintf(stderr, "rdzvctl: %s\n", std::string(env.status().message()).c_str());
