@@ -124,29 +124,36 @@ class NodeRelayTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
     ASSERT_TRUE(client.ok()) << client.status();
     task->client = std::move(*client);
+    tasks_.push_back(std::move(task));
+    JoinAgain(order, node_index, agents, 0);
+  }
+
+  // Task `order` joins again, as its agent does for round `restart_count` of a restart.
+  void JoinAgain(int order, int node_index, int agents, int restart_count) {
+    Task& task = *tasks_[order];
     JoinSpec spec;
     spec.job_id = job_;
     spec.agent = {.agent_id = absl::StrCat("a", order),
-                  .host = task->host,
+                  .host = task.host,
                   .node_index = node_index,
                   .order = order,
                   .nproc = 1};
     spec.min_agents = spec.max_agents = agents;
+    spec.restart_count = restart_count;
     spec.addresses = {"127.0.0.1"};
     spec.master_port = 29500;
     Handlers handlers;
-    handlers.on_abort = [seen = task->seen](const AbortEvent& abort) {
+    handlers.on_abort = [seen = task.seen](const AbortEvent& abort) {
       absl::MutexLock lock(&seen->mu);
       if (!seen->abort) seen->abort = abort;
     };
-    handlers.on_lost = [seen = task->seen](const absl::Status& status) {
+    handlers.on_lost = [seen = task.seen](const absl::Status& status) {
       absl::MutexLock lock(&seen->mu);
       if (!seen->lost) seen->lost = status;
     };
-    task->joined = std::async(std::launch::async, [client = task->client.get(), spec, handlers] {
+    task.joined = std::async(std::launch::async, [client = task.client.get(), spec, handlers] {
       return client->Join(spec, handlers);
     });
-    tasks_.push_back(std::move(task));
   }
 
   // `nodes` nodes of `per_node` tasks each, every node with its relay; all assigned.
@@ -315,6 +322,38 @@ TEST_F(NodeRelayTest, JoinsGoUpAfterTheGatherDelayWhenTasksAreMissing) {
   }
   EXPECT_EQ(relays_[0]->upstream_streams(), 1);
   EXPECT_EQ(server_->open_streams(), 1u);
+}
+
+// In a restart the node's agents come back as each has stopped its workers, which may take
+// seconds; the relay waits for them all, so the new round is again one stream per node.
+TEST_F(NodeRelayTest, ARestartsJoinsGoUpTogetherThoughOneTaskStopsLate) {
+  NodeRelayOptions options = RelayOptions("n0", 2);
+  options.gather = absl::Milliseconds(100);
+  options.rejoin_gather = kWait;
+  ASSERT_NE(StartRelay(options), nullptr);
+  StartTask(0, 0, 2);
+  StartTask(0, 1, 2);
+  for (int order = 0; order < 2; ++order) ASSERT_TRUE(tasks_[order]->Assignment().ok());
+  ASSERT_EQ(relays_[0]->upstream_streams(), 1);
+  FailureInfo failure;
+  failure.cause = AbortCause::kWorkerFailed;
+  failure.host = "n0";
+  failure.rank = 1;
+  failure.local_rank = 1;
+  failure.exit_code = 3;
+  ASSERT_TRUE(tasks_[1]->client->ReportFailure(failure).ok());
+  ASSERT_TRUE(tasks_[0]->AwaitAbort().has_value());
+  JoinAgain(0, 0, 2, 1);
+  absl::SleepFor(absl::Seconds(1));  // ten gathers of a first round
+  JoinAgain(1, 0, 2, 1);
+  for (int order = 0; order < 2; ++order) {
+    absl::StatusOr<AssignmentEvent> a = tasks_[order]->Assignment();
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->slot.rank_offset, order);
+    EXPECT_EQ(a->restart_count, 1);
+  }
+  EXPECT_EQ(relays_[0]->upstream_streams(), 2);
+  EXPECT_TRUE(AwaitOpenStreams(1)) << server_->open_streams() << " streams open";
 }
 
 }  // namespace

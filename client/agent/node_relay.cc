@@ -184,6 +184,8 @@ class NodeRelay::Impl final : public v1::Rendezvous::CallbackService {
   absl::flat_hash_map<LocalStream*, std::shared_ptr<Member>> by_local_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Member>> pending_ ABSL_GUARDED_BY(mu_);
   absl::Time flush_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // The agents whose joins went up before: one of them joining again starts a later round.
+  absl::flat_hash_set<std::string> carried_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<GroupCall*, std::vector<std::shared_ptr<Member>>> groups_
       ABSL_GUARDED_BY(mu_);
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
@@ -458,7 +460,10 @@ grpc::ServerWriteReactor<v1::JoinEvent>* NodeRelay::Impl::Join(grpc::CallbackSer
     }
     by_local_[local] = member;
     pending_.push_back(member);
-    if (pending_.size() == 1) flush_at_ = absl::Now() + options_.gather;
+    if (pending_.size() == 1) {
+      flush_at_ = absl::Now() +
+                  (carried_.contains(member->agent_id) ? options_.rejoin_gather : options_.gather);
+    }
   }
   return local;
 }
@@ -539,7 +544,7 @@ void NodeRelay::Impl::Deliver(GroupCall* call, const v1::JoinEvent& event) {
     if (event.has_member_end()) {
       if (m->local != nullptr && !m->ended) {
         m->local->End(grpc::Status(static_cast<grpc::StatusCode>(event.member_end().code()),
-                                   event.member_end().message()));
+                                   absl::StrCat(kRelaySaid, event.member_end().message())));
       }
       m->ended = true;
       MaybeRetire(call);
@@ -643,7 +648,13 @@ void NodeRelay::Impl::Flush() {
                      });
     request.set_job_id(options_.job_id);
     request.set_protocol_version(kGroupJoinProtocolVersion);
-    for (const std::shared_ptr<Member>& m : batch) *request.add_members() = m->request;
+    for (const std::shared_ptr<Member>& m : batch) {
+      *request.add_members() = m->request;
+      // Bounded: the node's tasks, each by its one agent id, and a margin for stray joins.
+      if (carried_.size() < static_cast<size_t>(options_.expected) * 2 + 16) {
+        carried_.insert(m->agent_id);
+      }
+    }
   }
   // Like a single agent, the relay moves on to the next candidate at once when one is
   // unreachable, serves another job or does not prove itself; after a round over all of them the

@@ -27,9 +27,10 @@
 
 namespace rdzv {
 
-// How the message of a status the relay itself ends a member's stream with begins, once the
-// member had its assignment: a member that loses its stream with any other status lost the relay
-// (its task died or froze), and rejoins directly.
+// How the message of every status a live relay ends a member's stream with begins, its own or
+// the server's passed on (a refusal, or an earlier round's stream ended as a new one starts): a
+// member that loses its stream with any other status lost the relay (its task died or froze),
+// and rejoins directly.
 inline constexpr absl::string_view kRelaySaid = "through this node's relay: ";
 
 struct NodeRelayOptions {
@@ -42,6 +43,9 @@ struct NodeRelayOptions {
   // How long the relay waits, after the first of a batch of joins, for the rest of the node's
   // tasks before it sends the joins it has.
   absl::Duration gather = absl::Milliseconds(500);
+  // The same for a later round (a restart, or a resume): the first agent back waits up to this
+  // long for the others, which stop their workers before they rejoin (--term-timeout and more).
+  absl::Duration rejoin_gather = absl::Seconds(5);
   // The server and how to reach it: endpoint and alternates (tried in turn when one is
   // unreachable, serves another job or does not prove itself), auth, TLS and rpc_timeout.
   ClientOptions upstream;

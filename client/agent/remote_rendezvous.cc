@@ -148,6 +148,7 @@ absl::StatusOr<ConnectedRendezvous> ConnectRendezvous(const AgentConfig& config,
       relay.socket_path = socket;
       relay.job_id = config.join.job_id;
       relay.expected = config.relay.tasks_on_node;
+      relay.rejoin_gather = config.term_timeout + absl::Seconds(2);
       relay.upstream = options;
       absl::StatusOr<std::unique_ptr<NodeRelay>> started = NodeRelay::Start(std::move(relay));
       if (started.ok()) {

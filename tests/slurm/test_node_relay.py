@@ -210,8 +210,13 @@ class NodeRelayTest(SlurmTestCase):
             return m.get("rdzv_restarts_total") == 1 and m.get("rdzv_agents_attached") == 12
         self.wait_for(second_round_running, 60, "the restarted round running")
         # The first round's group streams go: one per node again.
-        self.wait_for(lambda: scrape(metrics)["rdzv_join_streams"] == 3, 5,
-                      "one join stream per node in the restarted round")
+        seen = []
+        deadline = time.monotonic() + 5
+        while not seen or seen[-1] != 3:
+            self.assertLess(time.monotonic(), deadline,
+                            f"one join stream per node in the restarted round: saw {seen}")
+            seen.append(scrape(metrics)["rdzv_join_streams"])
+            time.sleep(0.1)
         code, out, err, _ = self.finish(proc, 120)
         self.assertEqual(code, 0, err)
         self.assertEqual(sorted(re.findall(r"rank (\d+) restart 1", out), key=int),
