@@ -4,6 +4,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/container/node_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -16,12 +17,28 @@ namespace rdzv {
 
 enum class Phase { kFilling, kRunning, kEnded };
 
+// Of its join, only what the rounds read: a job holds one per agent, and at scale (per-task
+// launches of 100,000 ranks) the rest of a JoinSpec would be most of the server's memory.
 struct RendezvousState::Member {
-  JoinSpec spec;
+  AgentSpec agent;
+  std::vector<std::string> addresses;
+  int32_t master_port = 0;
+  std::string master_addr_override;
+  int32_t master_port_override = 0;
+  Micros longest_heartbeat_interval = 0;
   std::string peer_address;  // where it connected from, as the server saw it
   StreamId stream = 0;       // 0: not attached
   bool left = false;
   Slot slot;
+
+  void Take(const JoinSpec& spec) {
+    agent = spec.agent;
+    addresses = spec.addresses;
+    master_port = spec.master_port;
+    master_addr_override = spec.master_addr_override;
+    master_port_override = spec.master_port_override;
+    longest_heartbeat_interval = spec.longest_heartbeat_interval;
+  }
 };
 
 struct RendezvousState::Job {
@@ -41,7 +58,7 @@ struct RendezvousState::Job {
   Micros resume_deadline = 0;
   int32_t attached = 0;
   int32_t world_size = 0;
-  absl::flat_hash_map<std::string, Member> members;
+  absl::node_hash_map<std::string, Member> members;
   // Members with `left` set, so that "has everyone left?" is a comparison and not a scan: it is
   // asked after every departure, and a job of N agents sees N of them.
   size_t left = 0;
@@ -63,7 +80,9 @@ struct RendezvousState::Job {
   int32_t port_givers = 0;
 
   // A member joins (+1) or leaves (-1) the round being filled.
-  void CountOverride(const JoinSpec& spec, int32_t delta) {
+  // `spec`: a JoinSpec, or a Member made of one.
+  template <typename Spec>
+  void CountOverride(const Spec& spec, int32_t delta) {
     if (!spec.master_addr_override.empty()) {
       addr_givers += delta;
       addr_override = addr_givers > 0 ? spec.master_addr_override : "";
@@ -105,16 +124,17 @@ bool IsLoopback(absl::string_view address) {
 // MASTER_ADDR: the rank-0 agent's best address, unless that is a loopback address while other
 // agents reached the server over the network. Then the others could not reach it (a host name
 // that /etc/hosts maps to 127.0.1.1 is the usual cause), so take a real one.
-std::string ChooseMasterAddress(const JoinSpec& master, const std::string& master_peer,
+std::string ChooseMasterAddress(const std::vector<std::string>& addresses,
+                                const std::string& master_peer,
                                 const std::vector<const std::string*>& peers) {
-  const std::string first = master.addresses.empty() ? "127.0.0.1" : master.addresses.front();
+  const std::string first = addresses.empty() ? "127.0.0.1" : addresses.front();
   if (!IsLoopback(first)) return first;
   const bool remote_peers = std::any_of(peers.begin(), peers.end(), [](const std::string* p) {
     return !p->empty() && !IsLoopback(*p);
   });
   if (!remote_peers) return first;
   if (!master_peer.empty() && !IsLoopback(master_peer)) return master_peer;
-  for (const std::string& a : master.addresses) {
+  for (const std::string& a : addresses) {
     if (!IsLoopback(a)) return a;
   }
   return first;
@@ -349,7 +369,7 @@ void RendezvousState::OpenRound(Job& job, const JoinSpec& spec) {
 void RendezvousState::Attach(Job& job, Member& member, StreamId stream) {
   Detach(job, member);
   member.stream = stream;
-  streams_[stream] = {job.id, member.spec.agent.agent_id};
+  streams_[stream] = {job.id, member.agent.agent_id};
   ++job.attached;
 }
 
@@ -419,18 +439,17 @@ void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec,
       out.closes.push_back({stream, absl::FailedPreconditionError(absl::StrFormat(
                                         "rank %d of job %s is already held by the agent on %s",
                                         held.slot.rank_offset, job->id,
-                                        job->members.at(claim->second).spec.agent.host))});
+                                        job->members.at(claim->second).agent.host))});
       return;
     }
     it = job->members.emplace(spec.agent.agent_id, Member{}).first;
-    it->second.spec = spec;
-    it->second.spec.resume.reset();
+    it->second.Take(spec);
     it->second.peer_address = caller.peer_address;
     it->second.slot = held.slot;
     if (static_cast<int32_t>(job->members.size()) >= job->assignment.agents) {
       job->resume_deadline = 0;  // everyone is back
     }
-  } else if (absl::Status s = SameShape(job->id, it->second.spec.agent, spec.agent); !s.ok()) {
+  } else if (absl::Status s = SameShape(job->id, it->second.agent, spec.agent); !s.ok()) {
     out.closes.push_back({stream, std::move(s)});
     return;
   } else if (it->second.stream != 0 && it->second.stream != stream) {
@@ -511,7 +530,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
   if (member_it != job->members.end()) {
     // The same agent again (a retried join): the new stream replaces the old one.
     Member& member = member_it->second;
-    if (absl::Status s = SameShape(job->id, member.spec.agent, spec.agent); !s.ok()) {
+    if (absl::Status s = SameShape(job->id, member.agent, spec.agent); !s.ok()) {
       out.closes.push_back({stream, std::move(s)});
       return;
     }
@@ -538,7 +557,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
   }
 
   if (!job->members.empty()) {
-    const AgentSpec& other = job->members.begin()->second.spec.agent;
+    const AgentSpec& other = job->members.begin()->second.agent;
     if (absl::Status s = SameRanking(job->id, other, spec.agent); !s.ok()) {
       out.closes.push_back({stream, std::move(s)});
       return;
@@ -553,12 +572,11 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
                             spec.master_port_override != job->port_override;
   if (addr_differs || port_differs) {
     // Refusals only: name one member that set what this agent contradicts.
-    const JoinSpec* o = nullptr;
+    const Member* o = nullptr;
     for (const auto& [id, other] : job->members) {
-      const JoinSpec& c = other.spec;
-      if ((addr_differs && !c.master_addr_override.empty()) ||
-          (port_differs && c.master_port_override > 0)) {
-        o = &c;
+      if ((addr_differs && !other.master_addr_override.empty()) ||
+          (port_differs && other.master_port_override > 0)) {
+        o = &other;
         break;
       }
     }
@@ -578,11 +596,10 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
     if (!inserted) {
       const Member& holder = job->members.at(it->second);
       out.closes.push_back(
-          {stream,
-           absl::FailedPreconditionError(absl::StrFormat(
-               "%s %d of job %s is already taken by the agent on %s; give each %s its own",
-               spec.agent.order >= 0 ? "global position" : "node rank", claim, job->id,
-               holder.spec.agent.host, spec.agent.order >= 0 ? "agent" : "node --node-rank"))});
+          {stream, absl::FailedPreconditionError(absl::StrFormat(
+                       "%s %d of job %s is already taken by the agent on %s; give each %s its own",
+                       spec.agent.order >= 0 ? "global position" : "node rank", claim, job->id,
+                       holder.agent.host, spec.agent.order >= 0 ? "agent" : "node --node-rank"))});
       return;
     }
   }
@@ -598,7 +615,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
   Member& member = job->members[spec.agent.agent_id];
   if (!job->max_restarts) job->max_restarts = spec.max_restarts;
   if (job->node_list.empty()) job->node_list = spec.node_list;
-  member.spec = spec;
+  member.Take(spec);
   member.peer_address = caller.peer_address;
   job->CountOverride(spec, +1);
   Attach(*job, member, stream);
@@ -616,7 +633,7 @@ void RendezvousState::CompleteRound(Job& job, Decisions& out) {
   specs.reserve(job.members.size());
   for (const auto& [id, member] : job.members) {
     members.push_back(&member);
-    specs.push_back(member.spec.agent);
+    specs.push_back(member.agent);
   }
   absl::StatusOr<RankTable> table = AssignRanks(specs);
   if (!table.ok()) {
@@ -632,7 +649,7 @@ void RendezvousState::CompleteRound(Job& job, Decisions& out) {
     return;
   }
 
-  const JoinSpec& master = members[table->master_agent]->spec;
+  const Member& master = *members[table->master_agent];
   AssignmentEvent shared;
   shared.round = job.round;
   shared.world_size = table->world_size;
@@ -642,25 +659,24 @@ void RendezvousState::CompleteRound(Job& job, Decisions& out) {
   shared.workers_per_node = FormatTasksPerNode(table->workers_per_node);
   for (const Member* m : members) {
     job.longest_heartbeat_interval =
-        std::max(job.longest_heartbeat_interval, m->spec.longest_heartbeat_interval);
+        std::max(job.longest_heartbeat_interval, m->longest_heartbeat_interval);
   }
   shared.longest_heartbeat_interval = job.longest_heartbeat_interval;
   std::vector<const std::string*> peers;
   peers.reserve(members.size());
   for (const Member* m : members) peers.push_back(&m->peer_address);
-  shared.master_addr =
-      ChooseMasterAddress(master, members[table->master_agent]->peer_address, peers);
+  shared.master_addr = ChooseMasterAddress(master.addresses, master.peer_address, peers);
   shared.master_port = master.master_port;
   for (const Member* m : members) {
-    if (!m->spec.master_addr_override.empty()) shared.master_addr = m->spec.master_addr_override;
-    if (m->spec.master_port_override > 0) shared.master_port = m->spec.master_port_override;
+    if (!m->master_addr_override.empty()) shared.master_addr = m->master_addr_override;
+    if (m->master_port_override > 0) shared.master_port = m->master_port_override;
   }
   job.assignment = shared;
   job.world_size = table->world_size;
   job.phase = Phase::kRunning;
 
   for (size_t i = 0; i < members.size(); ++i) {
-    Member& m = job.members.at(members[i]->spec.agent.agent_id);
+    Member& m = job.members.at(members[i]->agent.agent_id);
     m.slot = table->slots[i];
     if (m.stream == 0) continue;
     AssignmentEvent a = shared;
@@ -711,16 +727,15 @@ void RendezvousState::StreamClosed(Micros now, StreamId stream, Decisions& out) 
   switch (job->phase) {
     case Phase::kFilling:
       // A waiter gave up (deadline, Ctrl-C): it is no longer part of the round.
-      job->claims.erase(ClaimKey(member.spec.agent));
-      job->CountOverride(member.spec, -1);
+      job->claims.erase(ClaimKey(member.agent));
+      job->CountOverride(member, -1);
       job->members.erase(member_it);
       break;
     case Phase::kRunning:
       if (!member.left) {
         EndJob(*job, now,
-               AbortForLostAgent(member.spec.agent.host, member.slot.group_rank,
-                                 member.slot.rank_offset,
-                                 member.slot.rank_offset + member.spec.agent.nproc - 1),
+               AbortForLostAgent(member.agent.host, member.slot.group_rank, member.slot.rank_offset,
+                                 member.slot.rank_offset + member.agent.nproc - 1),
                out);
       }
       break;
@@ -770,8 +785,8 @@ absl::Status RendezvousState::Leave(Micros now, const std::string& job_id,
   Detach(*job, member);
   job->last_detach = now;
   if (job->phase == Phase::kFilling) {
-    job->claims.erase(ClaimKey(member.spec.agent));
-    job->CountOverride(member.spec, -1);
+    job->claims.erase(ClaimKey(member.agent));
+    job->CountOverride(member, -1);
     job->members.erase(it);
   } else if (!member.left) {
     member.left = true;
@@ -804,7 +819,7 @@ ProgressEvent RendezvousState::MakeProgress(const Job& job) const {
   p.expected = job.max_agents;
   std::vector<std::string> hosts;
   hosts.reserve(job.members.size());
-  for (const auto& [id, member] : job.members) hosts.push_back(member.spec.agent.host);
+  for (const auto& [id, member] : job.members) hosts.push_back(member.agent.host);
   std::sort(hosts.begin(), hosts.end());
   hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
   if (hosts.size() > kProgressHosts) hosts.resize(kProgressHosts);
@@ -880,9 +895,9 @@ std::vector<JobStatusView> RendezvousState::Status(const std::string& job_id) co
     for (const auto& [agent_id, m] : job.members) {
       AgentStatusView a;
       a.agent_id = agent_id;
-      a.host = m.spec.agent.host;
-      a.node_index = m.spec.agent.node_index;
-      a.nproc = m.spec.agent.nproc;
+      a.host = m.agent.host;
+      a.node_index = m.agent.node_index;
+      a.nproc = m.agent.nproc;
       a.rank_offset = job.phase == Phase::kFilling ? -1 : m.slot.rank_offset;
       a.state = m.left ? "left" : (m.stream != 0 ? "attached" : "detached");
       v.agents.push_back(std::move(a));
