@@ -495,6 +495,33 @@ void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& wr
     if (fresh) batch_order.push_back(group);
     return *it->second.mutable_batch();
   };
+  // A job's abort that every member of a group gets goes once, for all of them, as progress
+  // does: per group, the first abort and how many of its members get that same one.
+  struct GroupAbort {
+    const AbortEvent* first = nullptr;
+    size_t members = 0;
+    bool same = true;
+  };
+  absl::flat_hash_map<StreamId, GroupAbort> group_aborts;
+  for (const Decisions::Send& send : decisions.sends) {
+    const auto* abort = std::get_if<AbortEvent>(&send.event);
+    if (abort == nullptr || streams_.contains(send.stream)) continue;
+    auto member = members_.find(send.stream);
+    if (member == members_.end()) continue;
+    GroupAbort& g = group_aborts[member->second.group];
+    if (g.first == nullptr) g.first = abort;
+    g.same = g.same && *g.first == *abort;
+    ++g.members;
+  }
+  const auto whole_group_abort = [&](StreamId group) -> const AbortEvent* {
+    auto g = group_aborts.find(group);
+    auto stream = streams_.find(group);
+    if (g == group_aborts.end() || !g->second.same || stream == streams_.end() ||
+        g->second.members != stream->second.members.size()) {
+      return nullptr;
+    }
+    return g->second.first;
+  };
   // A job's abort is the same event for every stream: it becomes one message that every queue
   // shares.
   std::shared_ptr<const v1::JoinEvent> last;
@@ -509,6 +536,12 @@ void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& wr
       // Progress is the same for every waiting member: the group hears it once, for all.
       if (std::holds_alternative<ProgressEvent>(send.event)) {
         if (progressed.insert(group).second) *batch_of(group).add_events() = ToProto(send.event);
+        continue;
+      }
+      if (const AbortEvent* once = whole_group_abort(group); once != nullptr) {
+        if (once == std::get_if<AbortEvent>(&send.event)) {
+          *batch_of(group).add_events() = ToProto(send.event);
+        }
         continue;
       }
       v1::JoinEvent* event = batch_of(group).add_events();

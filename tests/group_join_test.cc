@@ -54,11 +54,17 @@ std::chrono::system_clock::time_point Soon(int seconds = 20) {
   return std::chrono::system_clock::now() + std::chrono::seconds(seconds);
 }
 
-// A group stream read one event at a time, batches taken apart.
+// A group stream read one event at a time, batches taken apart, as a relay reads it: an abort
+// for every member still on the stream comes once, untagged, and is each member's.
 struct GroupStream {
   Joined joined;
   std::deque<JoinEvent> pending;
-  int messages = 0;  // messages read so far
+  int messages = 0;                 // messages read so far
+  int shared_aborts = 0;            // untagged aborts read so far
+  std::set<std::string> on_stream;  // the members still on it
+
+  // Member `agent` is off the stream without a member_end (its loss was reported).
+  void Forget(const std::string& agent) { on_stream.erase(agent); }
 
   // The next event; false once the stream has ended. `message` is the message it came in.
   bool Next(JoinEvent* event, int* message = nullptr) {
@@ -67,11 +73,11 @@ struct GroupStream {
       if (!joined.reader->Read(&m)) return false;
       ++messages;
       if (!m.has_batch()) {
-        pending.push_back(std::move(m));
+        Take(std::move(m));
         continue;
       }
       EXPECT_TRUE(m.agent_id().empty()) << m.ShortDebugString();
-      for (const JoinEvent& e : m.batch().events()) pending.push_back(e);
+      for (const JoinEvent& e : m.batch().events()) Take(e);
     }
     *event = std::move(pending.front());
     pending.pop_front();
@@ -80,6 +86,19 @@ struct GroupStream {
     EXPECT_FALSE(event->has_batch()) << event->ShortDebugString();
     EXPECT_EQ(event->has_progress(), event->agent_id().empty()) << event->ShortDebugString();
     return true;
+  }
+
+  void Take(JoinEvent e) {
+    if (e.has_member_end()) on_stream.erase(e.agent_id());
+    if (!e.has_abort() || !e.agent_id().empty()) {
+      pending.push_back(std::move(e));
+      return;
+    }
+    ++shared_aborts;
+    for (const std::string& agent : on_stream) {
+      pending.push_back(e);
+      pending.back().set_agent_id(agent);
+    }
   }
 
   // Reads until `n` members have had an event of `kind`: the last of each, by agent id (fewer
@@ -123,6 +142,7 @@ class GroupJoinTest : public ::testing::Test {
     g.joined.stub = wire_->Stub();
     g.joined.context->set_deadline(deadline);
     g.joined.reader = g.joined.stub->Join(g.joined.context.get(), request);
+    for (const v1::JoinRequest& m : request.members()) g.on_stream.insert(m.agent_id());
     return g;
   }
 
@@ -244,10 +264,14 @@ TEST_F(GroupJoinTest, MemberLostAbortsTheJobForEveryOtherMember) {
 
   grpc::Status s = MemberLost("j", "t6");
   ASSERT_TRUE(s.ok()) << s.error_message();
+  b.Forget("t6");
   std::map<std::string, JoinEvent> aborts = a.Each(JoinEvent::kAbort, 4);
   std::map<std::string, JoinEvent> on_b = b.Each(JoinEvent::kAbort, 3);
   EXPECT_EQ(on_b.size(), 3u);
   EXPECT_FALSE(on_b.contains("t6")) << "the lost member hears nothing more";
+  // The job's abort, the same for each member, goes once per group.
+  EXPECT_EQ(a.shared_aborts, 1);
+  EXPECT_EQ(b.shared_aborts, 1);
   aborts.merge(on_b);
   ASSERT_EQ(aborts.size(), 7u);
   for (const auto& [agent, e] : aborts) {

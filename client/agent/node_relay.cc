@@ -536,7 +536,7 @@ void NodeRelay::Impl::Deliver(GroupCall* call, const v1::JoinEvent& event) {
   for (const std::shared_ptr<Member>& m : it->second) {
     if (m->group != call || m->superseded) continue;
     if (event.agent_id().empty()) {
-      // Progress, the same for every member still waiting.
+      // Progress, or the job's abort: the same for every member still on the stream.
       PushLocal(*m, event);
       continue;
     }

@@ -404,8 +404,13 @@ class SimulatedNode final : public grpc::ClientReadReactor<v1::JoinEvent> {
 
   // One member's event, as the relay hands it to the member's own stream.
   void Handle(const v1::JoinEvent& e) {
-    // Progress is the same for every member still waiting.
-    if (e.agent_id().empty()) return;
+    // Untagged: progress, or the job's abort, the same for every member.
+    if (e.agent_id().empty()) {
+      if (e.event_case() != v1::JoinEvent::kAbort) return;
+      absl::MutexLock lock(&mu_);
+      for (size_t i = 0; i < member_ids_.size(); ++i) AbortLocked(i, e.abort());
+      return;
+    }
     const auto it = std::find(member_ids_.begin(), member_ids_.end(), e.agent_id());
     if (it == member_ids_.end()) return;
     const size_t i = static_cast<size_t>(it - member_ids_.begin());
@@ -418,13 +423,7 @@ class SimulatedNode final : public grpc::ClientReadReactor<v1::JoinEvent> {
         ++settled_;
         break;
       case v1::JoinEvent::kAbort:
-        // Before its assignment an abort ends the member's join, as it ends an agent's.
-        if (assignments_[i].has_value()) {
-          MarkAbort(abort_ns_[i]);
-        } else if (waiting) {
-          refusals_[i] = absl::AbortedError(e.abort().reason());
-          ++settled_;
-        }
+        AbortLocked(i, e.abort());
         break;
       case v1::JoinEvent::kMemberEnd:
         if (!waiting) break;
@@ -436,6 +435,16 @@ class SimulatedNode final : public grpc::ClientReadReactor<v1::JoinEvent> {
         break;
       default:
         break;
+    }
+  }
+
+  // Before its assignment an abort ends the member's join, as it ends an agent's.
+  void AbortLocked(size_t i, const v1::Abort& abort) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (assignments_[i].has_value()) {
+      MarkAbort(abort_ns_[i]);
+    } else if (refusals_[i].ok()) {
+      refusals_[i] = absl::AbortedError(abort.reason());
+      ++settled_;
     }
   }
 
