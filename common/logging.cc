@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
@@ -20,9 +21,19 @@ namespace {
 // gRPC's own log lines are multi-line internals; they go to the debug level, so that users see
 // our one-line errors and developers can still ask for gRPC's view with --log-level debug.
 void GrpcLogToSpdlog(gpr_log_func_args* args) {
+  // gRPC's errors are mostly a peer's doing (a reset, a bad handshake) and stay at debug; but an
+  // assertion of its own is the process's last line before abort(), and must be seen.
+  const absl::string_view message = args->message != nullptr ? args->message : "";
+  if (args->severity == GPR_LOG_SEVERITY_ERROR &&
+      (absl::StartsWith(message, "assertion failed") ||
+       absl::StartsWith(message, "Should never reach here"))) {
+    spdlog::critical("gRPC failed its own check at {}:{}: {}", args->file, args->line, message);
+    if (spdlog::default_logger_raw() != nullptr) spdlog::default_logger_raw()->flush();
+    return;
+  }
   const spdlog::level::level_enum level =
       args->severity == GPR_LOG_SEVERITY_ERROR ? spdlog::level::debug : spdlog::level::trace;
-  spdlog::log(level, "grpc {}:{}: {}", args->file, args->line, args->message);
+  spdlog::log(level, "grpc {}:{}: {}", args->file, args->line, message);
 }
 
 // Bytes written to the pipe `fd` that its reader has not taken yet; 0 when fd is no pipe.
