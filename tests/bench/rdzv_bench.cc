@@ -814,8 +814,9 @@ class Child {
     if (to_ >= 0) WriteAll(to_, line + "\n");
   }
 
-  // The next line from the child's stdout, waiting until `deadline_ns` at most.
-  absl::StatusOr<std::string> ReadLine(int64_t deadline_ns) {
+  // The next line from the child's stdout, waiting until `deadline_ns` at most, or until
+  // `watch` (another child this one depends on) has ended.
+  absl::StatusOr<std::string> ReadLine(int64_t deadline_ns, Child* watch = nullptr) {
     while (true) {
       if (size_t nl = buffer_.find('\n'); nl != std::string::npos) {
         std::string line = buffer_.substr(0, nl);
@@ -824,6 +825,10 @@ class Child {
       }
       const int64_t left_ms = (deadline_ns - NowNs()) / 1'000'000;
       if (left_ms <= 0) return absl::DeadlineExceededError("no answer in time");
+      if (watch != nullptr && watch->Poll()) {
+        return absl::UnavailableError(absl::StrCat(
+            "the server it relies on ended with status (128 + signal) ", watch->code_));
+      }
       pollfd p{from_, POLLIN, 0};
       const int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
       if (r < 0 && errno != EINTR) return absl::InternalError(strerror(errno));
@@ -1185,7 +1190,7 @@ class ScaleRun {
     const int64_t deadline = NowNs() + phase_timeout_ns_;
     for (size_t i = 0; i < workers_.size(); ++i) {
       if (only >= 0 && static_cast<int>(i) != only) continue;
-      absl::StatusOr<std::string> line = workers_[i].ReadLine(deadline);
+      absl::StatusOr<std::string> line = workers_[i].ReadLine(deadline, &rdzvd_);
       if (!line.ok()) {
         return absl::Status(
             line.status().code(),
