@@ -11,6 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstring>
 #include <optional>
 
@@ -112,11 +115,34 @@ std::optional<uint64_t> InodeOf(int fd) {
 
 bool IsOpen(const ConnectionTable::Handle& handle) { return InodeOf(handle.fd) == handle.inode; }
 
+// Turns TCP keepalive on for `fd` as `k` says; a failure leaves the socket as it was (gRPC's
+// own pings, when on, still watch it).
+void ApplyKeepalive(int fd, const TcpKeepalive& k) {
+  if (k.idle <= absl::ZeroDuration()) return;
+  const int idle_s = static_cast<int>(
+      std::clamp<int64_t>(absl::ToInt64Seconds(absl::Ceil(k.idle, absl::Seconds(1))), 1, 32767));
+  const int64_t timeout_ms = absl::ToInt64Milliseconds(k.timeout);
+  // The bound itself is TCP_USER_TIMEOUT, which Linux applies to probes as to data; the count is
+  // what an older kernel would go by instead.
+  const unsigned user_timeout_ms =
+      static_cast<unsigned>(std::min<int64_t>(idle_s * int64_t{1000} + timeout_ms, INT32_MAX));
+  const int count = static_cast<int>(std::clamp<int64_t>(timeout_ms / (idle_s * 1000) + 1, 1, 127));
+  const int on = 1;
+  if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) != 0 ||
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s)) != 0 ||
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &idle_s, sizeof(idle_s)) != 0 ||
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count)) != 0 ||
+      setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms)) !=
+          0) {
+    SPDLOG_DEBUG("cannot turn on TCP keepalive on a connection: {}", std::strerror(errno));
+  }
+}
+
 }  // namespace
 
 struct ConnectionGuard::State {
-  State(int max_per_host, absl::Duration first_call_within)
-      : table(max_per_host, first_call_within) {}
+  State(int max_per_host, absl::Duration first_call_within, TcpKeepalive keepalive)
+      : table(max_per_host, first_call_within), keepalive(keepalive) {}
 
   // At accept, on one of gRPC's threads. A refused socket is shut down here, and gRPC, finding
   // it closed, drops it: returning false would stop gRPC 1.51's listener from accepting anything
@@ -129,7 +155,10 @@ struct ConnectionGuard::State {
     const std::optional<uint64_t> inode = InodeOf(fd);
     if (!peer || !inode) return;
     absl::MutexLock lock(&mu);
-    if (table.Admit(peer->host, peer->port, {fd, *inode}, absl::Now(), IsOpen)) return;
+    if (table.Admit(peer->host, peer->port, {fd, *inode}, absl::Now(), IsOpen)) {
+      ApplyKeepalive(fd, keepalive);
+      return;
+    }
     shutdown(fd, SHUT_RDWR);
     if (table.refused() == 1 || absl::Now() - last_refusal_log >= absl::Seconds(10)) {
       last_refusal_log = absl::Now();
@@ -142,6 +171,7 @@ struct ConnectionGuard::State {
 
   absl::Mutex mu;
   ConnectionTable table ABSL_GUARDED_BY(mu);
+  const TcpKeepalive keepalive;
   absl::Time last_refusal_log ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   absl::Time last_sweep ABSL_GUARDED_BY(mu) = absl::Now();
   int64_t closed_unused ABSL_GUARDED_BY(mu) = 0;
@@ -186,8 +216,9 @@ class Option final : public grpc::ServerBuilderOption {
 
 }  // namespace
 
-ConnectionGuard::ConnectionGuard(int max_per_host, absl::Duration first_call_within)
-    : state_(std::make_shared<State>(max_per_host, first_call_within)) {}
+ConnectionGuard::ConnectionGuard(int max_per_host, absl::Duration first_call_within,
+                                 TcpKeepalive keepalive)
+    : state_(std::make_shared<State>(max_per_host, first_call_within, keepalive)) {}
 
 ConnectionGuard::~ConnectionGuard() = default;
 

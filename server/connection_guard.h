@@ -25,10 +25,20 @@
 
 namespace rdzv {
 
+// How the kernel watches the host at the other end of each accepted connection (TCP keepalive):
+// after `idle` without traffic it sends a probe, and another each `idle` (whole seconds, at least
+// one); once the peer's host has acknowledged nothing, probe or data, for `idle` + `timeout`, the
+// connection is dropped, and gRPC sees it fail. The peer's kernel answers, not its process, so a
+// busy peer is never taken for a lost one, and the probes cost this process nothing.
+struct TcpKeepalive {
+  absl::Duration idle = absl::ZeroDuration();  // zero: no probes
+  absl::Duration timeout = absl::ZeroDuration();
+};
+
 class ConnectionGuard {
  public:
   // `max_per_host`: 0 for no bound; `first_call_within`: zero for no time limit.
-  ConnectionGuard(int max_per_host, absl::Duration first_call_within);
+  ConnectionGuard(int max_per_host, absl::Duration first_call_within, TcpKeepalive keepalive = {});
   ~ConnectionGuard();
   ConnectionGuard(const ConnectionGuard&) = delete;
   ConnectionGuard& operator=(const ConnectionGuard&) = delete;

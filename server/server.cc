@@ -33,8 +33,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     server->service_metrics_ = std::make_unique<ServiceMetrics>(server->metrics_.get());
     service_options.metrics = server->service_metrics_.get();
   }
-  server->connections_ = std::make_unique<ConnectionGuard>(options.max_connections_per_host,
-                                                           options.unused_connection_timeout);
+  server->connections_ = std::make_unique<ConnectionGuard>(
+      options.max_connections_per_host, options.unused_connection_timeout,
+      TcpKeepalive{options.keepalive, options.keepalive_timeout});
   service_options.connections = server->connections_.get();
   server->service_ = std::make_unique<RendezvousService>(SteadyClock(), service_options);
   if (server->metrics_ != nullptr) {
@@ -75,9 +76,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  if (options.keepalive > absl::ZeroDuration()) {
+  if (options.ping_interval > absl::ZeroDuration()) {
     builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
-                               static_cast<int>(absl::ToInt64Milliseconds(options.keepalive)));
+                               static_cast<int>(absl::ToInt64Milliseconds(options.ping_interval)));
     builder.AddChannelArgument(
         GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
         static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_timeout)));

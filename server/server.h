@@ -35,13 +35,20 @@ struct ServerOptions {
   std::string listen = "0.0.0.0:29400";
   ServiceOptions service;
   absl::Duration tick_interval = absl::Milliseconds(100);
-  // The server pings each agent's connection this often and drops it when an answer takes
-  // longer than keepalive_timeout: a node that vanished without closing its connection (power,
-  // network) is noticed, and its job ended, within the two together (2 s by default). Zero turns
-  // the pings off. Each ping costs the server a write and a read: 10,000 idle agents at one per
-  // second keep about a fifth of a core busy for the whole job.
+  // A node that vanishes without closing its connection (power, network): the kernel probes
+  // each agent's idle connection every `keepalive` (whole seconds, at least 1) and drops it once
+  // the agent's host has answered nothing for keepalive + keepalive_timeout; the agent is then
+  // lost and its job ends (2 s by default). The host's kernel answers, not the agent, so an agent
+  // too busy to run is never taken for a lost one, and the probes cost rdzvd nothing. Zero turns
+  // the probes off.
   absl::Duration keepalive = absl::Seconds(1);
   absl::Duration keepalive_timeout = absl::Seconds(1);
+  // An agent frozen on a live host (stopped, or hung past gRPC's own threads): rdzvd pings each
+  // agent's connection this often (an HTTP/2 ping the agent's gRPC answers) and drops it when an
+  // answer takes longer than keepalive_timeout. Each ping is a timer, a write and a read in rdzvd:
+  // one a second for each of 10,000 agents kept a fifth of a core busy, and gRPC 1.51 sometimes
+  // failed its own check under such pings during a burst of connections. Zero turns pings off.
+  absl::Duration ping_interval = absl::Seconds(30);
   // "host:port" to serve Prometheus metrics on (GET /metrics); empty for none. Port 0 picks a
   // free one (see Server::metrics_port()).
   std::string metrics_listen;

@@ -75,12 +75,18 @@ FlagParser MakeParser(ServerFlags& f, Converted& c) {
          "how often waiting agents hear how their round fills (default 3000)",
          MillisSetter(&c.progress_interval)});
   p.Add({"keepalive-ms", "RDZV_KEEPALIVE_MS", "MS",
-         "ping each agent this often; one that does not answer within\n"
-         "--keepalive-timeout-ms is lost and its job ends (default 1000; 0 turns pings off)",
+         "probe each agent's idle connection this often (TCP keepalive, answered by its\n"
+         "host's kernel, in whole seconds); an agent whose host answers nothing for this plus\n"
+         "--keepalive-timeout-ms is lost and its job ends (default 1000; 0 turns probes off)",
          MillisSetter(&o.keepalive)});
   p.Add({"keepalive-timeout-ms", "RDZV_KEEPALIVE_TIMEOUT_MS", "MS",
-         "how long a ping may wait for its answer (default 1000)",
+         "how long a probe or a ping may wait for its answer (default 1000)",
          MillisSetter(&o.keepalive_timeout)});
+  p.Add({"ping-ms", "RDZV_PING_MS", "MS",
+         "ping each agent this often (answered by the agent itself, so a frozen one is\n"
+         "lost once a ping goes unanswered for --keepalive-timeout-ms; default 30000;\n"
+         "0 turns pings off)",
+         MillisSetter(&o.ping_interval)});
   p.Add({"max-jobs-per-user", "RDZV_MAX_JOBS_PER_USER", "N",
          "jobs one user may have on this server at once (default 1000)",
          CountSetter(&o.service.max_jobs_per_user, 1, 1'000'000)});
@@ -148,8 +154,10 @@ absl::StatusOr<ServerFlags> ParseServerFlags(const std::vector<std::string>& arg
   o.service.max_queued_bytes_per_stream = c.max_queued_kb << 10;
   o.stream_window_bytes = static_cast<int>(c.stream_window_kb << 10);
 
-  if (o.keepalive > absl::ZeroDuration() && o.keepalive_timeout == absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("--keepalive-timeout-ms is 0; give a ping at least 1 ms");
+  if ((o.keepalive > absl::ZeroDuration() || o.ping_interval > absl::ZeroDuration()) &&
+      o.keepalive_timeout == absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "--keepalive-timeout-ms is 0; give probes and pings at least 1 ms to be answered");
   }
   // For --auth none the check is only whether --listen is loopback, which needs no I/O, so it is
   // made here too; main() runs CheckServerAuth again, which for --auth munge asks munged.

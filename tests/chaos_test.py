@@ -30,7 +30,7 @@ AGENT = os.environ.get("RDZV_AGENT_BIN", "")
 NODES = 3
 NPROC = 2
 # The bounds the flags below set.
-SERVER_KEEPALIVE_S = 0.3  # rdzvd --keepalive-ms and --keepalive-timeout-ms: a lost agent
+SERVER_KEEPALIVE_S = 0.3  # rdzvd --ping-ms and --keepalive-timeout-ms: a lost (stopped) agent
 RECONNECT_S = 1.0         # rdzv-agent --reconnect-timeout: a lost rdzvd
 JOIN_S = 3.0              # rdzv-agent --join-timeout of a job that never fills
 TERM_S = 1.0              # rdzv-agent --term-timeout: SIGTERM to SIGKILL of the workers
@@ -145,6 +145,7 @@ class Round:
             self.rdzvd = subprocess.Popen(
                 [RDZVD, "--auth", "none", "--listen", "127.0.0.1:0",
                  "--keepalive-ms", str(int(SERVER_KEEPALIVE_S * 1000)),
+                 "--ping-ms", str(int(SERVER_KEEPALIVE_S * 1000)),
                  "--keepalive-timeout-ms", str(int(SERVER_KEEPALIVE_S * 1000)),
                  "--progress-interval-ms", "200"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=self.env,

@@ -28,6 +28,7 @@
 #include "tests/testing/output.h"
 #include "tests/testing/process_fixture.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/two_hosts.h"
 
 namespace rdzv {
 namespace {
@@ -297,12 +298,11 @@ TEST_F(FailureTest, LostAgentEndsTheJobForTheOthers) {
   ExpectNothingLeft();
 }
 
-// A node that vanishes without closing its connection (power, a cable): here an agent frozen
-// with SIGSTOP, which keeps its socket open but answers nothing. rdzvd's keepalive pings go
-// unanswered, and the job ends for the others within the ping interval plus its timeout (1 s
-// each by default).
+// An agent frozen on a live host (SIGSTOP): its host's kernel still answers for its connection,
+// but the agent answers no ping of rdzvd's, and the job ends for the others within the ping
+// interval (1 s here; --ping-ms) plus its timeout (1 s).
 TEST_F(FailureTest, SilentAgentIsNoticedAndEndsTheJob) {
-  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd({"--ping-ms", "1000"}));
   const std::vector<Subprocess*> agents =
       StartAgents(3, "silent", "3", {"--nproc-per-node", "1"}, SleepLong());
   WaitForWorkers(0, 3);
@@ -679,6 +679,90 @@ TEST_F(FailureTest, RankPrefixCanBeTurnedOff) {
     EXPECT_EQ(LineWith(out, absl::StrCat("out of rank ", r)), absl::StrCat("out of rank ", r));
   }
   EXPECT_TRUE(LacksText(out, "]: "));
+}
+
+// A node whose host vanishes (power, a cable) leaves its connection open and silent, and its
+// agent cannot say a word. Two hosts: rdzvd and nodes 0 and 2 on A, node 1 on B, whose cable is
+// pulled once every worker runs. rdzvd's pings are off, so only the kernel's probes
+// (--keepalive-ms, 1 s + 1 s by default) can find the lost host; the job ends for the others.
+class LostHostTest : public testing::ProcessTest {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+    const absl::Status made = hosts_.Create();
+    ASSERT_TRUE(made.ok()) << made;
+    token_ = absl::StrCat(dir_.path(), "/token");
+    std::ofstream(token_) << "lost-host-secret-0123456789abcdef\n";
+    std::filesystem::permissions(
+        token_, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  }
+
+  Subprocess& StartAgent(int node) {
+    const std::string host = absl::StrCat("n", node);
+    const std::string worker =
+        absl::StrCat("touch ", dir_.path(), "/up-", host, "; exec -a ", marker_, " sleep 60");
+    std::vector<std::string> argv = {RDZV_AGENT_BIN,
+                                     "--rdzv-token-file",
+                                     token_,
+                                     "--rdzv-endpoint",
+                                     endpoint_,
+                                     "--rdzv-id",
+                                     "lost-host",
+                                     "--nnodes",
+                                     "3",
+                                     "--node-rank",
+                                     absl::StrCat(node),
+                                     "--host-name",
+                                     host,
+                                     "--nproc-per-node",
+                                     "1",
+                                     "--join-timeout",
+                                     "60",
+                                     "--",
+                                     "bash",
+                                     "-c",
+                                     worker};
+    return Start(node == 1 ? hosts_.OnB(argv).argv : hosts_.OnA(argv).argv);
+  }
+
+  testing::TwoHosts hosts_;
+  ScopedTempDir dir_;
+  std::string token_;
+  const std::string endpoint_ = absl::StrCat(testing::TwoHosts::kAddrA, ":29400");
+};
+
+TEST_F(LostHostTest, AHostThatVanishesIsNoticedByTheKernelsProbesAndEndsTheJob) {
+  Subprocess& rdzvd = Start(
+      hosts_.OnA({RDZVD_BIN, "--auth", "token", "--listen", endpoint_, "--ping-ms", "0"}).argv);
+  std::vector<Subprocess*> agents;
+  for (int node = 0; node < 3; ++node) agents.push_back(&StartAgent(node));
+  const absl::Time deadline = absl::Now() + kLongWait;
+  const auto all_up = [&] {
+    for (const char* host : {"n0", "n1", "n2"}) {
+      if (!std::filesystem::exists(absl::StrCat(dir_.path(), "/up-", host))) return false;
+    }
+    return true;
+  };
+  while (!all_up() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE(all_up()) << Describe(*agents[0]) << Describe(rdzvd);
+
+  const absl::Status cut = hosts_.CutB();
+  ASSERT_TRUE(cut.ok()) << cut;
+  std::vector<int> codes;
+  const absl::Duration took = WaitAll({agents[0], agents[2]}, codes);
+  EXPECT_LT(took, absl::Seconds(10)) << "2 s of probes, and room for a loaded machine";
+  for (int i : {0, 2}) {
+    Subprocess& a = *agents[i];
+    EXPECT_NE(a.exit_code().value_or(0), 0) << Describe(a);
+    EXPECT_TRUE(
+        Contains(LineWith(a.Stderr(), "job lost-host failed"), "lost contact with the agent on n1"))
+        << Describe(a);
+  }
+  // Node 1's host is gone as far as the job knows; its agent goes with its worker.
+  agents[1]->Signal(SIGKILL);
+  EXPECT_EQ(agents[1]->Wait(kLongWait), 128 + SIGKILL);
+  rdzvd.Signal(SIGTERM);
+  EXPECT_EQ(rdzvd.Wait(kLongWait), 0) << Describe(rdzvd);
 }
 
 }  // namespace

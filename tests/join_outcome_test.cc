@@ -100,8 +100,8 @@ class JoinOutcomeTest : public testing::ProcessTest {
 // how the job ended; its join then ends, so it exits at once with the root cause instead of
 // waiting on a stream that will carry nothing more.
 TEST_F(JoinOutcomeTest, AgentBackInAJobThatEndedExitsAtOnceWithTheRootCause) {
-  // No pings from rdzvd: the test alone decides when n0's connection breaks.
-  StartRdzvd({"--keepalive-ms", "0"});
+  // No probes or pings from rdzvd: the test alone decides when n0's connection breaks.
+  StartRdzvd({"--keepalive-ms", "0", "--ping-ms", "0"});
   testing::TcpProxy path(port_);
   Subprocess& n0 = StartAgent(absl::StrCat("127.0.0.1:", path.port()), "j", 0, 2,
                               {"--node-rank", "0"}, "sleep 60");

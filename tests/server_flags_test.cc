@@ -33,6 +33,7 @@ TEST(ServerFlagsTest, Defaults) {
   EXPECT_EQ(o.service.state.progress_interval, 3'000'000);
   EXPECT_EQ(o.keepalive, absl::Seconds(1));
   EXPECT_EQ(o.keepalive_timeout, absl::Seconds(1));
+  EXPECT_EQ(o.ping_interval, absl::Seconds(30));
   EXPECT_EQ(o.service.max_jobs_per_user, 1000);
   EXPECT_EQ(o.service.max_agents_per_user, 100'000);
   EXPECT_EQ(o.memory_limit_bytes, size_t{4096} << 20);
@@ -104,6 +105,10 @@ INSTANTIATE_TEST_SUITE_P(
         FlagCase{"KeepaliveTimeout", "keepalive-timeout-ms", "RDZV_KEEPALIVE_TIMEOUT_MS", "20000",
                  [](const ServerFlags& f) {
                    EXPECT_EQ(f.options.keepalive_timeout, absl::Seconds(20));
+                 }},
+        FlagCase{"PingInterval", "ping-ms", "RDZV_PING_MS", "2500",
+                 [](const ServerFlags& f) {
+                   EXPECT_EQ(f.options.ping_interval, absl::Milliseconds(2500));
                  }},
         FlagCase{"MaxJobsPerUser", "max-jobs-per-user", "RDZV_MAX_JOBS_PER_USER", "7",
                  [](const ServerFlags& f) { EXPECT_EQ(f.options.service.max_jobs_per_user, 7); }},
@@ -237,7 +242,13 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"KeepaliveTimeoutZero",
                   {"--keepalive-timeout-ms", "0"},
                   {},
-                  "--keepalive-timeout-ms is 0; give a ping at least 1 ms"},
+                  "--keepalive-timeout-ms is 0; give probes and pings at least 1 ms to be "
+                  "answered"},
+        ErrorCase{"KeepaliveTimeoutZeroWithPingsOnly",
+                  {"--keepalive-ms", "0", "--keepalive-timeout-ms", "0"},
+                  {},
+                  "--keepalive-timeout-ms is 0; give probes and pings at least 1 ms to be "
+                  "answered"},
         ErrorCase{"AuthNoneOnAllAddresses",
                   {"--auth", "none"},
                   {},
@@ -260,10 +271,12 @@ INSTANTIATE_TEST_SUITE_P(
                   "--tls-key without --tls-cert; give both --tls-cert and --tls-key, or neither"}),
     [](const testing::TestParamInfo<ErrorCase>& info) { return info.param.name; });
 
-TEST(ServerFlagsTest, KeepaliveTimeoutZeroIsFineWithoutPings) {
-  absl::StatusOr<ServerFlags> f = Parse({"--keepalive-ms", "0", "--keepalive-timeout-ms", "0"});
+TEST(ServerFlagsTest, KeepaliveTimeoutZeroIsFineWithoutProbesOrPings) {
+  absl::StatusOr<ServerFlags> f =
+      Parse({"--keepalive-ms", "0", "--ping-ms", "0", "--keepalive-timeout-ms", "0"});
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->options.keepalive, absl::ZeroDuration());
+  EXPECT_EQ(f->options.ping_interval, absl::ZeroDuration());
 }
 
 TEST(ServerFlagsTest, HelpWinsOverEverythingElse) {
@@ -287,7 +300,7 @@ TEST(ServerFlagsTest, HelpListsEveryFlagWithItsVariable) {
         "--metrics-listen HOST:PORT  [RDZV_METRICS_LISTEN]", "--log-level LEVEL  [RDZV_LOG_LEVEL]",
         "--progress-interval-ms MS  [RDZV_PROGRESS_INTERVAL_MS]",
         "--keepalive-ms MS  [RDZV_KEEPALIVE_MS]",
-        "--keepalive-timeout-ms MS  [RDZV_KEEPALIVE_TIMEOUT_MS]",
+        "--keepalive-timeout-ms MS  [RDZV_KEEPALIVE_TIMEOUT_MS]", "--ping-ms MS  [RDZV_PING_MS]",
         "--max-jobs-per-user N  [RDZV_MAX_JOBS_PER_USER]",
         "--max-agents-per-user N  [RDZV_MAX_AGENTS_PER_USER]",
         "--memory-limit-mb MB  [RDZV_MEMORY_LIMIT_MB]",

@@ -38,11 +38,9 @@ constexpr absl::Duration kLongWait = absl::Seconds(60);
 
 using testing::Contains;
 
-std::unique_ptr<Server> StartServer(absl::Duration keepalive = absl::Seconds(1)) {
+std::unique_ptr<Server> StartServer() {
   // Loopback, without authentication: that has its own tests.
-  ServerOptions options = testing::LoopbackServerOptions();
-  options.keepalive = keepalive;
-  return testing::StartLoopbackServer(options);
+  return testing::StartLoopbackServer(testing::LoopbackServerOptions());
 }
 
 std::string Endpoint(const Server& server) { return absl::StrCat("127.0.0.1:", server.port()); }
@@ -144,7 +142,7 @@ TEST(ServiceTest, ThousandAgentsGetAConsistentRankTable) {
   // enough that a ping's answer can be late, and this test is about the rank table.
   // A thousand clients of one process come from one host: lift the bound per host.
   ServerOptions options = testing::LoopbackServerOptions();
-  options.keepalive = absl::ZeroDuration();
+  options.ping_interval = absl::ZeroDuration();
   options.max_connections_per_host = 0;
   std::unique_ptr<Server> server = testing::StartLoopbackServer(options);
   ASSERT_NE(server, nullptr);

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/torch_job.h"
+#include "tests/testing/two_hosts.h"
 
 namespace rdzv {
 namespace {
@@ -118,60 +119,29 @@ TEST(TorchStandaloneTest, OneNodeTwoWorkers) {
   EXPECT_THAT(agent.Stdout(), HasSubstr("final loss"));
 }
 
-// Two hosts with addresses of their own: network namespaces joined by a veth pair. rdzvd and
-// node 0 live in one, node 1 in the other; gloo's traffic only works if MASTER_ADDR is node 0's
-// address on the shared link. All traffic stays between the two namespaces, which the test
-// deletes afterwards.
+// Two hosts with addresses of their own (testing::TwoHosts). rdzvd and node 0 live on one,
+// node 1 on the other; gloo's traffic only works if MASTER_ADDR is node 0's address on the shared
+// link.
 class TwoHostsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
-    const std::string id = absl::StrCat(getpid() % 100000);
-    ns_a_ = "rdzvA" + id;
-    ns_b_ = "rdzvB" + id;
-    veth_a_ = "rva" + id;
-    veth_b_ = "rvb" + id;
-    const std::vector<std::vector<std::string>> setup = {
-        {"ip", "netns", "add", ns_a_},
-        {"ip", "netns", "add", ns_b_},
-        {"ip", "link", "add", veth_a_, "type", "veth", "peer", "name", veth_b_},
-        {"ip", "link", "set", veth_a_, "netns", ns_a_},
-        {"ip", "link", "set", veth_b_, "netns", ns_b_},
-        {"ip", "-n", ns_a_, "addr", "add", std::string(kAddrA) + "/24", "dev", veth_a_},
-        {"ip", "-n", ns_b_, "addr", "add", std::string(kAddrB) + "/24", "dev", veth_b_},
-        {"ip", "-n", ns_a_, "link", "set", veth_a_, "up"},
-        {"ip", "-n", ns_b_, "link", "set", veth_b_, "up"},
-        {"ip", "-n", ns_a_, "link", "set", "lo", "up"},
-        {"ip", "-n", ns_b_, "link", "set", "lo", "up"},
-    };
-    for (const auto& argv : setup) {
-      Subprocess step(SubprocessOptions{.argv = argv});
-      ASSERT_EQ(step.Wait(absl::Seconds(20)), 0) << step.CommandLine() << ": " << step.Stderr();
-    }
+    const absl::Status made = hosts_.Create();
+    ASSERT_TRUE(made.ok()) << made;
   }
 
-  void TearDown() override {
-    for (const std::string& ns : {ns_a_, ns_b_}) {
-      if (ns.empty()) continue;
-      Subprocess del(SubprocessOptions{.argv = {"ip", "netns", "del", ns}});
-      del.Wait(absl::Seconds(20));
-    }
-  }
-
-  // Runs argv inside namespace `ns`, with gloo bound to the namespace's link.
-  SubprocessOptions InNamespace(const std::string& ns, const std::string& link,
-                                std::vector<std::string> argv) {
+  // Runs argv on host A or B, with gloo bound to that host's link.
+  SubprocessOptions OnHost(char host, std::vector<std::string> argv) {
     SubprocessOptions o;
-    o.argv = {"ip", "netns", "exec", ns};
-    o.argv.insert(o.argv.end(), argv.begin(), argv.end());
     o.unset_env_prefixes = testing::TorchUnsetEnvPrefixes();
-    o.env = {{"RDZV_CONFIG", "/dev/null"}, {"GLOO_SOCKET_IFNAME", link}};
-    return o;
+    o.env = {{"RDZV_CONFIG", "/dev/null"},
+             {"GLOO_SOCKET_IFNAME", host == 'A' ? hosts_.link_a() : hosts_.link_b()}};
+    return host == 'A' ? hosts_.OnA(std::move(argv), std::move(o))
+                       : hosts_.OnB(std::move(argv), std::move(o));
   }
 
-  static constexpr char kAddrA[] = "10.231.77.1";
-  static constexpr char kAddrB[] = "10.231.77.2";
-  std::string ns_a_, ns_b_, veth_a_, veth_b_;
+  static constexpr const char* kAddrA = testing::TwoHosts::kAddrA;
+  testing::TwoHosts hosts_;
 };
 
 TEST_F(TwoHostsTest, MasterAddrIsReachableFromTheOtherHost) {
@@ -187,8 +157,7 @@ TEST_F(TwoHostsTest, MasterAddrIsReachableFromTheOtherHost) {
     const char* path;
     ~RemoveToken() { unlink(path); }
   } remove_token{token_path};
-  Subprocess rdzvd(
-      InNamespace(ns_a_, veth_a_, {RDZVD_BIN, "--auth", "token", "--listen", endpoint}));
+  Subprocess rdzvd(OnHost('A', {RDZVD_BIN, "--auth", "token", "--listen", endpoint}));
   const auto agent = [&](int node) {
     return std::vector<std::string>{RDZV_AGENT_BIN,
                                     "--rdzv-token-file",
@@ -211,8 +180,8 @@ TEST_F(TwoHostsTest, MasterAddrIsReachableFromTheOtherHost) {
                                     "--steps",
                                     "5"};
   };
-  Subprocess node1(InNamespace(ns_b_, veth_b_, agent(1)));
-  Subprocess node0(InNamespace(ns_a_, veth_a_, agent(0)));
+  Subprocess node1(OnHost('B', agent(1)));
+  Subprocess node0(OnHost('A', agent(0)));
   ASSERT_EQ(node0.Wait(kTimeout), 0) << node0.Stdout() << node0.Stderr();
   ASSERT_EQ(node1.Wait(kTimeout), 0) << node1.Stdout() << node1.Stderr();
   rdzvd.Signal(SIGTERM);

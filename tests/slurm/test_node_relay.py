@@ -54,13 +54,13 @@ class NodeRelayTest(SlurmTestCase):
         with open(self.victim, "w") as f:
             f.write(VICTIM)
 
-    def start_rdzvd_with_metrics(self):
+    def start_rdzvd_with_metrics(self, extra=()):
         port, metrics = free_port(), free_port()
         log = open(os.path.join(self.tmp, "rdzvd.log"), "w")
         self.addCleanup(log.close)
         proc = subprocess.Popen(
             [test_slurm.RDZVD, "--listen", f"127.0.0.1:{port}", "--metrics-listen",
-             f"127.0.0.1:{metrics}"], stdin=subprocess.DEVNULL, stdout=log,
+             f"127.0.0.1:{metrics}", *extra], stdin=subprocess.DEVNULL, stdout=log,
             stderr=subprocess.STDOUT, env=base_env(), start_new_session=True)
         self.procs.append(proc)
 
@@ -164,10 +164,10 @@ class NodeRelayTest(SlurmTestCase):
         self.assertLess(took, 10, err)
 
     def test_a_frozen_relay_does_not_hold_its_nodes_tasks(self):
-        # Rank 4 stops (SIGSTOP) node 1's relay agent for 12 s, then kills it. rdzvd's pings find
-        # it lost; node 1's other tasks find their relay silent and ask rdzvd how the job ended,
-        # long before the relay is killed.
-        endpoint, _ = self.start_rdzvd_with_metrics()
+        # Rank 4 stops (SIGSTOP) node 1's relay agent for 12 s, then kills it. rdzvd's pings (1 s
+        # apart here) find it lost; node 1's other tasks find their relay silent and ask rdzvd
+        # how the job ended, long before the relay is killed.
+        endpoint, _ = self.start_rdzvd_with_metrics(extra=["--ping-ms", "1000"])
         out_dir = self.out_dir()
         env = base_env(RDZV_TEST_VICTIM="4", RDZV_TEST_MODE="freeze")
         proc = self.start_srun(["-N3", "--ntasks-per-node=4"],
