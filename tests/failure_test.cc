@@ -222,6 +222,21 @@ absl::Duration WaitAll(const std::vector<Subprocess*>& agents, std::vector<int>&
   return absl::Now() - start;
 }
 
+// Waits for `agents`, which must all fail job `job` for having lost the agent on `host`; returns
+// how long until the last one had ended.
+absl::Duration WaitForLostContact(const std::vector<Subprocess*>& agents, const std::string& job,
+                                  const std::string& host) {
+  std::vector<int> codes;
+  const absl::Duration took = WaitAll(agents, codes);
+  for (Subprocess* a : agents) {
+    EXPECT_NE(a->exit_code().value_or(0), 0) << Describe(*a);
+    EXPECT_TRUE(Contains(LineWith(a->Stderr(), absl::StrCat("job ", job, " failed")),
+                         absl::StrCat("lost contact with the agent on ", host)))
+        << Describe(*a);
+  }
+  return took;
+}
+
 TEST_F(FailureTest, WorkerFailureStopsEveryAgentWithItsExitCode) {
   ASSERT_NO_FATAL_FAILURE(StartRdzvd());
   // Rank 3 (node 1, local rank 1) fails once all six workers are up; the others would sleep.
@@ -308,15 +323,8 @@ TEST_F(FailureTest, SilentAgentIsNoticedAndEndsTheJob) {
   WaitForWorkers(0, 3);
   agents[1]->Signal(SIGSTOP);
 
-  std::vector<int> codes;
-  const absl::Duration took = WaitAll({agents[0], agents[2]}, codes);
+  const absl::Duration took = WaitForLostContact({agents[0], agents[2]}, "silent", "n1");
   EXPECT_LT(took, absl::Seconds(8)) << "2 s of pings, and room for a loaded machine";
-  for (int i : {0, 2}) {
-    Subprocess& a = *agents[i];
-    EXPECT_NE(a.exit_code().value_or(0), 0) << Describe(a);
-    EXPECT_TRUE(
-        Contains(LineWith(a.Stderr(), "job silent failed"), "lost contact with the agent on n1"));
-  }
   agents[1]->Signal(SIGKILL);
   EXPECT_EQ(agents[1]->Wait(kLongWait), 128 + SIGKILL);
   ExpectNothingLeft();
@@ -748,16 +756,8 @@ TEST_F(LostHostTest, AHostThatVanishesIsNoticedByTheKernelsProbesAndEndsTheJob) 
 
   const absl::Status cut = hosts_.CutB();
   ASSERT_TRUE(cut.ok()) << cut;
-  std::vector<int> codes;
-  const absl::Duration took = WaitAll({agents[0], agents[2]}, codes);
+  const absl::Duration took = WaitForLostContact({agents[0], agents[2]}, "lost-host", "n1");
   EXPECT_LT(took, absl::Seconds(10)) << "2 s of probes, and room for a loaded machine";
-  for (int i : {0, 2}) {
-    Subprocess& a = *agents[i];
-    EXPECT_NE(a.exit_code().value_or(0), 0) << Describe(a);
-    EXPECT_TRUE(
-        Contains(LineWith(a.Stderr(), "job lost-host failed"), "lost contact with the agent on n1"))
-        << Describe(a);
-  }
   // Node 1's host is gone as far as the job knows; its agent goes with its worker.
   agents[1]->Signal(SIGKILL);
   EXPECT_EQ(agents[1]->Wait(kLongWait), 128 + SIGKILL);
