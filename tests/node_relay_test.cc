@@ -4,9 +4,16 @@
 // ranks, a failure or a lost peer anywhere in the job, their departure, and the server's end.
 #include "client/agent/node_relay.h"
 
+#include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <optional>
@@ -296,6 +303,61 @@ TEST_F(NodeRelayTest, ARelayRefusesADirectoryOthersMayEnter) {
   ASSERT_FALSE(relay.ok());
   EXPECT_TRUE(absl::StrContains(relay.status().message(), *dir)) << relay.status();
   EXPECT_FALSE(listening);
+}
+
+// A relay killed with SIGKILL leaves its socket behind. The next relay this user starts on the
+// node removes such sockets, and nothing else: not a young one (a relay may be starting), not one
+// a relay listens on, not a file that is no socket. In a $TMPDIR of its own.
+TEST_F(NodeRelayTest, ARelayRemovesTheSocketsKilledRelaysLeft) {
+  char base[] = "/tmp/relay-sweep-test-XXXXXX";
+  ASSERT_NE(mkdtemp(base), nullptr);
+  ASSERT_EQ(setenv("TMPDIR", base, 1), 0);
+  struct Restore {
+    std::string base;
+    ~Restore() {
+      unsetenv("TMPDIR");
+      std::error_code ec;
+      std::filesystem::remove_all(base, ec);
+    }
+  } restore{base};
+  ASSERT_TRUE(RelayDirectory(getuid()).ok());
+  const auto age = [](const std::string& path, absl::Duration by) {
+    const timespec when = absl::ToTimespec(absl::Now() - by);
+    const timespec times[2] = {when, when};
+    return utimensat(AT_FDCWD, path.c_str(), times, AT_SYMLINK_NOFOLLOW) == 0;
+  };
+  // What a killed relay leaves: a socket bound, then nothing listening.
+  const auto leave_socket = [&](const std::string& path, absl::Duration by) {
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+    const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(fd);
+    return bound && age(path, by);
+  };
+  const std::string killed = RelaySocketPath(getuid(), "killed-job", "n0");
+  const std::string young = RelaySocketPath(getuid(), "young-job", "n0");
+  const std::string not_a_socket = RelaySocketPath(getuid(), "file-job", "n0");
+  ASSERT_TRUE(leave_socket(killed, absl::Minutes(2)));
+  ASSERT_TRUE(leave_socket(young, absl::Seconds(5)));
+  std::ofstream(not_a_socket) << "x";
+  ASSERT_TRUE(age(not_a_socket, absl::Minutes(2)));
+  NodeRelayOptions other = RelayOptions("n0", 1);
+  other.job_id = "live-job";
+  other.socket_path = RelaySocketPath(getuid(), "live-job", "n0");
+  ASSERT_NE(StartRelay(other), nullptr);
+  ASSERT_TRUE(age(other.socket_path, absl::Minutes(2)));
+  EXPECT_FALSE(std::filesystem::exists(killed)) << "the first relay already removed it";
+  ASSERT_TRUE(leave_socket(killed, absl::Minutes(2)));
+
+  ASSERT_NE(StartRelay(RelayOptions("n0", 1)), nullptr);
+  EXPECT_FALSE(std::filesystem::exists(killed));
+  EXPECT_TRUE(std::filesystem::exists(young));
+  EXPECT_TRUE(std::filesystem::exists(not_a_socket));
+  EXPECT_TRUE(RelayListening(other.socket_path));
+  EXPECT_TRUE(RelayListening(Socket("n0")));
+  relays_.clear();
 }
 
 TEST_F(NodeRelayTest, RelayListeningOnlyWhileARelayRuns) {

@@ -1,5 +1,6 @@
 #include "client/agent/node_relay.h"
 
+#include <dirent.h>
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -107,6 +109,32 @@ bool RelayListening(const std::string& socket_path) {
 }
 
 namespace {
+
+// Removes the relay sockets in `dir` that relays killed without a chance to clean up (SIGKILL, a
+// crash) left behind: this user's sockets that no one listens on and that were made over a minute
+// ago (a relay that is just starting has bound its socket but may not listen yet). Looks at a
+// bounded number of sockets, so that a crowded directory cannot hold a relay's start up.
+void SweepDeadSockets(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  const time_t made_before = time(nullptr) - 60;
+  int looked = 0, removed = 0;
+  while (const dirent* entry = readdir(d)) {
+    const absl::string_view name = entry->d_name;
+    if (!absl::StartsWith(name, "relay-") || !absl::EndsWith(name, ".sock")) continue;
+    if (++looked > 256) break;
+    const std::string path = absl::StrCat(dir, "/", name);
+    struct stat st;
+    if (lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != getuid() ||
+        st.st_mtime > made_before || RelayListening(path)) {
+      continue;
+    }
+    if (unlink(path.c_str()) == 0) ++removed;
+  }
+  closedir(d);
+  if (removed > 0)
+    SPDLOG_DEBUG("removed {} relay sockets no relay listens on from {}", removed, dir);
+}
 
 class LocalStream;
 class GroupCall;
@@ -389,8 +417,9 @@ absl::Status NodeRelay::Impl::Init() {
     return absl::InvalidArgumentError(
         absl::StrFormat("the relay socket %s is not in %s", options_.socket_path, *dir));
   }
-  // A socket left by an earlier step of a requeued job.
+  // A socket left by an earlier step of a requeued job, and those of relays that were killed.
   unlink(options_.socket_path.c_str());
+  SweepDeadSockets(*dir);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::StrCat("unix:", options_.socket_path),
                            grpc::InsecureServerCredentials());

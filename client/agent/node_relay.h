@@ -67,7 +67,8 @@ bool RelayListening(const std::string& socket_path);
 class NodeRelay {
  public:
   // Listens on options.socket_path (replacing a stale socket there) after checking its directory
-  // (RelayDirectory). Errors name the socket and why.
+  // (RelayDirectory), and removes the sockets there that killed relays left (this user's, made
+  // over a minute ago, that no one listens on). Errors name the socket and why.
   static absl::StatusOr<std::unique_ptr<NodeRelay>> Start(NodeRelayOptions options);
 
   // Stops serving: the node's agents still attached lose the relay (and rejoin directly).
