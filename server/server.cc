@@ -8,7 +8,9 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
 #include <fstream>
 
 #include "absl/strings/str_format.h"
@@ -77,11 +79,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   if (options.ping_interval > absl::ZeroDuration()) {
-    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
-                               static_cast<int>(absl::ToInt64Milliseconds(options.ping_interval)));
-    builder.AddChannelArgument(
-        GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-        static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_timeout)));
+    // gRPC takes an int of milliseconds: a longer interval (the flags allow any) is as good as
+    // never, and must not wrap around to a negative one, which gRPC would make 1 ms.
+    const auto millis = [](absl::Duration d) {
+      return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 1, INT_MAX));
+    };
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, millis(options.ping_interval));
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, millis(options.keepalive_timeout));
   }
   // Bandwidth probing sizes flow-control windows for bulk transfers; our messages are tiny, and
   // each probe is an extra write and read per agent (per assignment and abort too).
