@@ -1,10 +1,12 @@
 #include "common/net.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -33,6 +35,42 @@ std::string AddressText(const sockaddr* sa) {
 }
 
 }  // namespace
+
+bool AnyListening(const std::vector<std::string>& endpoints, absl::Duration timeout) {
+  for (const std::string& endpoint : endpoints) {
+    absl::StatusOr<HostPort> hp = ParseHostPort(endpoint, 0);
+    if (!hp.ok() || hp->port <= 0) continue;
+    sockaddr_storage addr = {};
+    socklen_t len = 0;
+    auto* v4 = reinterpret_cast<sockaddr_in*>(&addr);
+    auto* v6 = reinterpret_cast<sockaddr_in6*>(&addr);
+    if (inet_pton(AF_INET, hp->host.c_str(), &v4->sin_addr) == 1) {
+      v4->sin_family = AF_INET;
+      v4->sin_port = htons(static_cast<uint16_t>(hp->port));
+      len = sizeof(*v4);
+    } else if (inet_pton(AF_INET6, hp->host.c_str(), &v6->sin6_addr) == 1) {
+      v6->sin6_family = AF_INET6;
+      v6->sin6_port = htons(static_cast<uint16_t>(hp->port));
+      len = sizeof(*v6);
+    } else {
+      continue;
+    }
+    const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    bool up = connect(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0;
+    if (!up && errno == EINPROGRESS) {
+      pollfd p = {fd, POLLOUT, 0};
+      if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) == 1) {
+        int err = 0;
+        socklen_t err_len = sizeof(err);
+        up = getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len) == 0 && err == 0;
+      }
+    }
+    close(fd);
+    if (up) return true;
+  }
+  return false;
+}
 
 absl::StatusOr<std::string> LocalAddressToward(absl::string_view host, int port) {
   addrinfo hints = {};

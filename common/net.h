@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "common/core/host_port.h"
 
 namespace rdzv {
@@ -19,6 +20,11 @@ absl::StatusOr<std::string> LocalAddressToward(absl::string_view host, int port)
 
 // Non-loopback addresses of this host's interfaces that are up, IPv4 first.
 std::vector<std::string> InterfaceAddresses();
+
+// Whether something accepts TCP connections at any of `endpoints` ("address:port", the address
+// numeric): connects to each in turn, closing at once, and waits up to `timeout` for each answer.
+// Sends no data.
+bool AnyListening(const std::vector<std::string>& endpoints, absl::Duration timeout);
 
 // A TCP port that is free on this host now, kept reserved until the object is destroyed
 // (the socket stays bound, with SO_REUSEADDR so a worker can bind it right after).

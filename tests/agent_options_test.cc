@@ -730,6 +730,74 @@ TEST(AgentOptionsTest, PerTaskNodesWithSeveralTasksJoinThroughTheirFirstTasksRel
   EXPECT_EQ(config->relay.tasks_on_node, 0);
 }
 
+// A per-node step of 10 nodes n[1-10], as node `node` sees it.
+EnvList PerNodeStepOfTen(int node) {
+  return {{"SLURM_JOB_ID", "5"},
+          {"SLURM_STEP_ID", "0"},
+          {"SLURM_PROCID", absl::StrCat(node)},
+          {"SLURM_NODEID", absl::StrCat(node)},
+          {"SLURM_LOCALID", "0"},
+          {"SLURMD_NODENAME", absl::StrCat("n", node + 1)},
+          {"SLURM_NNODES", "10"},
+          {"SLURM_STEP_NODELIST", "n[1-10]"},
+          {"SLURM_STEP_NUM_TASKS", "10"},
+          {"SLURM_STEP_TASKS_PER_NODE", "1(x10)"}};
+}
+
+TEST(AgentOptionsTest, ManyNodesJoinInGroupsThroughEachGroupsFirstNode) {
+  const struct {
+    int fan_in;
+    int node;
+    int first, last;  // the group's nodes; first > last: none
+    bool host;
+  } cases[] = {
+      {4, 0, 0, 3, true},    // the first group's relay
+      {4, 2, 0, 3, false},   //
+      {4, 4, 4, 7, true},    // the second group's relay
+      {4, 7, 4, 7, false},   //
+      {4, 9, 8, 9, false},   // the last group is smaller
+      {3, 9, 1, 0, false},   // a group of one joins directly
+      {10, 5, 1, 0, false},  // no more nodes than the fan-in: no groups
+      {0, 5, 1, 0, false},   // --fan-in 0: none
+  };
+  const int ports = DerivedPort("5", "0.relay");
+  for (const auto& c : cases) {
+    const std::string name = absl::StrCat("--fan-in ", c.fan_in, ", node ", c.node);
+    absl::StatusOr<AgentConfig> config =
+        Resolve({"--fan-in", absl::StrCat(c.fan_in), "--", "x"}, PerNodeStepOfTen(c.node));
+    ASSERT_TRUE(config.ok()) << name << ": " << config.status();
+    const AgentConfig::GroupRelayConfig& g = config->group;
+    if (c.first > c.last) {
+      EXPECT_EQ(g.fan_in, 0) << name;
+      continue;
+    }
+    EXPECT_EQ(g.fan_in, c.fan_in) << name;
+    EXPECT_EQ(g.first_node, c.first) << name;
+    EXPECT_EQ(g.last_node, c.last) << name;
+    EXPECT_EQ(g.host, c.host) << name;
+    EXPECT_EQ(g.relay_node, absl::StrCat("n", c.first + 1)) << name;
+    ASSERT_EQ(g.ports.size(), static_cast<size_t>(kEmbeddedPortCandidates)) << name;
+    EXPECT_EQ(g.ports.front(), ports) << name;
+  }
+  // The default groups 64 nodes: ten are too few.
+  absl::StatusOr<AgentConfig> config = Resolve({"--", "x"}, PerNodeStepOfTen(5));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->group.fan_in, 0);
+  EnvList by_variable = PerNodeStepOfTen(5);
+  by_variable.emplace_back("RDZV_FAN_IN", "5");
+  config = Resolve({"--", "x"}, by_variable);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->group.first_node, 5);
+  EXPECT_TRUE(config->group.host);
+  // Nodes ranked by --node-rank need not follow the node list: no groups then.
+  config = Resolve({"--fan-in", "4", "--node-rank", "5", "--", "x"}, PerNodeStepOfTen(5));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->group.fan_in, 0);
+  EXPECT_EQ(Resolve({"--fan-in", "1", "--", "x"}, PerNodeStepOfTen(5)).status().message(),
+            "--fan-in=\"1\": a group of 1 node relays nothing; give 2..512, or 0 for no groups");
+  EXPECT_FALSE(Resolve({"--fan-in", "513", "--", "x"}, PerNodeStepOfTen(5)).ok());
+}
+
 TEST(AgentOptionsTest, SlurmEnvKeepWarnsWhereRanksRepeat) {
   const EnvList step = {{"SLURM_JOB_ID", "5"},         {"SLURM_STEP_ID", "0"},
                         {"SLURM_PROCID", "0"},         {"SLURM_NODEID", "0"},

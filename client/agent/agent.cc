@@ -195,15 +195,15 @@ int Agent::Impl::Run() {
   Handle(lifecycle_->Start());
   io_.run();
 
-  // The node's other agents reach the server through this one's relay: it stays until they are
-  // done.
+  // The node's other agents (or the group's other nodes) reach the server through this one's
+  // relay: it stays until they are done.
   if (relay_ != nullptr && !relay_->WaitIdle(absl::Milliseconds(100))) {
-    spdlog::info(
-        "waiting for the other agents of this node, which reach the server through this "
-        "one, to finish");
+    spdlog::info("waiting for the other agents that reach the server through this one to finish");
     if (!relay_->WaitIdle(kRelayLinger)) {
-      spdlog::warn("the other agents of this node did not finish within {}; they lose the relay",
-                   absl::FormatDuration(kRelayLinger));
+      spdlog::warn(
+          "the agents that reach the server through this one did not finish within {}; "
+          "they lose the relay",
+          absl::FormatDuration(kRelayLinger));
     }
   }
   // A rejoin may still be waiting for a server that is gone.

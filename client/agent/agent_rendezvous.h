@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -57,13 +58,33 @@ class AgentRendezvous {
 absl::StatusOr<std::unique_ptr<AgentRendezvous>> NewRemoteRendezvous(ClientOptions options,
                                                                      AgentRendezvous::Post post);
 
-// Through the node's relay (node_relay.h) at `socket_path` while one listens there, else
-// directly as `direct` says. The first Join waits up to `wait_for_relay` for the relay to listen
-// (the node's first task may start a moment later); a later Join (a new round, or a resume after
-// the relay lost the server) asks the relay if it still listens, and goes directly if not: a
-// relay whose task died is a lost node like any other, and the others hear how the job ended
-// from the server itself. InvalidArgument for a malformed endpoint.
-absl::StatusOr<std::unique_ptr<AgentRendezvous>> NewRelayedRendezvous(std::string socket_path,
+// The relay an agent joins through (node_relay.h), and how to tell that it is there.
+struct RelayRoute {
+  std::string name;       // for logs: the relay's socket, or its node and endpoint
+  ClientOptions options;  // how to reach it and what it must prove
+  // Whether the relay listens now. Called off the agent's loop; may block up to a second.
+  std::function<bool()> listening;
+  // How often a join in progress through the relay checks that it still listens.
+  absl::Duration watch_every = absl::Milliseconds(50);
+};
+
+// The route to the node's relay on the UNIX socket `socket_path`, for an agent whose server is
+// `direct`: the socket's private directory vouches for both ends.
+RelayRoute NodeRelayRoute(const std::string& socket_path, const ClientOptions& direct);
+
+// The route to the relay of this node's group at `endpoints` (the first free of which the relay
+// listens on: "address:port"), on node `node`: it proves itself as a server of this job would
+// (this user's, or the job's token), and every call carries this agent's credential.
+RelayRoute GroupRelayRoute(const std::string& node, const std::vector<std::string>& endpoints,
+                           const ClientOptions& direct);
+
+// Through `route`'s relay while it listens, else directly as `direct` says. The first Join
+// waits up to `wait_for_relay` for the relay to listen (its agent may start a moment later); a
+// later Join (a new round, or a resume after the relay lost the server) asks the relay if it
+// still listens, and goes directly if not: a relay whose agent died is a lost node like any
+// other, and the others hear how the job ended from the server itself. InvalidArgument for a
+// malformed endpoint.
+absl::StatusOr<std::unique_ptr<AgentRendezvous>> NewRelayedRendezvous(RelayRoute route,
                                                                       absl::Duration wait_for_relay,
                                                                       ClientOptions direct,
                                                                       AgentRendezvous::Post post);

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -29,9 +30,13 @@
 #include "absl/synchronization/mutex.h"
 #include "client/client_channel.h"
 #include "common/auth.h"
+#include "common/core/host_port.h"
 #include "common/grpc_status.h"
+#include "common/net.h"
 #include "common/proto_convert.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
+#include "server/connection_guard.h"
+#include "server/header_auth.h"
 
 namespace rdzv {
 
@@ -175,6 +180,7 @@ class NodeRelay::Impl final : public v1::Rendezvous::CallbackService {
   void GroupDone(GroupCall* call, const grpc::Status& status);
 
   bool WaitIdle(absl::Duration timeout);
+  const std::string& endpoint() const { return endpoint_; }
   int upstream_streams() const {
     absl::MutexLock lock(&mu_);
     return upstream_streams_;
@@ -187,6 +193,14 @@ class NodeRelay::Impl final : public v1::Rendezvous::CallbackService {
     std::unique_ptr<v1::Rendezvous::Stub> stub;
   };
 
+  // Listens on the UNIX socket, or on the first free TCP candidate with the callers' check.
+  absl::Status ListenLocal();
+  absl::Status ListenTcp();
+  void ConfigureBuilder(grpc::ServerBuilder& builder);
+  // For a TCP relay: checks the call's credential (HeaderAuth has checked its headers) and puts
+  // the relay's proof into its answer. OK at once on a UNIX socket, whose directory vouches.
+  absl::Status Admit(grpc::CallbackServerContext* context, absl::string_view method,
+                     absl::string_view job_id);
   void RunWorker();
   void Post(std::function<void()> task);
   void Flush();
@@ -206,6 +220,12 @@ class NodeRelay::Impl final : public v1::Rendezvous::CallbackService {
 
   const NodeRelayOptions options_;
   std::vector<Endpoint> endpoints_;
+  // A TCP relay's check of its callers, and its bounds on their connections; null on a UNIX
+  // socket.
+  std::unique_ptr<ConnectionGuard> connections_;
+  std::unique_ptr<Authenticator> auth_;
+  std::unique_ptr<HeaderAuth> header_auth_;
+  std::string endpoint_;  // where a TCP relay listens
   std::unique_ptr<grpc::Server> server_;
 
   mutable absl::Mutex mu_;
@@ -406,6 +426,22 @@ absl::Status NodeRelay::Impl::Init() {
     e.stub = v1::Rendezvous::NewStub(e.channel);
     endpoints_.push_back(std::move(e));
   }
+  if (absl::Status s = options_.listen.empty() ? ListenLocal() : ListenTcp(); !s.ok()) return s;
+  worker_ = std::thread([this] { RunWorker(); });
+  return absl::OkStatus();
+}
+
+void NodeRelay::Impl::ConfigureBuilder(grpc::ServerBuilder& builder) {
+  builder.RegisterService(this);
+  builder.SetMaxReceiveMessageSize(256 * 1024);
+  // The agents keep one quiet stream open for the whole job and ping it, as they would rdzvd's
+  // (server/server.cc): gRPC's defaults would answer their pings with GOAWAY.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+}
+
+absl::Status NodeRelay::Impl::ListenLocal() {
   const size_t slash = options_.socket_path.rfind('/');
   if (slash == std::string::npos) {
     return absl::InvalidArgumentError(
@@ -423,19 +459,70 @@ absl::Status NodeRelay::Impl::Init() {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::StrCat("unix:", options_.socket_path),
                            grpc::InsecureServerCredentials());
-  builder.RegisterService(this);
-  builder.SetMaxReceiveMessageSize(256 * 1024);
-  // The node's agents keep one quiet stream open for the whole job and ping it, as they would
-  // rdzvd's (server/server.cc): gRPC's defaults would answer their pings with GOAWAY.
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  ConfigureBuilder(builder);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
     return absl::UnavailableError(
         absl::StrFormat("cannot listen on the relay socket %s", options_.socket_path));
   }
-  worker_ = std::thread([this] { RunWorker(); });
+  return absl::OkStatus();
+}
+
+absl::Status NodeRelay::Impl::ListenTcp() {
+  if (absl::Status s = CheckServerAuth(options_.callers, options_.listen.front()); !s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot relay on %s: %s", options_.listen.front(), s.message()));
+  }
+  auth_ = std::make_unique<Authenticator>(options_.callers);
+  // Under MUNGE the relay proves itself with a key of its own, vouched for once by munged.
+  if (absl::Status s = auth_->RefreshServerKey(absl::Now()); !s.ok()) return s;
+  if (options_.callers.mode != AuthMode::kNone) {
+    header_auth_ = std::make_unique<HeaderAuth>(auth_.get(), [](absl::string_view) {});
+  }
+  // As rdzvd bounds its callers' connections (server/connection_guard.h): a host may hold a few
+  // more than the whole group would need, and a connection that carries no call the relay lets
+  // in within 10 s is closed, so that strangers cannot use up the relay's connections.
+  connections_ =
+      std::make_unique<ConnectionGuard>(options_.expected * 2 + 16, absl::Seconds(10),
+                                        TcpKeepalive{options_.ping, options_.ping_timeout});
+  absl::Status last = absl::UnavailableError("no address to relay on");
+  for (const std::string& listen : options_.listen) {
+    grpc::ServerBuilder builder;
+    connections_->InstallOn(&builder);
+    int port = 0;
+    builder.AddListeningPort(
+        listen,
+        header_auth_ != nullptr ? header_auth_->Credentials({}) : grpc::InsecureServerCredentials(),
+        &port);
+    ConfigureBuilder(builder);
+    // A second relay on a taken port would split a group between two relays (server/server.cc).
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    // Each node's agent is a caller here: one that stops answering is reported lost.
+    const auto millis = [](absl::Duration d) {
+      return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 1, INT_MAX));
+    };
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, millis(options_.ping));
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, millis(options_.ping_timeout));
+    server_ = builder.BuildAndStart();
+    if (server_ != nullptr && port > 0) {
+      absl::StatusOr<HostPort> hp = ParseHostPort(listen, 0);
+      endpoint_ = hp.ok() ? FormatHostPort(hp->host, port) : listen;
+      return absl::OkStatus();
+    }
+    server_.reset();
+    last = absl::UnavailableError(absl::StrFormat("cannot listen on %s", listen));
+  }
+  return last;
+}
+
+absl::Status NodeRelay::Impl::Admit(grpc::CallbackServerContext* context, absl::string_view method,
+                                    absl::string_view job_id) {
+  if (auth_ == nullptr) return absl::OkStatus();
+  const CallCredentials credentials = CredentialsOf(*context);
+  absl::StatusOr<Caller> caller = auth_->Authenticate(credentials, method, job_id);
+  if (!caller.ok()) return caller.status();
+  connections_->CallAccepted(context->peer());
+  auth_->AddProof(*context, credentials, method, job_id, *caller);
   return absl::OkStatus();
 }
 
@@ -445,13 +532,14 @@ NodeRelay::Impl::~Impl() {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     server_->Wait();
   }
+  if (header_auth_ != nullptr) header_auth_->Stop();
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     if (inflight_ != nullptr) inflight_->Cancel();
   }
   if (worker_.joinable()) worker_.join();
-  unlink(options_.socket_path.c_str());
+  if (options_.listen.empty()) unlink(options_.socket_path.c_str());
   // The group streams end before the channels they use go.
   absl::MutexLock lock(&mu_);
   for (auto& [call, members] : groups_) call->Cancel();
@@ -462,17 +550,28 @@ NodeRelay::Impl::~Impl() {
       &groups_));
 }
 
-grpc::ServerWriteReactor<v1::JoinEvent>* NodeRelay::Impl::Join(grpc::CallbackServerContext*,
+grpc::ServerWriteReactor<v1::JoinEvent>* NodeRelay::Impl::Join(grpc::CallbackServerContext* context,
                                                                const v1::JoinRequest* request) {
   auto* local = new LocalStream(this);
-  if (request->job_id() != options_.job_id || request->members_size() > 0) {
-    local->End(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                            absl::StrFormat("this node's relay serves job %s, not %s",
-                                            options_.job_id, request->job_id())));
+  if (absl::Status admitted = Admit(context, "Join", request->job_id()); !admitted.ok()) {
+    local->End(ToGrpcStatus(admitted));
     return local;
   }
-  // The node's agents trust the relay by its directory: nothing to prove, and the headers go
-  // before any event can.
+  if (request->job_id() != options_.job_id || request->members_size() > 0) {
+    local->End(grpc::Status(
+        grpc::StatusCode::NOT_FOUND,
+        absl::StrFormat("this relay serves job %s, not %s", options_.job_id, request->job_id())));
+    return local;
+  }
+  if (!options_.listen.empty() &&
+      (request->node_index() < options_.first_node || request->node_index() > options_.last_node)) {
+    local->End(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                            absl::StrFormat("this relay serves nodes %d..%d of job %s, not node %d",
+                                            options_.first_node, options_.last_node,
+                                            options_.job_id, request->node_index())));
+    return local;
+  }
+  // The headers (with the relay's proof, over TCP) go before any event can.
   local->StartSendInitialMetadata();
   auto member = std::make_shared<Member>();
   member->agent_id = request->agent_id();
@@ -624,7 +723,21 @@ void NodeRelay::Impl::Post(std::function<void()> task) {
 }
 
 void NodeRelay::Impl::RunWorker() {
+  absl::Time key_checked = absl::Now();
+  absl::Time ticked = absl::Now();
   for (;;) {
+    if (connections_ != nullptr && absl::Now() - ticked >= absl::Seconds(1)) {
+      ticked = absl::Now();
+      connections_->Tick();
+    }
+    // The credential vouching for a TCP relay's key is renewed before it expires.
+    if (auth_ != nullptr && absl::Now() - key_checked >= absl::Seconds(10)) {
+      key_checked = absl::Now();
+      if (absl::Status s = auth_->RefreshServerKey(key_checked); !s.ok()) {
+        spdlog::warn("job {}: this relay cannot renew the credential it proves itself with: {}",
+                     options_.job_id, std::string(s.message()));
+      }
+    }
     std::function<void()> task;
     {
       absl::MutexLock lock(&mu_);
@@ -634,11 +747,12 @@ void NodeRelay::Impl::RunWorker() {
                (!pending_.empty() && (static_cast<int>(pending_.size()) >= options_.expected ||
                                       absl::Now() >= flush_at_));
       };
-      while (!ready()) {
+      if (!ready()) {
         const absl::Time until = pending_.empty()
                                      ? absl::Now() + absl::Milliseconds(200)
                                      : std::min(flush_at_, absl::Now() + absl::Milliseconds(200));
         mu_.AwaitWithDeadline(absl::Condition(&ready), until);
+        if (!ready()) continue;  // the timers above are due now and then
       }
       if (stopping_) return;
       busy_ = true;
@@ -669,11 +783,13 @@ void NodeRelay::Impl::Flush() {
                                }),
                 batch.end());
     if (batch.empty()) return;
-    // In task order: should the relay's own task (the node's first) die, taking the group's
-    // stream with it, the server names it, the first member it finds lost.
+    // In task (or node) order: should the relay's own agent (the node's first task, the group's
+    // first node) die, taking the group's stream with it, the server names it, the first member
+    // it finds lost.
     std::stable_sort(batch.begin(), batch.end(),
                      [](const std::shared_ptr<Member>& a, const std::shared_ptr<Member>& b) {
-                       return a->request.order() < b->request.order();
+                       return std::make_pair(a->request.order(), a->request.node_index()) <
+                              std::make_pair(b->request.order(), b->request.node_index());
                      });
     request.set_job_id(options_.job_id);
     request.set_protocol_version(kGroupJoinProtocolVersion);
@@ -800,6 +916,10 @@ grpc::ServerUnaryReactor* NodeRelay::Impl::ReportExit(grpc::CallbackServerContex
                                                       const v1::ReportExitRequest* request,
                                                       v1::ReportExitResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status admitted = Admit(context, "ReportExit", request->job_id()); !admitted.ok()) {
+    reactor->Finish(ToGrpcStatus(admitted));
+    return reactor;
+  }
   if (request->job_id() != options_.job_id || request->member_lost()) {
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  "the node's relay forwards its own job's failure reports only"));
@@ -818,10 +938,14 @@ grpc::ServerUnaryReactor* NodeRelay::Impl::Leave(grpc::CallbackServerContext* co
                                                  const v1::LeaveRequest* request,
                                                  v1::LeaveResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status admitted = Admit(context, "Leave", request->job_id()); !admitted.ok()) {
+    reactor->Finish(ToGrpcStatus(admitted));
+    return reactor;
+  }
   if (request->job_id() != options_.job_id) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                 absl::StrFormat("this node's relay serves job %s, not %s",
-                                                 options_.job_id, request->job_id())));
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::NOT_FOUND,
+        absl::StrFormat("this relay serves job %s, not %s", options_.job_id, request->job_id())));
     return reactor;
   }
   {
@@ -856,6 +980,8 @@ NodeRelay::NodeRelay(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 NodeRelay::~NodeRelay() = default;
 
 bool NodeRelay::WaitIdle(absl::Duration timeout) { return impl_->WaitIdle(timeout); }
+
+std::string NodeRelay::endpoint() const { return impl_->endpoint(); }
 
 int NodeRelay::upstream_streams() const { return impl_->upstream_streams(); }
 

@@ -14,16 +14,25 @@
 // that the server was lost, and rejoins through the relay if it is still there, or directly
 // (RelayedRendezvous, agent_rendezvous.h).
 //
+// The same relay also serves a group of nodes over TCP (NodeRelayOptions::listen): the tree of a
+// large job, where each group's first node relays its group's joins and rdzvd holds a stream per
+// group instead of one per node. There the socket's directory vouches for no one: every call
+// carries its agent's credential, which the relay checks as a server of the job would (this
+// user, or the job's token), and the relay proves itself to its callers in each answer.
+//
 // Thread-safe. Owns a thread that makes the upstream calls (credentials may wait for munged).
 #ifndef RDZV_CLIENT_AGENT_NODE_RELAY_H_
 #define RDZV_CLIENT_AGENT_NODE_RELAY_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "server/authenticator.h"
 
 namespace rdzv {
 
@@ -46,6 +55,18 @@ struct NodeRelayOptions {
   // The same for a later round (a restart, or a resume): the first agent back waits up to this
   // long for the others, which stop their workers before they rejoin (--term-timeout and more).
   absl::Duration rejoin_gather = absl::Seconds(5);
+  // Served on TCP instead of a UNIX socket: on the first of these "host:port" that is free. The
+  // callers must then prove who they are as `callers` says (which may be kNone on loopback
+  // only), and only agents of nodes first_node..last_node are relayed; others hear NOT_FOUND,
+  // as from a server of another job, and try their next candidate.
+  std::vector<std::string> listen;
+  AuthPolicy callers;
+  int64_t first_node = 0;
+  int64_t last_node = 0;
+  // How often a TCP relay pings its callers, and how long it waits for the answer: a node that
+  // vanishes is reported lost after their sum.
+  absl::Duration ping = absl::Seconds(1);
+  absl::Duration ping_timeout = absl::Seconds(1);
   // The server and how to reach it: endpoint and alternates (tried in turn when one is
   // unreachable, serves another job or does not prove itself), auth, TLS and rpc_timeout.
   ClientOptions upstream;
@@ -68,7 +89,10 @@ class NodeRelay {
  public:
   // Listens on options.socket_path (replacing a stale socket there) after checking its directory
   // (RelayDirectory), and removes the sockets there that killed relays left (this user's, made
-  // over a minute ago, that no one listens on). Errors name the socket and why.
+  // over a minute ago, that no one listens on). Errors name the socket and why. With
+  // options.listen, listens on the first free candidate instead: Unavailable naming the last
+  // candidate's failure when none is free, FailedPrecondition when the callers' check cannot
+  // work (no authentication off loopback, munged not answering).
   static absl::StatusOr<std::unique_ptr<NodeRelay>> Start(NodeRelayOptions options);
 
   // Stops serving: the node's agents still attached lose the relay (and rejoin directly).
@@ -80,6 +104,9 @@ class NodeRelay {
   // agent, which hosts the relay, waits here before it exits so that the node's other agents keep
   // their way to the server. False at the timeout.
   bool WaitIdle(absl::Duration timeout);
+
+  // Where a TCP relay listens ("host:port"); "" for one on a UNIX socket.
+  std::string endpoint() const;
 
   // Group streams opened to the server so far (for logs and tests).
   int upstream_streams() const;

@@ -10,16 +10,17 @@
 #include "absl/strings/str_cat.h"
 #include "client/agent/agent_rendezvous.h"
 #include "client/agent/node_relay.h"
+#include "common/net.h"
 
 namespace rdzv {
 namespace {
 
 class RelayedRendezvous final : public AgentRendezvous {
  public:
-  RelayedRendezvous(std::string socket_path, absl::Duration wait_for_relay,
+  RelayedRendezvous(RelayRoute route, absl::Duration wait_for_relay,
                     std::unique_ptr<AgentRendezvous> local, std::unique_ptr<AgentRendezvous> direct,
                     Post post)
-      : socket_path_(std::move(socket_path)),
+      : route_(std::move(route)),
         wait_for_relay_(wait_for_relay),
         local_(std::move(local)),
         direct_(std::move(direct)),
@@ -35,8 +36,8 @@ class RelayedRendezvous final : public AgentRendezvous {
   void Join(const JoinSpec& spec, absl::Duration timeout, Handlers events,
             std::function<void(absl::StatusOr<AssignmentEvent>)> done) override {
     if (!first_) {
-      StartJoin(!relay_gone_ && RelayListening(socket_path_), spec, absl::Now() + timeout,
-                std::move(events), std::move(done));
+      StartJoin(!relay_gone_ && route_.listening(), spec, absl::Now() + timeout, std::move(events),
+                std::move(done));
       return;
     }
     first_ = false;
@@ -45,17 +46,17 @@ class RelayedRendezvous final : public AgentRendezvous {
         [this, spec, timeout, events = std::move(events), done = std::move(done)]() mutable {
           const absl::Time deadline = absl::Now() + timeout;
           const absl::Time until = absl::Now() + wait_for_relay_;
-          bool up = RelayListening(socket_path_);
+          bool up = route_.listening();
           while (!up && !stopping_ && absl::Now() < until) {
-            absl::SleepFor(absl::Milliseconds(20));
-            up = RelayListening(socket_path_);
+            absl::SleepFor(std::min(route_.watch_every, absl::Milliseconds(100)));
+            up = route_.listening();
           }
           if (stopping_) return;
           post_([this, up, spec, deadline, events = std::move(events),
                  done = std::move(done)]() mutable {
             if (!up) {
               spdlog::info("no relay listens at {} after {}: joining the server directly",
-                           socket_path_, absl::FormatDuration(wait_for_relay_));
+                           route_.name, absl::FormatDuration(wait_for_relay_));
             }
             StartJoin(up, spec, deadline, std::move(events), std::move(done));
           });
@@ -98,8 +99,8 @@ class RelayedRendezvous final : public AgentRendezvous {
       through_relay.on_lost = [this, on_lost = events.on_lost](const absl::Status& status) {
         if (!absl::StartsWith(status.message(), kRelaySaid) && !relay_gone_) {
           relay_gone_ = true;
-          spdlog::warn("lost this node's relay at {} ({}): rejoining the server directly",
-                       socket_path_, std::string(status.message()));
+          spdlog::warn("lost the relay at {} ({}): rejoining the server directly", route_.name,
+                       std::string(status.message()));
         }
         on_lost(status);
       };
@@ -109,8 +110,8 @@ class RelayedRendezvous final : public AgentRendezvous {
                   done = std::move(done)](absl::StatusOr<AssignmentEvent> result) mutable {
                    watching_ = false;
                    if (!result.ok() && relay_gone_) {
-                     spdlog::warn("this node's relay at {} is gone: joining the server directly",
-                                  socket_path_);
+                     spdlog::warn("the relay at {} is gone: joining the server directly",
+                                  route_.name);
                      StartJoin(false, spec, deadline, std::move(events), std::move(done));
                      return;
                    }
@@ -121,15 +122,15 @@ class RelayedRendezvous final : public AgentRendezvous {
   // While a join through the relay is in progress, checks that the relay still listens.
   void Watch() {
     while (!stopping_) {
-      absl::SleepFor(absl::Milliseconds(50));
-      if (watching_ && !relay_gone_ && !RelayListening(socket_path_)) {
+      absl::SleepFor(route_.watch_every);
+      if (watching_ && !relay_gone_ && !route_.listening()) {
         relay_gone_ = true;
         local_->Cancel();  // the join in progress returns, and goes directly
       }
     }
   }
 
-  const std::string socket_path_;
+  const RelayRoute route_;
   const absl::Duration wait_for_relay_;
   const std::unique_ptr<AgentRendezvous> local_;
   const std::unique_ptr<AgentRendezvous> direct_;
@@ -145,11 +146,10 @@ class RelayedRendezvous final : public AgentRendezvous {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<AgentRendezvous>> NewRelayedRendezvous(std::string socket_path,
-                                                                      absl::Duration wait_for_relay,
-                                                                      ClientOptions direct,
-                                                                      AgentRendezvous::Post post) {
-  ClientOptions local;
+RelayRoute NodeRelayRoute(const std::string& socket_path, const ClientOptions& direct) {
+  RelayRoute route;
+  route.name = socket_path;
+  ClientOptions& local = route.options;
   local.endpoint = absl::StrCat("unix:", socket_path);
   local.join_timeout = direct.join_timeout;
   local.rpc_timeout = direct.rpc_timeout;
@@ -159,13 +159,45 @@ absl::StatusOr<std::unique_ptr<AgentRendezvous>> NewRelayedRendezvous(std::strin
   // A relay whose task froze is noticed within 3 s: its pings cost nothing on a local socket.
   local.keepalive_time = absl::Seconds(1);
   local.keepalive_timeout = absl::Seconds(2);
+  route.listening = [socket_path] { return RelayListening(socket_path); };
+  return route;
+}
+
+RelayRoute GroupRelayRoute(const std::string& node, const std::vector<std::string>& endpoints,
+                           const ClientOptions& direct) {
+  RelayRoute route;
+  route.name = absl::StrCat(node, " (", endpoints.empty() ? "" : endpoints.front(), ")");
+  ClientOptions& relay = route.options;
+  if (!endpoints.empty()) {
+    relay.endpoint = endpoints.front();
+    relay.alternate_endpoints.assign(endpoints.begin() + 1, endpoints.end());
+  }
+  relay.join_timeout = direct.join_timeout;
+  relay.rpc_timeout = direct.rpc_timeout;
+  relay.backoff = direct.backoff;
+  // The relay is an agent of this job: it proves itself as this user's, or with the job's token.
+  relay.auth = direct.auth;
+  relay.auth.server_uid = getuid();
+  // A relay whose node goes away is noticed within 2 s; a relay has a few dozen callers at most.
+  relay.keepalive_time = absl::Seconds(1);
+  relay.keepalive_timeout = absl::Seconds(1);
+  route.listening = [endpoints] { return AnyListening(endpoints, absl::Milliseconds(500)); };
+  // Checks cost the relay a connection each: once a second is enough to go directly in time.
+  route.watch_every = absl::Seconds(1);
+  return route;
+}
+
+absl::StatusOr<std::unique_ptr<AgentRendezvous>> NewRelayedRendezvous(RelayRoute route,
+                                                                      absl::Duration wait_for_relay,
+                                                                      ClientOptions direct,
+                                                                      AgentRendezvous::Post post) {
   absl::StatusOr<std::unique_ptr<AgentRendezvous>> through_relay =
-      NewRemoteRendezvous(std::move(local), post);
+      NewRemoteRendezvous(route.options, post);
   if (!through_relay.ok()) return through_relay.status();
   absl::StatusOr<std::unique_ptr<AgentRendezvous>> directly =
       NewRemoteRendezvous(std::move(direct), post);
   if (!directly.ok()) return directly.status();
-  return std::make_unique<RelayedRendezvous>(std::move(socket_path), wait_for_relay,
+  return std::make_unique<RelayedRendezvous>(std::move(route), wait_for_relay,
                                              *std::move(through_relay), *std::move(directly),
                                              std::move(post));
 }

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "common/clock.h"
+#include "common/core/host_port.h"
 
 namespace rdzv {
 namespace {
@@ -118,6 +119,59 @@ absl::StatusOr<std::unique_ptr<AgentRendezvous>> NewRemoteRendezvous(ClientOptio
                                             std::move(post));
 }
 
+namespace {
+
+// Under --fan-in: this node joins through its group's relay, which the group's first node hosts
+// (this agent, perhaps), else directly.
+absl::StatusOr<ConnectedRendezvous> JoinThroughGroup(const AgentConfig& config,
+                                                     ClientOptions options,
+                                                     ConnectedRendezvous connected,
+                                                     AgentRendezvous::Post post) {
+  const AgentConfig::GroupRelayConfig& group = config.group;
+  absl::StatusOr<std::string> address = NodeConnectAddress(group.relay_node);
+  if (!address.ok()) {
+    spdlog::warn("node {} joins the server itself: its group's relay on {} cannot be found ({})",
+                 config.join.agent.node_index, group.relay_node,
+                 std::string(address.status().message()));
+    absl::StatusOr<std::unique_ptr<AgentRendezvous>> remote =
+        NewRemoteRendezvous(std::move(options), std::move(post));
+    if (!remote.ok()) return remote.status();
+    connected.rendezvous = *std::move(remote);
+    return connected;
+  }
+  std::vector<std::string> endpoints;
+  for (int port : group.ports) endpoints.push_back(FormatHostPort(*address, port));
+  if (group.host) {
+    NodeRelayOptions relay;
+    const std::string listen = NodeListenAddress(group.relay_node);
+    for (int port : group.ports) relay.listen.push_back(FormatHostPort(listen, port));
+    relay.job_id = config.join.job_id;
+    relay.expected = static_cast<int>(group.last_node - group.first_node + 1);
+    relay.first_node = group.first_node;
+    relay.last_node = group.last_node;
+    relay.callers = ServerPolicyFor(config.auth);
+    relay.rejoin_gather = config.term_timeout + absl::Seconds(2);
+    relay.upstream = options;
+    absl::StatusOr<std::unique_ptr<NodeRelay>> started = NodeRelay::Start(std::move(relay));
+    if (started.ok()) {
+      spdlog::debug("relaying the joins of nodes {}..{} at {}", group.first_node, group.last_node,
+                    (*started)->endpoint());
+      connected.relay = *std::move(started);
+    } else {
+      spdlog::warn("nodes {}..{} join the server each on its own: {}", group.first_node,
+                   group.last_node, std::string(started.status().message()));
+    }
+  }
+  RelayRoute route = GroupRelayRoute(group.relay_node, endpoints, options);
+  absl::StatusOr<std::unique_ptr<AgentRendezvous>> relayed =
+      NewRelayedRendezvous(std::move(route), kWaitForRelay, std::move(options), std::move(post));
+  if (!relayed.ok()) return relayed.status();
+  connected.rendezvous = *std::move(relayed);
+  return connected;
+}
+
+}  // namespace
+
 absl::StatusOr<ConnectedRendezvous> ConnectRendezvous(const AgentConfig& config,
                                                       AgentRendezvous::Post post) {
   ConnectedRendezvous connected;
@@ -158,11 +212,15 @@ absl::StatusOr<ConnectedRendezvous> ConnectRendezvous(const AgentConfig& config,
                      std::string(started.status().message()));
       }
     }
+    RelayRoute route = NodeRelayRoute(socket, options);
     absl::StatusOr<std::unique_ptr<AgentRendezvous>> relayed =
-        NewRelayedRendezvous(socket, kWaitForRelay, std::move(options), std::move(post));
+        NewRelayedRendezvous(std::move(route), kWaitForRelay, std::move(options), std::move(post));
     if (!relayed.ok()) return relayed.status();
     connected.rendezvous = *std::move(relayed);
     return connected;
+  }
+  if (config.group.fan_in > 0) {
+    return JoinThroughGroup(config, std::move(options), std::move(connected), std::move(post));
   }
   absl::StatusOr<std::unique_ptr<AgentRendezvous>> remote =
       NewRemoteRendezvous(std::move(options), std::move(post));

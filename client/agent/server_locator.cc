@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "absl/algorithm/container.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -86,27 +87,6 @@ absl::StatusOr<std::string> ResolveServerHost(const std::string& host) {
   return address;
 }
 
-// The embedded server serves this agent's job to callers who prove they are this agent's user
-// (MUNGE) or hold the job's token; without either it may listen on loopback only.
-AuthPolicy EmbeddedPolicy(const ClientAuth& auth) {
-  AuthPolicy policy;
-  policy.munge_socket = auth.munge_socket;
-  switch (auth.mode) {
-    case ClientAuth::Mode::kMunge:
-      policy.mode = AuthMode::kMunge;
-      policy.only_uid = getuid();
-      break;
-    case ClientAuth::Mode::kToken:
-      policy.mode = AuthMode::kToken;
-      policy.only_token = auth.token;
-      break;
-    default:
-      policy.mode = AuthMode::kNone;
-      break;
-  }
-  return policy;
-}
-
 absl::StatusOr<std::unique_ptr<Server>> StartEmbedded(const AgentConfig& config,
                                                       const std::string& listen_host,
                                                       const ClientAuth& auth) {
@@ -116,7 +96,7 @@ absl::StatusOr<std::unique_ptr<Server>> StartEmbedded(const AgentConfig& config,
     options.listen = FormatHostPort(listen_host, port);
     options.service.log_jobs = false;
     options.service.only_job = config.join.job_id;
-    options.service.auth = EmbeddedPolicy(auth);
+    options.service.auth = ServerPolicyFor(auth);
     if (absl::Status s = CheckServerAuth(options.service.auth, options.listen); !s.ok()) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "cannot host the rendezvous on %s without authentication: munged does not answer on "
@@ -161,6 +141,63 @@ ListenChoice EmbeddedListenAddress(const ListenFacts& facts) {
   return {"0.0.0.0", absl::StrCat(why, "; the rendezvous server listens on every address")};
 }
 
+namespace {
+
+// Where a server on this host listens when the others reach it at `host` (resolved from the
+// node name `node`).
+std::string ListenAddressFor(const std::string& host, const std::string& node) {
+  ListenFacts facts;
+  facts.server_host = host;
+  facts.local = InterfaceAddresses();
+  facts.resolved = IsIpAddress(host) ? std::vector<std::string>{host} : Resolve(host);
+  facts.slurm_address = [&] {
+    absl::StatusOr<std::string> address = SlurmNodeAddress(node);
+    return address.ok() ? *address : std::string();
+  };
+  ListenChoice choice = EmbeddedListenAddress(facts);
+  if (!choice.note.empty()) spdlog::info("{}", choice.note);
+  return choice.address;
+}
+
+}  // namespace
+
+AuthPolicy ServerPolicyFor(const ClientAuth& auth) {
+  AuthPolicy policy;
+  policy.munge_socket = auth.munge_socket;
+  switch (auth.mode) {
+    case ClientAuth::Mode::kMunge:
+      policy.mode = AuthMode::kMunge;
+      policy.only_uid = getuid();
+      break;
+    case ClientAuth::Mode::kToken:
+      policy.mode = AuthMode::kToken;
+      policy.only_token = auth.token;
+      break;
+    default:
+      policy.mode = AuthMode::kNone;
+      break;
+  }
+  return policy;
+}
+
+absl::StatusOr<std::string> NodeConnectAddress(const std::string& node) {
+  if (IsIpAddress(node)) return node;
+  std::vector<std::string> addresses = Resolve(node);
+  // IPv4 first, as EmbeddedListenAddress prefers it.
+  absl::c_stable_partition(addresses,
+                           [](const std::string& a) { return !absl::StrContains(a, ':'); });
+  if (!addresses.empty()) return addresses.front();
+  absl::StatusOr<std::string> address = SlurmNodeAddress(node);
+  if (address.ok() && IsIpAddress(*address)) return address;
+  return absl::UnavailableError(absl::StrFormat(
+      "cannot resolve node %s, and Slurm has no address for it", absl::CHexEscape(node)));
+}
+
+std::string NodeListenAddress(const std::string& node) {
+  absl::StatusOr<std::string> host = ResolveServerHost(node);
+  return ListenAddressFor(host.ok() ? *host : node, node);
+}
+
 absl::StatusOr<ServerLocation> LocateServer(const AgentConfig& config, const ClientAuth& auth) {
   ServerLocation location;
   absl::StatusOr<std::string> host = ResolveServerHost(config.rdzv_host);
@@ -175,19 +212,7 @@ absl::StatusOr<ServerLocation> LocateServer(const AgentConfig& config, const Cli
   // Listen only where the other nodes reach this one.
   std::string listen_host = config.embedded_listen_host;
   if (listen_host == "0.0.0.0" && !location.server_host.empty()) {
-    ListenFacts facts;
-    facts.server_host = location.server_host;
-    facts.local = InterfaceAddresses();
-    facts.resolved = IsIpAddress(location.server_host)
-                         ? std::vector<std::string>{location.server_host}
-                         : Resolve(location.server_host);
-    facts.slurm_address = [&] {
-      absl::StatusOr<std::string> address = SlurmNodeAddress(config.rdzv_host);
-      return address.ok() ? *address : std::string();
-    };
-    ListenChoice choice = EmbeddedListenAddress(facts);
-    if (!choice.note.empty()) spdlog::info("{}", choice.note);
-    listen_host = choice.address;
+    listen_host = ListenAddressFor(location.server_host, config.rdzv_host);
   }
   absl::StatusOr<std::unique_ptr<Server>> server = StartEmbedded(config, listen_host, auth);
   if (!server.ok()) return server.status();

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/agent/core/agent_options.h"
+#include "server/authenticator.h"
 #include "server/server.h"
 
 namespace rdzv {
@@ -55,6 +56,20 @@ struct ListenChoice {
 // to 127.0.1.1, which other nodes resolve to its real address). Every address (0.0.0.0), with a
 // note, when the host resolves to no address of this host. Pure.
 ListenChoice EmbeddedListenAddress(const ListenFacts& facts);
+
+// Whom a server or relay that an agent hosts serves: callers who prove they are this agent's
+// user (MUNGE) or hold the job's token, as `auth` (resolved) says; without either, anyone, which
+// may listen on loopback only.
+AuthPolicy ServerPolicyFor(const ClientAuth& auth);
+
+// The address other nodes connect to node `node` at, numeric: `node` itself when it is an
+// address, else the first address it resolves to, else the address Slurm has for it (NodeAddr).
+// Unavailable naming the node when none of these works.
+absl::StatusOr<std::string> NodeConnectAddress(const std::string& node);
+
+// The one address a server or relay on this host, node `node`, listens on so that the other
+// nodes reach it (EmbeddedListenAddress), with a line in the log when that is every address.
+std::string NodeListenAddress(const std::string& node);
 
 // Finds (or starts) the server for a configuration that is not standalone. Unavailable, with
 // the fix, when the host cannot be resolved or no candidate port is free. An embedded server

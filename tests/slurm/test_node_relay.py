@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Per-task launches through each node's relay, under the local Slurm cluster and a head-node
-rdzvd: the tasks of a node reach rdzvd over one stream (rdzv_join_streams), with the ranks,
+"""Per-task launches through each node's relay, and per-node launches in groups (--fan-in), under
+the local Slurm cluster and a head-node rdzvd: the tasks of a node, or the nodes of a group,
+reach rdzvd over one stream (rdzv_join_streams), with the ranks,
 fail-fast and lost-node detection of tasks that join on their own, and rdzvctl's view of every
 task. Runs like test_slurm.py (same inputs)."""
 import json
@@ -102,6 +103,34 @@ class NodeRelayTest(SlurmTestCase):
     def test_without_the_relay_each_task_holds_a_stream(self):
         streams, agents = self.streams_while_running("off")
         self.assertEqual((streams, agents), (12, 12))
+
+    def per_node_streams_while_running(self, fan_in):
+        """Runs 3 nodes, one agent each with 2 workers (--fan-in FAN_IN), that hold for a few
+        seconds; returns rdzvd's join streams and attached agents once all have joined, and
+        checks the workers' ranks."""
+        endpoint, metrics = self.start_rdzvd_with_metrics()
+        out_dir = self.out_dir()
+        proc = self.start_srun(["-N3", "--ntasks-per-node=1"],
+                               [sys.executable, self.worker, out_dir, "3"],
+                               agent_args=["--rdzv-endpoint", endpoint, "--nproc-per-node", "2",
+                                           "--fan-in", str(fan_in)])
+        seen = {}
+
+        def all_attached():
+            seen.update(scrape(metrics))
+            return seen.get("rdzv_agents_attached") == 3
+        self.wait_for(all_attached, 60, "3 agents attached to rdzvd")
+        code, out, err, _ = self.finish(proc, 120)
+        self.assertEqual(code, 0, err)
+        self.check_per_node(self.records(out_dir, 6), nodes=3, nproc=2)
+        return seen["rdzv_join_streams"], seen["rdzv_agents_attached"]
+
+    def test_nodes_in_groups_share_their_first_nodes_stream(self):
+        # n1 relays n1 and n2; n3, a group of one, joins on its own.
+        self.assertEqual(self.per_node_streams_while_running(2), (2, 3))
+
+    def test_without_groups_each_node_holds_a_stream(self):
+        self.assertEqual(self.per_node_streams_while_running(0), (3, 3))
 
     def test_cyclic_distribution_keeps_slurm_ranks(self):
         endpoint, _ = self.start_rdzvd_with_metrics()

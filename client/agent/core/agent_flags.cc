@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "client/agent/core/agent_options.h"
@@ -75,6 +76,21 @@ FlagParser MakeParser(AgentFlags& f) {
              return absl::InvalidArgumentError(
                  absl::StrCat("expected on or off, got \"", absl::CHexEscape(v), "\""));
            }
+           return absl::OkStatus();
+         }});
+  p.Add({"fan-in", "RDZV_FAN_IN", "N",
+         absl::StrFormat("per-node launches of more than N nodes: the nodes join in groups of N, "
+                         "each through its first node, so that the rendezvous server holds a "
+                         "connection per group (default %d; 0: every node joins it itself)",
+                         kDefaultFanIn),
+         [&f](absl::string_view v) -> absl::Status {
+           absl::StatusOr<int64_t> n = ParseInt(v, 0, 512);
+           if (!n.ok()) return n.status();
+           if (*n == 1) {
+             return absl::InvalidArgumentError(
+                 "a group of 1 node relays nothing; give 2..512, or 0 for no groups");
+           }
+           f.fan_in = static_cast<int>(*n);
            return absl::OkStatus();
          }});
   p.Add({"max-restarts", "RDZV_MAX_RESTARTS", "N",

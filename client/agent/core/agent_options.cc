@@ -65,6 +65,24 @@ void HostOnFirstNode(const std::string& first_node, int port, bool here, AgentCo
   }
 }
 
+// Under --fan-in K, a job of more than K nodes joins in groups of K nodes (node order), each
+// through its first node's relay, at ports derived from the job; `names` holds the nodes' names
+// in node order.
+void PlanGroups(int fan_in, int64_t node, const std::vector<std::string>& names,
+                absl::string_view job_id, absl::string_view step_id, AgentConfig& c) {
+  const int64_t nodes = static_cast<int64_t>(names.size());
+  if (fan_in < 2 || nodes <= fan_in || node < 0 || node >= nodes) return;
+  const int64_t first = node / fan_in * fan_in;
+  const int64_t last = std::min(first + fan_in, nodes) - 1;
+  if (first == last) return;  // a group of one joins directly
+  c.group.fan_in = fan_in;
+  c.group.first_node = first;
+  c.group.last_node = last;
+  c.group.host = node == first;
+  c.group.relay_node = names[first];
+  c.group.ports = PortRange(DerivedPort(job_id, absl::StrCat(step_id, ".relay")));
+}
+
 // Whether this step is one of several, one per node, that are to form one job: it runs one task
 // on fewer nodes than the allocation has, and --nnodes names the allocation's node count (the
 // shape of `srun -N1 -n1 -w NODE rdzv-agent --nnodes $SLURM_NNODES --node-rank I &` in a loop).
@@ -102,6 +120,9 @@ absl::Status ResolveOneJobOfSteps(const AgentFlags& flags, const SlurmEnv& slurm
   }
   // Workers' SLURM_NODELIST names the allocation when node ranks follow it.
   if (place == c.join.agent.node_index) c.worker_shape.job_nodes = slurm.job_nodes;
+  if (place == c.join.agent.node_index) {
+    PlanGroups(flags.fan_in, c.join.agent.node_index, slurm.job_nodes, slurm.job_id, "steps", c);
+  }
   if (flags.rdzv_id.empty()) c.join.job_id = absl::StrCat("slurm-", slurm.job_id);
 
   if (!flags.rdzv_endpoint.empty()) return absl::OkStatus();
@@ -140,6 +161,9 @@ absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentC
     }
     c.mode = "slurm per-node";
     c.join.min_agents = c.join.max_agents = slurm.num_nodes;
+    if (!flags.node_rank && static_cast<int>(slurm.nodes.size()) == slurm.num_nodes) {
+      PlanGroups(flags.fan_in, slurm.node_id, slurm.nodes, slurm.job_id, slurm.step_id, c);
+    }
   } else {
     if (flags.nproc_per_node.value_or(1) != 1) {
       return absl::InvalidArgumentError(

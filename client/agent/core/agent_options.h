@@ -31,6 +31,9 @@ namespace rdzv {
 inline constexpr int32_t kMaxNprocPerNode = kMaxWorkersPerAgent;
 
 // What the user asked for, before defaults are filled in from the environment.
+// How many nodes' agents one relay gathers by default in a job of more nodes than that.
+inline constexpr int kDefaultFanIn = 64;
+
 struct AgentFlags {
   std::optional<int32_t> nnodes_min, nnodes_max;  // --nnodes N or MIN:MAX
   std::optional<int32_t> nproc_per_node;          // --nproc-per-node
@@ -38,7 +41,8 @@ struct AgentFlags {
   std::string rdzv_endpoint;
   std::string rdzv_id;
   bool standalone = false;
-  bool node_relay = true;  // --node-relay
+  bool node_relay = true;      // --node-relay
+  int fan_in = kDefaultFanIn;  // --fan-in; 0: every node joins the server itself
   int32_t max_restarts = 0;
   std::string master_addr;
   int32_t master_port = 0;
@@ -129,6 +133,18 @@ struct AgentConfig {
     std::string node;   // names the relay's socket, with the job id
   };
   NodeRelayConfig relay;
+  // Per-node under Slurm with more nodes than --fan-in: the nodes join in groups of fan-in, in
+  // node order, each through a relay its group's first node hosts (node_relay.h), so that the
+  // server holds a stream per group. A group of one node joins directly. fan_in 0: no tree.
+  struct GroupRelayConfig {
+    int fan_in = 0;
+    int64_t first_node = 0;  // the group's nodes, first_node..last_node
+    int64_t last_node = 0;
+    bool host = false;       // this agent is the group's first node
+    std::string relay_node;  // the group's first node's name
+    std::vector<int> ports;  // the ports the relay may listen on, tried in order
+  };
+  GroupRelayConfig group;
   // Lines the agent logs as warnings when it starts: a choice the user made that has a cost.
   std::vector<std::string> warnings;
 };
