@@ -27,6 +27,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client_channel.h"
 #include "common/auth.h"
@@ -209,6 +210,9 @@ class NodeRelay::Impl final : public v1::Rendezvous::CallbackService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues the report that member `agent_id` is lost (ReportExitRequest.member_lost).
   void ReportLostLocked(const std::string& agent_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The members of the round the first waiting member joins that went up already, on a group
+  // stream that still carries them: with the waiting ones, they may make the whole node (group).
+  size_t UpLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Cancels `call` once no member it carries is still on it.
   void MaybeRetire(GroupCall* call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One unary call upstream, made with the relay's credential, its answer taken only from a
@@ -481,10 +485,11 @@ absl::Status NodeRelay::Impl::ListenTcp() {
   }
   // As rdzvd bounds its callers' connections (server/connection_guard.h): a host may hold a few
   // more than the whole group would need, and a connection that carries no call the relay lets
-  // in within 10 s is closed, so that strangers cannot use up the relay's connections.
-  connections_ =
-      std::make_unique<ConnectionGuard>(options_.expected * 2 + 16, absl::Seconds(10),
-                                        TcpKeepalive{options_.ping, options_.ping_timeout});
+  // in soon is closed.
+  connections_ = std::make_unique<ConnectionGuard>(
+      options_.max_connections_per_host < 0 ? options_.expected * 2 + 16
+                                            : options_.max_connections_per_host,
+      options_.unused_connection_timeout, TcpKeepalive{options_.ping, options_.ping_timeout});
   absl::Status last = absl::UnavailableError("no address to relay on");
   for (const std::string& listen : options_.listen) {
     grpc::ServerBuilder builder;
@@ -505,8 +510,10 @@ absl::Status NodeRelay::Impl::ListenTcp() {
     builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, millis(options_.ping_timeout));
     server_ = builder.BuildAndStart();
     if (server_ != nullptr && port > 0) {
-      absl::StatusOr<HostPort> hp = ParseHostPort(listen, 0);
-      endpoint_ = hp.ok() ? FormatHostPort(hp->host, port) : listen;
+      // The candidate's host, with the port the server got (a candidate may ask for any, :0).
+      absl::string_view host = absl::string_view(listen).substr(0, listen.rfind(':'));
+      if (absl::ConsumePrefix(&host, "[")) absl::ConsumeSuffix(&host, "]");
+      endpoint_ = FormatHostPort(host, port);
       return absl::OkStatus();
     }
     server_.reset();
@@ -637,6 +644,18 @@ void NodeRelay::Impl::ReportLostLocked(const std::string& agent_id) {
   });
 }
 
+size_t NodeRelay::Impl::UpLocked() const {
+  if (pending_.empty()) return 0;
+  const int32_t round = pending_.front()->request.restart_count();
+  size_t up = 0;
+  for (const auto& [local, m] : by_local_) {
+    if (m->group != nullptr && !m->ended && !m->superseded && m->request.restart_count() == round) {
+      ++up;
+    }
+  }
+  return up;
+}
+
 void NodeRelay::Impl::MaybeRetire(GroupCall* call) {
   auto it = groups_.find(call);
   if (it == groups_.end()) return;
@@ -744,8 +763,9 @@ void NodeRelay::Impl::RunWorker() {
       busy_ = false;
       const auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stopping_ || !tasks_.empty() ||
-               (!pending_.empty() && (static_cast<int>(pending_.size()) >= options_.expected ||
-                                      absl::Now() >= flush_at_));
+               (!pending_.empty() &&
+                (static_cast<int>(pending_.size() + UpLocked()) >= options_.expected ||
+                 absl::Now() >= flush_at_));
       };
       if (!ready()) {
         const absl::Time until = pending_.empty()

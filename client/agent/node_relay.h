@@ -42,6 +42,11 @@ namespace rdzv {
 // and rejoins directly.
 inline constexpr absl::string_view kRelaySaid = "through this node's relay: ";
 
+// How long a relay of a group of nodes waits, after the first of a batch of joins, for the rest
+// of its group: nodes start over a few seconds, and the job completes only once the last has
+// joined anyway.
+inline constexpr absl::Duration kGroupGather = absl::Seconds(5);
+
 struct NodeRelayOptions {
   // The UNIX socket the node's agents join at (RelaySocketPath).
   std::string socket_path;
@@ -67,6 +72,12 @@ struct NodeRelayOptions {
   // vanishes is reported lost after their sum.
   absl::Duration ping = absl::Seconds(1);
   absl::Duration ping_timeout = absl::Seconds(1);
+  // A TCP connection that has carried no call the relay lets in this long after it opened is
+  // closed, so that strangers cannot use up the relay's connections.
+  absl::Duration unused_connection_timeout = absl::Seconds(10);
+  // How many TCP connections one host may hold open to the relay: -1 for a few more than the
+  // group needs (2 * expected + 16), 0 for no bound.
+  int max_connections_per_host = -1;
   // The server and how to reach it: endpoint and alternates (tried in turn when one is
   // unreachable, serves another job or does not prove itself), auth, TLS and rpc_timeout.
   ClientOptions upstream;

@@ -150,6 +150,7 @@ absl::StatusOr<ConnectedRendezvous> JoinThroughGroup(const AgentConfig& config,
     relay.first_node = group.first_node;
     relay.last_node = group.last_node;
     relay.callers = ServerPolicyFor(config.auth);
+    relay.gather = kGroupGather;
     relay.rejoin_gather = config.term_timeout + absl::Seconds(2);
     relay.upstream = options;
     absl::StatusOr<std::unique_ptr<NodeRelay>> started = NodeRelay::Start(std::move(relay));
