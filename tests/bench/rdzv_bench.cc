@@ -24,6 +24,13 @@
 // the join streams it holds (N) and the agents attached (N*G). --compare tasks runs per-node
 // (one agent per node) and per-task launches of the same N nodes in turns.
 //
+// With --fan-in K, the N agents join as a large per-node job's tree does: in groups of K, each
+// through a real relay (client/agent/node_relay.h) that the worker processes host, each on a
+// loopback address of its own (127.1.x.y) so that 100,000 connections find ports. Each agent is
+// a channel and Join stream of its own (SimulatedNode in single mode, started from a few threads:
+// a thread per agent would not fit 100,000). The floor is then N fresh channels to those relays,
+// one empty call each; rdzvd must hold about a stream per group.
+//
 // Launch mode (--launch) times real rdzv-agent processes: `--standalone -- true` (wall time and
 // peak RSS, median of K runs), and N agents on loopback against one rdzvd running `true`.
 //
@@ -79,12 +86,14 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/agent/node_relay.h"
 #include "client/client.h"
 #include "client/client_channel.h"
 #include "common/auth.h"
 #include "common/core/env.h"
 #include "common/core/flags.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
 #include "common/process_env.h"
 #include "common/proto_convert.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
@@ -238,6 +247,9 @@ struct WorkerConfig {
   int64_t n = 0;  // nodes in the job
   int64_t tasks_per_node = 1;
   ClientAuth::Mode auth = ClientAuth::Mode::kNone;
+  // Above 0, the nodes join in groups of fan_in through a relay each (--fan-in); this process
+  // holds whole groups, and their relays.
+  int64_t fan_in = 0;
 };
 
 // Records the first abort an agent heard, at the time it arrived.
@@ -257,21 +269,31 @@ class SimulatedNode final : public grpc::ClientReadReactor<v1::JoinEvent> {
  public:
   // `members`: the joins of the node's agents, by local rank. `abort_ns`: a slot per member,
   // MarkAbort'ed when its abort arrives after its assignment.
+  //
+  // With `single`, the node is one agent of a tree (--fan-in) that joins its group's relay at
+  // `endpoint` as rdzv-agent's client does: its own channel and stream, a plain join, and events
+  // that name no agent.
   SimulatedNode(const ClientOptions& options, const ClientChannelSetup& setup,
-                const std::vector<JoinSpec>& members, std::atomic<int64_t>* abort_ns)
+                const std::vector<JoinSpec>& members, std::atomic<int64_t>* abort_ns,
+                bool single = false, const std::string& endpoint = "")
       : options_(options),
-        channel_(grpc::CreateCustomChannel(options.endpoint, setup.credentials, setup.args)),
+        endpoint_(endpoint.empty() ? options.endpoint : endpoint),
+        single_(single),
+        channel_(grpc::CreateCustomChannel(endpoint_, setup.credentials, setup.args)),
         stub_(v1::Rendezvous::NewStub(channel_)),
         abort_ns_(abort_ns),
         assignments_(members.size()),
         refusals_(members.size()) {
     job_ = members.front().job_id;
+    for (const JoinSpec& spec : members) member_ids_.push_back(spec.agent.agent_id);
+    if (single_) {
+      request_ = ToProto(members.front());
+      request_.set_job_id(job_);
+      return;
+    }
     request_.set_job_id(job_);
     request_.set_protocol_version(kGroupJoinProtocolVersion);
-    for (const JoinSpec& spec : members) {
-      member_ids_.push_back(spec.agent.agent_id);
-      *request_.add_members() = ToProto(spec);
-    }
+    for (const JoinSpec& spec : members) *request_.add_members() = ToProto(spec);
   }
 
   ~SimulatedNode() override {
@@ -289,8 +311,17 @@ class SimulatedNode final : public grpc::ClientReadReactor<v1::JoinEvent> {
   // Sends the group join and blocks until every member has its assignment (OK), a member was
   // refused or the stream ended (the first reason), or `deadline` passed. Call once.
   absl::Status Join(absl::Time deadline) {
-    const std::string nonce = NewNonce();
-    if (absl::Status s = AttachCredential(context_, options_.auth, "Join", job_, nonce); !s.ok()) {
+    if (absl::Status s = Start(); !s.ok()) return s;
+    if (absl::Status s = Proceed(deadline); !s.ok()) return s;
+    return AwaitSettled(deadline);
+  }
+
+  // Join in three steps, for callers that start many joins from one thread: sends the join;
+  // then waits for the server's headers and checks its proof, then reads its events; then waits
+  // for the outcome.
+  absl::Status Start() {
+    nonce_ = NewNonce();
+    if (absl::Status s = AttachCredential(context_, options_.auth, "Join", job_, nonce_); !s.ok()) {
       return s;
     }
     // The stream lasts as long as the job. A relay's members join again when the server cannot be
@@ -302,24 +333,32 @@ class SimulatedNode final : public grpc::ClientReadReactor<v1::JoinEvent> {
     AddHold();  // until the server's proof is checked: no event counts before it
     StartCall();
     started_ = true;
+    return absl::OkStatus();
+  }
+
+  absl::Status Proceed(absl::Time deadline) {
     // gRPC is called without the lock held: a reaction it runs at once takes it.
-    const Headers headers =
+    headers_seen_ =
         Await(deadline, [](const SimulatedNode& n) { return n.headers_ != Headers::kWaiting; });
-    absl::Status proof = absl::DeadlineExceededError("rdzvd sent nothing in answer");
-    if (headers == Headers::kArrived) {
-      proof = CheckServerProof(context_, options_.auth, "Join", job_, nonce,
-                               ProofRequiredAt(options_.endpoint));
+    absl::Status proof = absl::DeadlineExceededError("the server sent nothing in answer");
+    if (headers_seen_ == Headers::kArrived) {
+      proof = CheckServerProof(context_, options_.auth, "Join", job_, nonce_,
+                               ProofRequiredAt(endpoint_));
       if (proof.ok()) StartRead(&event_);
     }
     if (!proof.ok()) context_.TryCancel();
     RemoveHold();
-    if (headers == Headers::kArrived && proof.ok()) {
+    return headers_seen_ == Headers::kWaiting || (headers_seen_ == Headers::kArrived && !proof.ok())
+               ? proof
+               : absl::OkStatus();
+  }
+
+  absl::Status AwaitSettled(absl::Time deadline) {
+    if (headers_seen_ == Headers::kArrived) {
       Await(deadline,
             [](const SimulatedNode& n) { return n.ended_ || n.settled_ == n.member_ids_.size(); });
-    } else if (headers == Headers::kNone) {
-      Await(absl::InfiniteFuture(), [](const SimulatedNode& n) { return n.ended_; });
     } else {
-      return proof;
+      Await(absl::InfiniteFuture(), [](const SimulatedNode& n) { return n.ended_; });
     }
     absl::MutexLock lock(&mu_);
     for (const absl::Status& refusal : refusals_) {
@@ -329,6 +368,12 @@ class SimulatedNode final : public grpc::ClientReadReactor<v1::JoinEvent> {
     if (!ended_) return absl::DeadlineExceededError("the rendezvous did not complete in time");
     return final_.ok() ? absl::InternalError("the group stream ended before every assignment")
                        : final_;
+  }
+
+  // When the last member's assignment (or refusal) arrived, on NowNs()'s clock; 0 before.
+  int64_t settled_ns() {
+    absl::MutexLock lock(&mu_);
+    return settled_ns_;
   }
 
   // Member `member`'s assignment, once Join has returned OK.
@@ -362,7 +407,7 @@ class SimulatedNode final : public grpc::ClientReadReactor<v1::JoinEvent> {
       return FromGrpcStatus(s);
     }
     return CheckServerProof(ctx, options_.auth, "ReportExit", job_, nonce,
-                            ProofRequiredAt(options_.endpoint));
+                            ProofRequiredAt(endpoint_));
   }
 
   void OnReadInitialMetadataDone(bool ok) override {
@@ -404,14 +449,16 @@ class SimulatedNode final : public grpc::ClientReadReactor<v1::JoinEvent> {
 
   // One member's event, as the relay hands it to the member's own stream.
   void Handle(const v1::JoinEvent& e) {
-    // Untagged: progress, or the job's abort, the same for every member.
-    if (e.agent_id().empty()) {
+    // Untagged: progress, or the job's abort, the same for every member; or, on a single agent's
+    // stream, any of its events.
+    if (e.agent_id().empty() && !single_) {
       if (e.event_case() != v1::JoinEvent::kAbort) return;
       absl::MutexLock lock(&mu_);
       for (size_t i = 0; i < member_ids_.size(); ++i) AbortLocked(i, e.abort());
       return;
     }
-    const auto it = std::find(member_ids_.begin(), member_ids_.end(), e.agent_id());
+    const auto it = single_ ? member_ids_.begin()
+                            : std::find(member_ids_.begin(), member_ids_.end(), e.agent_id());
     if (it == member_ids_.end()) return;
     const size_t i = static_cast<size_t>(it - member_ids_.begin());
     absl::MutexLock lock(&mu_);
@@ -420,7 +467,7 @@ class SimulatedNode final : public grpc::ClientReadReactor<v1::JoinEvent> {
       case v1::JoinEvent::kAssignment:
         if (!waiting) break;
         assignments_[i] = FromProto(e.assignment());
-        ++settled_;
+        SettledLocked();
         break;
       case v1::JoinEvent::kAbort:
         AbortLocked(i, e.abort());
@@ -431,7 +478,7 @@ class SimulatedNode final : public grpc::ClientReadReactor<v1::JoinEvent> {
                            ? absl::InternalError("the member's join ended before its assignment")
                            : absl::Status(static_cast<absl::StatusCode>(e.member_end().code()),
                                           e.member_end().message());
-        ++settled_;
+        SettledLocked();
         break;
       default:
         break;
@@ -444,11 +491,17 @@ class SimulatedNode final : public grpc::ClientReadReactor<v1::JoinEvent> {
       MarkAbort(abort_ns_[i]);
     } else if (refusals_[i].ok()) {
       refusals_[i] = absl::AbortedError(abort.reason());
-      ++settled_;
+      SettledLocked();
     }
   }
 
+  void SettledLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (++settled_ == member_ids_.size()) settled_ns_ = NowNs();
+  }
+
   const ClientOptions& options_;
+  const std::string endpoint_;
+  const bool single_;
   std::string job_;
   std::vector<std::string> member_ids_;
   const std::shared_ptr<grpc::Channel> channel_;
@@ -458,7 +511,9 @@ class SimulatedNode final : public grpc::ClientReadReactor<v1::JoinEvent> {
   grpc::ClientContext context_;
   v1::JoinRequest request_;
   v1::JoinEvent event_;
-  bool started_ = false;  // the node's thread only
+  bool started_ = false;                      // the node's thread only
+  std::string nonce_;                         // the node's thread only
+  Headers headers_seen_ = Headers::kWaiting;  // the node's thread only
   absl::Notification done_;
 
   absl::Mutex mu_;
@@ -466,6 +521,7 @@ class SimulatedNode final : public grpc::ClientReadReactor<v1::JoinEvent> {
   std::vector<std::optional<AssignmentEvent>> assignments_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> refusals_ ABSL_GUARDED_BY(mu_);  // a member's join that failed
   size_t settled_ ABSL_GUARDED_BY(mu_) = 0;                  // assigned or refused
+  int64_t settled_ns_ ABSL_GUARDED_BY(mu_) = 0;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   bool leaving_ ABSL_GUARDED_BY(mu_) = false;
   bool lost_ ABSL_GUARDED_BY(mu_) = false;
@@ -480,10 +536,17 @@ class Worker {
         abort_ns_(static_cast<size_t>(config_.count * config_.tasks_per_node)) {}
 
   int Run() {
+    if (config_.fan_in > 0) {
+      if (absl::Status s = StartRelays(); !s.ok()) Die(s);
+    }
     std::string line;
     while (std::getline(std::cin, line)) {
       if (line == "floor") {
-        Floor();
+        if (config_.fan_in > 0) {
+          FloorThroughRelays();
+        } else {
+          Floor();
+        }
       } else if (line == "join") {
         Join();
       } else if (line == "fail") {
@@ -493,6 +556,7 @@ class Worker {
       } else if (line == "quit") {
         clients_.clear();
         nodes_.clear();
+        relays_.clear();
         Send("bye");
         return 0;
       } else {
@@ -509,6 +573,13 @@ class Worker {
     options.join_timeout = absl::Seconds(120);
     options.rpc_timeout = absl::Seconds(60);
     options.auth.mode = config.auth;
+    if (config.fan_in > 0) {
+      // A tree's agents, its relays and their upstream streams share the machine's two cores
+      // with up to 100,000 others: a process may run late for many seconds, and pings would take
+      // that for a lost peer.
+      options.keepalive_time = absl::Seconds(60);
+      options.keepalive_timeout = absl::Seconds(60);
+    }
     // rdzvd reads the same variable: a private munged serves both.
     if (const char* socket = std::getenv("RDZV_MUNGE_SOCKET"); socket != nullptr) {
       options.auth.munge_socket = socket;
@@ -614,6 +685,28 @@ class Worker {
                          extra, OneLine(first_error)));
   }
 
+  // Tells the parent that a phase is ready once `threads` have started, waits for its go, and runs
+  // them to their end. False when the threads could not start or the parent said something else.
+  bool RunWhenTold(AgentThreads& threads) {
+    if (!threads.start_error().ok()) {
+      Send(absl::StrCat("error msg=", threads.start_error().ToString()));
+      return false;
+    }
+    Send(absl::StrCat("ready cpu=", CpuNs()));
+    if (!AwaitGo()) return false;
+    threads.Go();
+    threads.Join();
+    return true;
+  }
+
+  // The join phase's timings, with the agents that lost their stream and the ranks they got.
+  void SendJoined(const std::vector<int64_t>& start, const std::vector<int64_t>& end,
+                  const std::vector<absl::Status>& status, const std::vector<int64_t>& ranks) {
+    for (const std::unique_ptr<SimulatedNode>& node : nodes_) lost_ += node->lost();
+    SendTimings("join", start, end, status,
+                absl::StrFormat("lost=%d ranks=%s", lost_.load(), absl::StrJoin(ranks, ",")));
+  }
+
   void Floor() {
     std::vector<std::unique_ptr<Client>> clients = NewClients();
     const size_t count = clients.size();
@@ -626,14 +719,7 @@ class Worker {
         end[i] = NowNs();
         if (!r.ok()) status[i] = r.status();
       });
-      if (!threads.start_error().ok()) {
-        Send(absl::StrCat("error msg=", threads.start_error().ToString()));
-        return;
-      }
-      Send(absl::StrCat("ready cpu=", CpuNs()));
-      if (!AwaitGo()) return;
-      threads.Go();
-      threads.Join();
+      if (!RunWhenTold(threads)) return;
     }
     SendTimings("floor", start, end, status, "");
     // Close the floor's connections once the parent has taken rdzvd's figures, so that the
@@ -674,6 +760,10 @@ class Worker {
   }
 
   void Join() {
+    if (config_.fan_in > 0) {
+      JoinThroughRelays();
+      return;
+    }
     const bool per_task = config_.tasks_per_node > 1;
     if (per_task) {
       nodes_ = NewNodes();
@@ -691,18 +781,172 @@ class Worker {
         status[i] = per_task ? JoinNode(i, ranks) : JoinAgent(i, ranks);
         end[i] = NowNs();
       });
-      if (!threads.start_error().ok()) {
-        Send(absl::StrCat("error msg=", threads.start_error().ToString()));
-        return;
-      }
-      Send(absl::StrCat("ready cpu=", CpuNs()));
-      if (!AwaitGo()) return;
-      threads.Go();
-      threads.Join();
+      if (!RunWhenTold(threads)) return;
     }
-    for (const std::unique_ptr<SimulatedNode>& node : nodes_) lost_ += node->lost();
-    SendTimings("join", start, end, status,
-                absl::StrFormat("lost=%d ranks=%s", lost_.load(), absl::StrJoin(ranks, ",")));
+    SendJoined(start, end, status, ranks);
+  }
+
+  // --fan-in: group g's relay listens on a loopback address of its own, so that the connections
+  // of 100,000 agents spread over many addresses (each pair of addresses has its own ports).
+  static std::string RelayAddress(int64_t group) {
+    return absl::StrFormat("127.%d.%d.%d", 1 + group / 65536, (group / 256) % 256, group % 256);
+  }
+
+  // Starts the relays of the groups this process holds, as the groups' first nodes host them
+  // (client/agent/node_relay.h), with rdzv-agent's settings but for their pings: one a minute,
+  // given a minute to be answered, as are the agents' own here (AgentOptions). Its callers are
+  // checked as the agents' credential says.
+  absl::Status StartRelays() {
+    const int64_t k = config_.fan_in;
+    for (int64_t g = config_.first / k; g * k < config_.first + config_.count; ++g) {
+      NodeRelayOptions relay;
+      relay.listen = {absl::StrCat(RelayAddress(g), ":0")};
+      relay.job_id = config_.job;
+      relay.first_node = g * k;
+      relay.last_node = std::min(g * k + k, config_.n) - 1;
+      relay.expected = static_cast<int>(relay.last_node - relay.first_node + 1);
+      relay.ping = absl::Seconds(60);
+      relay.ping_timeout = absl::Seconds(60);
+      relay.gather = kGroupGather;
+      // The floor's calls are not ones a relay lets in, and 100,000 of them on one machine take
+      // longer than the relay's default allows.
+      relay.unused_connection_timeout = absl::Minutes(10);
+      // Every simulated node is on this one host, the floor's closing connections too.
+      relay.max_connections_per_host = 0;
+      relay.callers.mode =
+          config_.auth == ClientAuth::Mode::kMunge ? AuthMode::kMunge : AuthMode::kNone;
+      relay.callers.munge_socket = agent_options_.auth.munge_socket;
+      if (relay.callers.mode == AuthMode::kMunge) relay.callers.only_uid = getuid();
+      relay.upstream = agent_options_;
+      absl::StatusOr<std::unique_ptr<NodeRelay>> started = NodeRelay::Start(std::move(relay));
+      if (!started.ok()) return started.status();
+      relay_endpoints_.push_back((*started)->endpoint());
+      relays_.push_back(*std::move(started));
+    }
+    return absl::OkStatus();
+  }
+
+  // Where node `node`'s agent finds its group's relay.
+  const std::string& RelayOf(int64_t node) const {
+    return relay_endpoints_[static_cast<size_t>(node / config_.fan_in -
+                                                config_.first / config_.fan_in)];
+  }
+
+  // The agents' options toward their relay: it runs as this user.
+  ClientOptions RelayClientOptions() const {
+    ClientOptions options = agent_options_;
+    options.auth.server_uid = getuid();
+    return options;
+  }
+
+  // The floor of a tree: a fresh channel per agent, to the relay the agent joins through, making
+  // one empty call (GetStatus, which a relay answers UNIMPLEMENTED at once), all from this one
+  // thread with gRPC's asynchronous API: a thread per agent would not fit 100,000 of them.
+  void FloorThroughRelays() {
+    absl::StatusOr<ClientChannelSetup> setup = MakeClientChannelSetup(agent_options_);
+    if (!setup.ok()) Die(setup.status());
+    const size_t count = static_cast<size_t>(config_.count);
+    struct Call {
+      std::shared_ptr<grpc::Channel> channel;
+      std::unique_ptr<v1::Rendezvous::Stub> stub;
+      grpc::ClientContext context;
+      v1::StatusRequest request;
+      v1::StatusResponse response;
+    };
+    std::vector<std::unique_ptr<Call>> calls;
+    for (size_t i = 0; i < count; ++i) {
+      auto call = std::make_unique<Call>();
+      call->channel = grpc::CreateCustomChannel(RelayOf(config_.first + static_cast<int64_t>(i)),
+                                                setup->credentials, setup->args);
+      call->stub = v1::Rendezvous::NewStub(call->channel);
+      call->request.set_job_id(kFloorJob);
+      call->context.set_deadline(absl::ToChronoTime(absl::Now() + agent_options_.join_timeout));
+      call->context.set_wait_for_ready(true);
+      calls.push_back(std::move(call));
+    }
+    std::vector<int64_t> start(count), end(count);
+    std::vector<absl::Status> status(count);
+    absl::Mutex mu;
+    size_t answered = 0;
+    Send(absl::StrCat("ready cpu=", CpuNs()));
+    if (!AwaitGo()) return;
+    for (size_t i = 0; i < count; ++i) {
+      Call& c = *calls[i];
+      start[i] = NowNs();
+      if (absl::Status s = AttachCredential(c.context, agent_options_.auth, "GetStatus", kFloorJob);
+          !s.ok()) {
+        status[i] = s;
+        end[i] = NowNs();
+        absl::MutexLock lock(&mu);
+        ++answered;
+        continue;
+      }
+      c.stub->async()->GetStatus(&c.context, &c.request, &c.response, [&, i](grpc::Status s) {
+        const int64_t t = NowNs();
+        absl::MutexLock lock(&mu);
+        end[i] = t;
+        if (!s.ok() && s.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
+          status[i] = FromGrpcStatus(s);
+        }
+        ++answered;
+      });
+    }
+    {
+      absl::MutexLock lock(&mu);
+      const auto all = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return answered == count; };
+      mu.Await(absl::Condition(&all));
+    }
+    SendTimings("floor", start, end, status, "");
+    std::string line;
+    if (std::getline(std::cin, line) && line == "close") {
+      calls.clear();
+      Send("closed");
+    }
+  }
+
+  // The agents of a tree join their relays, each on a channel and stream of its own as
+  // rdzv-agent's client does (SimulatedNode in single mode), started from a few threads rather
+  // than one each: a thread per agent would not fit 100,000 of them.
+  void JoinThroughRelays() {
+    absl::StatusOr<ClientChannelSetup> setup = MakeClientChannelSetup(agent_options_);
+    if (!setup.ok()) Die(setup.status());
+    relay_options_ = RelayClientOptions();
+    nodes_.clear();
+    const size_t count = static_cast<size_t>(config_.count);
+    for (size_t i = 0; i < count; ++i) {
+      const int64_t node = config_.first + static_cast<int64_t>(i);
+      nodes_.push_back(std::make_unique<SimulatedNode>(relay_options_, *setup,
+                                                       std::vector<JoinSpec>{SpecFor(node, 0)},
+                                                       &abort_ns_[i], true, RelayOf(node)));
+    }
+    for (std::atomic<int64_t>& a : abort_ns_) a = 0;
+    std::vector<int64_t> start(count), end(count), ranks(count, -1);
+    std::vector<absl::Status> status(count);
+    lost_ = 0;
+    constexpr size_t kThreads = 4;
+    {
+      AgentThreads threads(kThreads, [&](size_t t) {
+        const absl::Time deadline = absl::Now() + agent_options_.join_timeout;
+        for (size_t i = t; i < count; i += kThreads) {
+          start[i] = NowNs();
+          status[i] = nodes_[i]->Start();
+        }
+        for (size_t i = t; i < count; i += kThreads) {
+          if (status[i].ok()) status[i] = nodes_[i]->Proceed(deadline);
+        }
+        for (size_t i = t; i < count; i += kThreads) {
+          if (status[i].ok()) status[i] = nodes_[i]->AwaitSettled(deadline);
+          end[i] = status[i].ok() ? nodes_[i]->settled_ns() : NowNs();
+          if (!status[i].ok()) continue;
+          const int64_t node = config_.first + static_cast<int64_t>(i);
+          const AssignmentEvent a = nodes_[i]->assignment(0);
+          ranks[i] = a.slot.rank_offset;
+          status[i] = CheckAssignment(a, node, 0);
+        }
+      });
+      if (!RunWhenTold(threads)) return;
+    }
+    SendJoined(start, end, status, ranks);
   }
 
   // The first agent of this process reports a worker failure: over its own Client, or over its
@@ -752,6 +996,11 @@ class Worker {
   // A slot per simulated agent: node i's agents from i * G.
   std::vector<std::atomic<int64_t>> abort_ns_;
   std::vector<std::unique_ptr<SimulatedNode>> nodes_;
+  // --fan-in: the agents' options toward their relays (nodes_ refer to them), and the relays of
+  // this process's groups with where they listen, by group.
+  ClientOptions relay_options_;
+  std::vector<std::unique_ptr<NodeRelay>> relays_;
+  std::vector<std::string> relay_endpoints_;
   std::atomic<int64_t> lost_{0};
 };
 
@@ -1006,6 +1255,8 @@ struct Options {
   // Scale mode: agents per simulated node; above 1, a node's agents join as a per-task launch
   // does, through one group join.
   int64_t tasks_per_node = 1;
+  // Scale mode: above 0, the nodes join in groups of this many, each through a relay (--fan-in).
+  int64_t fan_in = 0;
   // --compare: each N and repetition runs once per variant, the variants taking turns, so that
   // both see the same machine. "" runs the one configuration above.
   std::string compare;
@@ -1040,7 +1291,7 @@ bool KnowsFlag(const std::string& binary, const std::string& flag) {
 // rdzvd serves its metrics anyway; never for --compare metrics' side without them.
 bool CountsStreams(const Options& o) {
   if (o.compare == "metrics") return o.metrics_scrape_ms > 0;
-  return o.tasks_per_node > 1 || o.compare == "tasks" || o.metrics_scrape_ms > 0;
+  return o.tasks_per_node > 1 || o.fan_in > 0 || o.compare == "tasks" || o.metrics_scrape_ms > 0;
 }
 
 // rdzvd on a free loopback port, its stderr in log_dir. Retries when another process took the
@@ -1122,6 +1373,7 @@ absl::StatusOr<std::map<std::string, double>> ReadMetrics(int port) {
 struct ScaleResult {
   int64_t n = 0;  // simulated nodes
   int64_t tasks_per_node = 1;
+  int64_t fan_in = 0;
   int64_t rep = 0;
   int64_t procs = 0;
   double join_wall_s = 0;
@@ -1161,8 +1413,11 @@ class ScaleRun {
   ScaleRun(const Options& o, int64_t n, int64_t rep) : o_(o) {
     r_.n = n;
     r_.tasks_per_node = o.tasks_per_node;
+    r_.fan_in = o.fan_in;
     r_.rep = rep;
     r_.procs = o.procs > 0 ? std::min(o.procs, n) : (n + 999) / 1000;
+    // A tree's processes hold whole groups.
+    if (o.fan_in > 0) r_.procs = std::min(r_.procs, Groups());
     phase_timeout_ns_ = (60 + n * o.tasks_per_node / 50) * 1'000'000'000LL;
   }
 
@@ -1260,12 +1515,17 @@ class ScaleRun {
     const std::string job = absl::StrCat("bench-", r_.n, "-", r_.rep, "-", getpid());
     workers_ = std::vector<Child>(static_cast<size_t>(r_.procs));
     for (int64_t p = 0; p < r_.procs; ++p) {
-      const int64_t first = r_.n * p / r_.procs;
-      const int64_t count = r_.n * (p + 1) / r_.procs - first;
+      int64_t first = r_.n * p / r_.procs;
+      int64_t count = r_.n * (p + 1) / r_.procs - first;
+      if (r_.fan_in > 0) {
+        const int64_t k = r_.fan_in;
+        first = Groups() * p / r_.procs * k;
+        count = std::min(Groups() * (p + 1) / r_.procs * k, r_.n) - first;
+      }
       absl::Status s = workers_[p].Start(
           {o_.self, "--worker", absl::StrCat("127.0.0.1:", port), job, absl::StrCat(first),
            absl::StrCat(count), absl::StrCat(r_.n), o_.auth == "munge" ? "munge" : "none",
-           absl::StrCat(r_.tasks_per_node)},
+           absl::StrCat(r_.tasks_per_node), absl::StrCat(r_.fan_in)},
           true, absl::StrCat(o_.log_dir, "/worker-", r_.n, "-", r_.rep, "-", p, ".log"));
       if (!s.ok()) return s;
     }
@@ -1308,11 +1568,19 @@ class ScaleRun {
     r_.streams = value("rdzv_join_streams");
     r_.attached = value("rdzv_agents_attached");
     const int64_t agents = r_.n * r_.tasks_per_node;
-    if (r_.streams != r_.n || r_.attached != agents) {
+    const int64_t streams = r_.fan_in > 0 ? Groups() : r_.n;
+    // A relay sends what it has once its gather time is over: a group that fills late under the
+    // burst goes up in two.
+    const bool streams_ok =
+        r_.fan_in > 0 ? r_.streams >= streams && r_.streams <= 2 * streams : r_.streams == streams;
+    if (!streams_ok || r_.attached != agents) {
       Error(absl::StrFormat("rdzvd held %d join streams and %d agents attached, not %d and %d",
-                            r_.streams, r_.attached, r_.n, agents));
+                            r_.streams, r_.attached, streams, agents));
     }
   }
+
+  // A tree's groups: each holds one stream at rdzvd.
+  int64_t Groups() const { return r_.fan_in > 0 ? (r_.n + r_.fan_in - 1) / r_.fan_in : r_.n; }
 
   // The rendezvous: N fresh Clients (or N nodes' group joins) join one job; then the abort
   // fan-out.
@@ -1479,10 +1747,16 @@ void PrintScaleSummary(int64_t n, const std::string& variant,
       absl::StrJoin(per_proc, " ").c_str());
   const std::string held = absl::StrFormat("rdzvd held %s join streams, %s agents attached",
                                            Measured(streams, "-"), Measured(attached, "-"));
+  const int64_t k = results.front().fan_in;
   if (g > 1) {
     std::printf(
         "        per task: %ld nodes x %ld tasks = %ld agents, one group join per node; %s\n",
         static_cast<long>(n), static_cast<long>(g), static_cast<long>(n * g), held.c_str());
+  } else if (k > 0) {
+    std::printf(
+        "        tree: %ld agents in groups of %ld, each through its relay; the floor's channels "
+        "go to the relays; %s\n",
+        static_cast<long>(n), static_cast<long>(k), held.c_str());
   } else if (streams >= 0) {
     std::printf("        %s\n", held.c_str());
   }
@@ -1516,6 +1790,10 @@ absl::StatusOr<std::vector<Options>> ScaleVariants(const Options& o) {
     variants.push_back(std::move(v));
   };
   const int64_t g = o.tasks_per_node;
+  if (o.fan_in > 0 && (g > 1 || o.compare == "tasks")) {
+    return absl::InvalidArgumentError(
+        "--fan-in groups per-node agents; it does not go with --tasks-per-node");
+  }
   if (o.compare.empty()) {
     add("", o.auth, o.metrics_scrape_ms, g);
   } else if (o.compare == "auth") {
@@ -1561,7 +1839,7 @@ int RunScale(const Options& o) {
                  "floor_p99_ms,ratio,rdzvd_cpu_join_s,rdzvd_cpu_floor_s,cpu_ms_per_agent,"
                  "rss_attached_mib,hwm_mib,abort_s,errors,correct,client_cpu_join_s,"
                  "client_cpu_floor_s,idle_cpu_pct,variant,tasks_per_node,cpu_ms_per_node,streams,"
-                 "agents_attached\n");
+                 "agents_attached,fan_in\n");
   }
   const bool per_task = std::any_of(variants->begin(), variants->end(),
                                     [](const Options& v) { return v.tasks_per_node > 1; });
@@ -1588,7 +1866,7 @@ int RunScale(const Options& o) {
         if (csv != nullptr) {
           std::fprintf(csv,
                        "%ld,%ld,%ld,%.4f,%.2f,%.2f,%.4f,%.2f,%.2f,%.3f,%.3f,%.3f,%.4f,%.1f,%.1f,"
-                       "%.4f,%ld,%d,%.3f,%.3f,%.1f,%s,%ld,%.4f,%s,%s\n",
+                       "%.4f,%ld,%d,%.3f,%.3f,%.1f,%s,%ld,%.4f,%s,%s,%ld\n",
                        static_cast<long>(r.n), static_cast<long>(r.rep), static_cast<long>(r.procs),
                        r.join_wall_s, r.join_p50_ms, r.join_p99_ms, r.floor_wall_s, r.floor_p50_ms,
                        r.floor_p99_ms, r.floor_wall_s > 0 ? r.join_wall_s / r.floor_wall_s : 0.0,
@@ -1598,7 +1876,8 @@ int RunScale(const Options& o) {
                        r.correct ? 1 : 0, r.client_cpu_join_s, r.client_cpu_floor_s, r.idle_cpu_pct,
                        (*variants)[v].variant.c_str(), static_cast<long>(r.tasks_per_node),
                        1000.0 * r.cpu_join_s / static_cast<double>(n),
-                       Measured(r.streams, "").c_str(), Measured(r.attached, "").c_str());
+                       Measured(r.streams, "").c_str(), Measured(r.attached, "").c_str(),
+                       static_cast<long>(r.fan_in));
           std::fflush(csv);
         }
       }
@@ -1931,6 +2210,7 @@ Usage: rdzv-bench [--agents 1,100,1000,4000,10000] [--reps R] [--csv FILE] [--ch
        rdzv-bench --soak 1000
        rdzv-bench --compare auth|metrics [--agents 1000,10000] [--reps R]
        rdzv-bench --tasks-per-node 8 [--compare tasks] [--agents 1000,10000] [--check]
+       rdzv-bench --fan-in 64 [--agents 10000,100000] [--check]
        rdzv-bench --credential-cost 10000
 Scale mode prints, per agent count N: rendezvous wall time and join latency, the floor (N
 fresh channels, one empty call each) and the ratio, rdzvd's CPU time and memory, the time for
@@ -1939,8 +2219,9 @@ an abort to reach every agent, errors and whether every assignment was right. Wi
 
 int Main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "--worker") {
-    if (argc != 9) {
-      std::fprintf(stderr, "rdzv-bench: --worker ENDPOINT JOB FIRST COUNT N AUTH TASKS_PER_NODE\n");
+    if (argc != 10) {
+      std::fprintf(stderr,
+                   "rdzv-bench: --worker ENDPOINT JOB FIRST COUNT N AUTH TASKS_PER_NODE FAN_IN\n");
       return 2;
     }
     WorkerConfig c;
@@ -1948,7 +2229,7 @@ int Main(int argc, char** argv) {
     c.job = argv[3];
     if (!absl::SimpleAtoi(argv[4], &c.first) || !absl::SimpleAtoi(argv[5], &c.count) ||
         !absl::SimpleAtoi(argv[6], &c.n) || !absl::SimpleAtoi(argv[8], &c.tasks_per_node) ||
-        c.tasks_per_node < 1) {
+        c.tasks_per_node < 1 || !absl::SimpleAtoi(argv[9], &c.fan_in) || c.fan_in < 0) {
       std::fprintf(stderr, "rdzv-bench: bad worker arguments\n");
       return 2;
     }
@@ -1956,6 +2237,11 @@ int Main(int argc, char** argv) {
     // As rdzvd does: Debian's abseil (no NDEBUG) would otherwise run its deadlock detector on
     // every lock, which costs the simulated agents more than their real work.
     absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+    // The relays log as rdzv-agent does, to stderr: stdout is the worker's answers.
+    if (absl::Status s = SetUpLogging("rdzv-bench worker", "warn"); !s.ok()) {
+      std::fprintf(stderr, "rdzv-bench: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
     return Worker(c).Run();
   }
 
@@ -2023,6 +2309,12 @@ int Main(int argc, char** argv) {
          "per node, each with its own stream); rdzvd then serves its metrics, read once for\n"
          "the join streams and agents it holds",
          [&](absl::string_view v) { return ParseCount(v, o.tasks_per_node, 1); }});
+  p.Add({"fan-in", "", "K",
+         "simulate a tree: the N nodes join in groups of K, each through a relay\n"
+         "(client/agent/node_relay.h) on a loopback address of its own, in the worker processes,\n"
+         "so that rdzvd holds N/K streams; the floor's channels go to those relays (default 0:\n"
+         "every agent joins rdzvd)",
+         [&](absl::string_view v) { return ParseCount(v, o.fan_in, 2); }});
   p.Add({"compare", "", "auth|metrics|tasks",
          "run every N and repetition twice, the two taking turns: with --auth none and with\n"
          "MUNGE (auth), with rdzvd's metrics off and on, scraped every --metrics-scrape-ms\n"
