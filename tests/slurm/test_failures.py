@@ -286,11 +286,13 @@ class RequeueTemplateTest(FailureCase):
                       60, "four workers at step 10")
         self.scancel("--batch", "--signal=USR1", job_id)
 
-        # Slurm holds a requeued job back for a while (BeginTime); let it start again now.
+        # Slurm holds a requeued job back for a while (BeginTime); let it start again in a few
+        # seconds: at once, its nodes may still refuse the run's credential, which they revoked
+        # when the first run was killed ("Job credential revoked"), and the run fails.
         self.wait_for(lambda: "run 2 of job" in read_text(output_path) or
                       self.job_state(job_id).startswith("PENDING"), 60, "the job requeued")
         if "run 2 of job" not in read_text(output_path):
-            update = subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+            update = subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now+5"],
                                     env=base_env(), capture_output=True, text=True, timeout=30)
             self.assertEqual(update.returncode, 0, update.stderr)
 
