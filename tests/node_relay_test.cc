@@ -10,8 +10,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -416,6 +418,143 @@ TEST_F(NodeRelayTest, ARestartsJoinsGoUpTogetherThoughOneTaskStopsLate) {
   }
   EXPECT_EQ(relays_[0]->upstream_streams(), 2);
   EXPECT_TRUE(AwaitOpenStreams(1)) << server_->open_streams() << " streams open";
+}
+
+// Raw joins through a node's relay socket, each stream on a channel of its own.
+class RawRelayJoins {
+ public:
+  explicit RawRelayJoins(std::string socket) : socket_(std::move(socket)) {}
+  ~RawRelayJoins() {
+    for (testing::Joined& j : joins_) {
+      if (j.reader == nullptr) continue;
+      j.context->TryCancel();
+      testing::End(j);
+    }
+  }
+  // How a stream ends; the stream is done with then.
+  grpc::Status End(testing::Joined& j) {
+    const grpc::Status status = testing::End(j);
+    j.reader.reset();
+    return status;
+  }
+  testing::Joined& Open(const v1::JoinRequest& request) {
+    testing::Joined j;
+    j.stub = v1::Rendezvous::NewStub(
+        grpc::CreateChannel(absl::StrCat("unix:", socket_), grpc::InsecureChannelCredentials()));
+    j.context->set_deadline(std::chrono::system_clock::now() + testing::kWireDeadline);
+    j.reader = j.stub->Join(j.context.get(), request);
+    joins_.push_back(std::move(j));
+    return joins_.back();
+  }
+
+ private:
+  std::string socket_;
+  std::deque<testing::Joined> joins_;
+};
+
+TEST_F(NodeRelayTest, AnOversizedJoinIsRefusedAloneAndTheOthersGetTheirRanks) {
+  // Three expected: the bad join would go up with the two good ones, and the server would
+  // refuse the whole batch.
+  NodeRelayOptions options = RelayOptions("n0", 3);
+  options.gather = absl::Seconds(2);
+  ASSERT_NE(StartRelay(options), nullptr);
+  RawRelayJoins raw(Socket("n0"));
+  testing::Joined& bad = raw.Open(testing::JoinOf(job_, std::string(300, 'x'), 2));
+  bad.reader->WaitForInitialMetadata();
+  StartTask(0, 0, 2);
+  StartTask(0, 1, 2);
+  for (int order = 0; order < 2; ++order) {
+    absl::StatusOr<AssignmentEvent> a = tasks_[order]->Assignment();
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->world_size, 2);
+  }
+  const grpc::Status refused = raw.End(bad);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.error_message();
+  EXPECT_TRUE(absl::StrContains(refused.error_message(), "agent id")) << refused.error_message();
+}
+
+TEST_F(NodeRelayTest, ARelayHoldsAFewMoreJoinsThanItsTasksAndRefusesTheRest) {
+  // Two tasks: room for each twice, and 16 more.
+  ASSERT_NE(StartRelay(RelayOptions("n0", 2)), nullptr);
+  RawRelayJoins raw(Socket("n0"));
+  std::vector<testing::Joined*> held;
+  for (int i = 0; i < 20; ++i) {
+    held.push_back(&raw.Open(testing::JoinOf(job_, absl::StrCat("a", i), 100)));
+  }
+  // Each of them in the relay's hands: it answers a join's headers once it has taken it.
+  for (testing::Joined* j : held) j->reader->WaitForInitialMetadata();
+  testing::Joined& extra = raw.Open(testing::JoinOf(job_, "a20", 100));
+  const grpc::Status refused = raw.End(extra);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_TRUE(absl::StrContains(refused.error_message(), "start each agent once"))
+      << refused.error_message();
+}
+
+TEST_F(NodeRelayTest, MoreJoinsThanOneGroupTakesGoUpInSeveral) {
+  constexpr int kAgents = 520;
+  NodeRelayOptions options = RelayOptions("n0", kAgents);
+  options.gather = kWait;
+  ASSERT_NE(StartRelay(options), nullptr);
+  RawRelayJoins raw(Socket("n0"));
+  std::vector<testing::Joined*> joins;
+  for (int i = 0; i < kAgents; ++i) {
+    joins.push_back(&raw.Open(testing::JoinOf(job_, absl::StrCat("a", i), kAgents, i)));
+  }
+  for (testing::Joined* j : joins) {
+    v1::JoinEvent event;
+    ASSERT_TRUE(testing::ReadUntil(*j, v1::JoinEvent::kAssignment, &event));
+    EXPECT_EQ(event.assignment().world_size(), kAgents);
+  }
+  EXPECT_EQ(relays_[0]->upstream_streams(), 2);
+  EXPECT_EQ(server_->open_streams(), 2u);
+}
+
+// Over TCP, one connection opens at most as many calls at once as one on rdzvd: a caller cannot
+// make a group's relay hold streams without bound through a single connection.
+TEST_F(NodeRelayTest, ATcpRelayLetsOneConnectionOpenAFewCallsAtOnce) {
+  // Seventeen expected: once the relay holds that many joins, they go up to the server.
+  NodeRelayOptions options = RelayOptions("n0", 17);
+  options.listen = {"127.0.0.1:0"};
+  options.first_node = 0;
+  options.last_node = 100;
+  options.gather = kWait;
+  options.callers.mode = AuthMode::kNone;
+  ASSERT_NE(StartRelay(options), nullptr);
+  // Each stub on a connection of its own (gRPC would share one between like channels).
+  const auto connect = [&] {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    return v1::Rendezvous::NewStub(grpc::CreateCustomChannel(
+        relays_[0]->endpoint(), grpc::InsecureChannelCredentials(), args));
+  };
+  auto one = connect();
+  auto another = connect();
+  std::deque<testing::Joined> joins;
+  const auto open = [&](int i, v1::Rendezvous::Stub* on) -> testing::Joined& {
+    testing::Joined& j = joins.emplace_back();
+    j.context->set_deadline(absl::ToChronoTime(absl::Now() + kWait));
+    j.reader = on->Join(j.context.get(), testing::JoinOf(job_, absl::StrCat("a", i), 100, i));
+    return j;
+  };
+  for (int i = 0; i < 16; ++i) open(i, one.get()).reader->WaitForInitialMetadata();
+  // The 17th on the same connection waits on the caller's side for a free stream (the blocking
+  // call does not return until it has one, or its deadline passes): the relay does not see it.
+  testing::Joined over;
+  over.context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
+  std::future<void> opened = std::async(std::launch::async, [&] {
+    over.reader = one->Join(over.context.get(), testing::JoinOf(job_, "a16", 100, 16));
+  });
+  EXPECT_EQ(opened.wait_for(std::chrono::seconds(1)), std::future_status::timeout);
+  EXPECT_EQ(server_->open_streams(), 0u);
+  opened.wait();
+  EXPECT_EQ(testing::End(over).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // Another connection's is taken, and with it the relay holds the 17 joins it sends up.
+  open(17, another.get()).reader->WaitForInitialMetadata();
+  EXPECT_TRUE(AwaitOpenStreams(1)) << server_->open_streams() << " streams open";
+  for (testing::Joined& j : joins) {
+    j.context->TryCancel();
+    testing::End(j);
+  }
 }
 
 }  // namespace

@@ -38,6 +38,7 @@
 #include "rdzv/v1/rdzv.grpc.pb.h"
 #include "server/connection_guard.h"
 #include "server/header_auth.h"
+#include "server/request_limits.h"
 
 namespace rdzv {
 
@@ -213,6 +214,8 @@ class NodeRelay::Impl final : public v1::Rendezvous::CallbackService {
   // The members of the round the first waiting member joins that went up already, on a group
   // stream that still carries them: with the waiting ones, they may make the whole node (group).
   size_t UpLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The joins the relay holds at most: its agents', each once more, and a margin.
+  size_t MaxHeld() const { return static_cast<size_t>(options_.expected) * 2 + 16; }
   // Cancels `call` once no member it carries is still on it.
   void MaybeRetire(GroupCall* call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One unary call upstream, made with the relay's credential, its answer taken only from a
@@ -437,7 +440,7 @@ absl::Status NodeRelay::Impl::Init() {
 
 void NodeRelay::Impl::ConfigureBuilder(grpc::ServerBuilder& builder) {
   builder.RegisterService(this);
-  builder.SetMaxReceiveMessageSize(256 * 1024);
+  builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
   // The agents keep one quiet stream open for the whole job and ping it, as they would rdzvd's
   // (server/server.cc): gRPC's defaults would answer their pings with GOAWAY.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
@@ -508,6 +511,10 @@ absl::Status NodeRelay::Impl::ListenTcp() {
     };
     builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, millis(options_.ping));
     builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, millis(options_.ping_timeout));
+    // What one connection may hold open, as at rdzvd: a member needs one stream and a call beside
+    // it, and each stream's window is small before its caller has proved who it is.
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 * 1024);
     server_ = builder.BuildAndStart();
     if (server_ != nullptr && port > 0) {
       // The candidate's host, with the port the server got (a candidate may ask for any, :0).
@@ -564,6 +571,12 @@ grpc::ServerWriteReactor<v1::JoinEvent>* NodeRelay::Impl::Join(grpc::CallbackSer
     local->End(ToGrpcStatus(admitted));
     return local;
   }
+  // Bounded as rdzvd bounds a join, member by member: one bad join is refused alone, and does
+  // not make the server refuse the whole batch it would have gone up in.
+  if (absl::Status checked = CheckJoinRequest(*request); !checked.ok()) {
+    local->End(ToGrpcStatus(checked));
+    return local;
+  }
   if (request->job_id() != options_.job_id || request->members_size() > 0) {
     local->End(grpc::Status(
         grpc::StatusCode::NOT_FOUND,
@@ -588,6 +601,16 @@ grpc::ServerWriteReactor<v1::JoinEvent>* NodeRelay::Impl::Join(grpc::CallbackSer
     absl::MutexLock lock(&mu_);
     if (stopping_) {
       local->End(Unavailable("the node's relay is stopping"));
+      return local;
+    }
+    // The relay holds its group's joins, with room for each to come back once: a caller
+    // opening more (a loop, or a process of the same user) is refused, not remembered.
+    if (by_local_.size() >= MaxHeld()) {
+      local->End(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrFormat("this relay of job %s already holds %d joins for its %d agents; "
+                          "start each agent once",
+                          options_.job_id, by_local_.size(), options_.expected)));
       return local;
     }
     for (auto& [other_local, other] : by_local_) {
@@ -803,6 +826,12 @@ void NodeRelay::Impl::Flush() {
                                }),
                 batch.end());
     if (batch.empty()) return;
+    // The server takes at most kMaxGroupMembers joins in one group: the rest go up next, at once.
+    if (batch.size() > kMaxGroupMembers) {
+      pending_.assign(batch.begin() + kMaxGroupMembers, batch.end());
+      batch.resize(kMaxGroupMembers);
+      flush_at_ = absl::Now();
+    }
     // In task (or node) order: should the relay's own agent (the node's first task, the group's
     // first node) die, taking the group's stream with it, the server names it, the first member
     // it finds lost.
@@ -816,7 +845,7 @@ void NodeRelay::Impl::Flush() {
     for (const std::shared_ptr<Member>& m : batch) {
       *request.add_members() = m->request;
       // Bounded: the node's tasks, each by its one agent id, and a margin for stray joins.
-      if (carried_.size() < static_cast<size_t>(options_.expected) * 2 + 16) {
+      if (carried_.size() < MaxHeld()) {
         carried_.insert(m->agent_id);
       }
     }
