@@ -312,8 +312,8 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
       // Still waiting at the deadline: the round did not fill in time.
       call->Cancel();
       call->AwaitDone();
-      return absl::DeadlineExceededError(absl::StrFormat(
-          "the rendezvous did not complete within %s", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat(kDidNotComplete, absl::FormatDuration(timeout)));
     }
     if (std::optional<AbortEvent> abort = call->early_abort()) {
       if (handlers.on_abort) handlers.on_abort(*abort);

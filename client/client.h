@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/core/backoff.h"
 #include "common/core/rendezvous_types.h"
@@ -125,6 +126,9 @@ struct Handlers {
 
 // What a server's gRPC health service (grpc.health.v1) says of it.
 enum class ServingStatus { kUnknown, kServing, kNotServing, kServiceUnknown };
+
+// How a join that timed out begins its DeadlineExceeded message; the join's timeout follows.
+inline constexpr absl::string_view kDidNotComplete = "the rendezvous did not complete within ";
 
 class Client {
  public:

@@ -1,9 +1,7 @@
 // Real processes: a real rdzvd and real rdzv-agents whose workers are small bash scripts that
 // write down the environment they were started with. Asserts what a user would check: the rank
 // table the workers saw, the exit codes, the error messages, and that nothing is left running.
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <map>
@@ -25,6 +23,7 @@
 #include "tests/testing/output.h"
 #include "tests/testing/process_fixture.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/tcp_proxy.h"
 
 namespace rdzv {
 namespace {
@@ -481,20 +480,12 @@ TEST_F(AgentTest, RdzvdStopsOnSigterm) {
 
 TEST_F(AgentTest, RdzvdOnAPortInUseFails) {
   // A plain listening socket holds the port.
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 1), 0);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const std::string listen_at = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  testing::SilentListener taken;
+  ASSERT_NE(taken.port(), 0);
+  const std::string listen_at = absl::StrCat("127.0.0.1:", taken.port());
 
   Subprocess& rdzvd = Start({RDZVD_BIN, "--auth", "none", "--listen", listen_at});
   EXPECT_EQ(rdzvd.Wait(kPrompt), 1);
-  close(fd);
   const std::string line = LineWith(rdzvd.Stderr(), listen_at);
   EXPECT_TRUE(Contains(line, "rdzvd: cannot listen on")) << rdzvd.Stderr();
 }

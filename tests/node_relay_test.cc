@@ -32,6 +32,7 @@
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
+#include "tests/testing/tcp_proxy.h"
 #include "tests/testing/wire.h"
 
 namespace rdzv {
@@ -555,6 +556,25 @@ TEST_F(NodeRelayTest, ATcpRelayLetsOneConnectionOpenAFewCallsAtOnce) {
     j.context->TryCancel();
     testing::End(j);
   }
+}
+
+// A server that takes connections and never answers (a frozen rdzvd): the relay's join waits for
+// it until the join timeout, unless the agents it joins for are gone.
+TEST_F(NodeRelayTest, ARelayStopsWaitingForAFrozenServerOnceItsAgentsAreGone) {
+  testing::SilentListener frozen;
+  ASSERT_NE(frozen.port(), 0);
+  NodeRelayOptions options = RelayOptions("n0", 1);
+  options.upstream.endpoint = absl::StrCat("127.0.0.1:", frozen.port());
+  options.upstream.join_timeout = absl::Minutes(1);
+  ASSERT_NE(StartRelay(options), nullptr);
+  {
+    RawRelayJoins raw(Socket("n0"));
+    raw.Open(testing::JoinOf(job_, "a0", 1)).reader->WaitForInitialMetadata();
+    absl::SleepFor(absl::Milliseconds(300));  // its join is on its way up
+    EXPECT_FALSE(relays_[0]->WaitIdle(absl::Milliseconds(100)));
+  }  // the agent goes
+  EXPECT_TRUE(relays_[0]->WaitIdle(absl::Seconds(5)));
+  relays_.clear();
 }
 
 }  // namespace

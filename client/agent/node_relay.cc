@@ -44,6 +44,10 @@ namespace rdzv {
 
 namespace {
 
+// How long a relay waits for the rest of its agents when they resume the same round after the
+// server's stream was lost: all of them heard it at the same moment.
+constexpr absl::Duration kResumeGather = absl::Milliseconds(200);
+
 // $TMPDIR when it names an absolute path (Slurm sites may give each job a private one, which every
 // task of the job on a node shares), else /tmp.
 std::string RelayBase() {
@@ -239,8 +243,9 @@ class NodeRelay::Impl final : public v1::Rendezvous::CallbackService {
   absl::flat_hash_map<LocalStream*, std::shared_ptr<Member>> by_local_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Member>> pending_ ABSL_GUARDED_BY(mu_);
   absl::Time flush_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  // The agents whose joins went up before: one of them joining again starts a later round.
-  absl::flat_hash_set<std::string> carried_ ABSL_GUARDED_BY(mu_);
+  // The agents whose joins went up before, with the round they went up in: one of them joining
+  // again in a later round is a restart, in the same round a resume.
+  absl::flat_hash_map<std::string, int32_t> carried_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<GroupCall*, std::vector<std::shared_ptr<Member>>> groups_
       ABSL_GUARDED_BY(mu_);
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
@@ -250,6 +255,8 @@ class NodeRelay::Impl final : public v1::Rendezvous::CallbackService {
   int upstream_streams_ ABSL_GUARDED_BY(mu_) = 0;
   // The group call the worker waits on for the server's proof, so that stopping can end it.
   std::shared_ptr<GroupCall> inflight_ ABSL_GUARDED_BY(mu_);
+  // The members whose joins inflight_ carries: once all are gone, it is cancelled.
+  std::vector<std::shared_ptr<Member>> inflight_batch_ ABSL_GUARDED_BY(mu_);
   std::thread worker_;
 };
 
@@ -619,8 +626,16 @@ grpc::ServerWriteReactor<v1::JoinEvent>* NodeRelay::Impl::Join(grpc::CallbackSer
     by_local_[local] = member;
     pending_.push_back(member);
     if (pending_.size() == 1) {
-      flush_at_ = absl::Now() +
-                  (carried_.contains(member->agent_id) ? options_.rejoin_gather : options_.gather);
+      // A restart's agents come back as each has stopped its workers; after a lost server, all
+      // at once, and their reconnect timeout may be short.
+      const auto carried = carried_.find(member->agent_id);
+      absl::Duration wait = options_.gather;
+      if (carried != carried_.end()) {
+        wait = carried->second == request->restart_count()
+                   ? std::min(options_.gather, kResumeGather)
+                   : options_.rejoin_gather;
+      }
+      flush_at_ = absl::Now() + wait;
     }
   }
   return local;
@@ -635,6 +650,14 @@ void NodeRelay::Impl::LocalGone(LocalStream* local) {
   m->local = nullptr;
   if (m->group == nullptr) {
     pending_.erase(std::remove(pending_.begin(), pending_.end(), m), pending_.end());
+    // A join on its way up for members that are all gone (a server that does not answer would
+    // hold it to the join timeout, and the relay's node with it) ends now.
+    if (inflight_ != nullptr &&
+        std::find(inflight_batch_.begin(), inflight_batch_.end(), m) != inflight_batch_.end() &&
+        std::all_of(inflight_batch_.begin(), inflight_batch_.end(),
+                    [](const std::shared_ptr<Member>& b) { return b->local == nullptr; })) {
+      inflight_->Cancel();
+    }
     return;
   }
   if (m->ended || m->superseded || m->left) {
@@ -845,8 +868,8 @@ void NodeRelay::Impl::Flush() {
     for (const std::shared_ptr<Member>& m : batch) {
       *request.add_members() = m->request;
       // Bounded: the node's tasks, each by its one agent id, and a margin for stray joins.
-      if (carried_.size() < MaxHeld()) {
-        carried_.insert(m->agent_id);
+      if (carried_.size() < MaxHeld() || carried_.contains(m->agent_id)) {
+        carried_[m->agent_id] = m->request.restart_count();
       }
     }
   }
@@ -876,7 +899,13 @@ void NodeRelay::Impl::Flush() {
     }
     {
       absl::MutexLock lock(&mu_);
+      if (std::all_of(batch.begin(), batch.end(),
+                      [](const std::shared_ptr<Member>& m) { return m->local == nullptr; })) {
+        last = grpc::Status(grpc::StatusCode::CANCELLED, "the joining agents are gone");
+        break;
+      }
       inflight_ = call;
+      inflight_batch_ = batch;
     }
     call->Start(e.stub.get());
     const absl::Time wait_until =
@@ -889,6 +918,7 @@ void NodeRelay::Impl::Flush() {
       if (proof.ok()) {
         absl::MutexLock lock(&mu_);
         inflight_.reset();
+        inflight_batch_.clear();
         for (const std::shared_ptr<Member>& m : batch) {
           m->group = call.get();
           // Its task ended while the batch was on its way: the server hears it is lost.
@@ -920,6 +950,7 @@ void NodeRelay::Impl::Flush() {
     {
       absl::MutexLock lock(&mu_);
       inflight_.reset();
+      inflight_batch_.clear();
     }
     const bool elsewhere = status.error_code() == grpc::StatusCode::NOT_FOUND && several();
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE && !elsewhere) {

@@ -35,6 +35,7 @@ class RelayedRendezvous final : public AgentRendezvous {
 
   void Join(const JoinSpec& spec, absl::Duration timeout, Handlers events,
             std::function<void(absl::StatusOr<AssignmentEvent>)> done) override {
+    timeout_ = timeout;
     if (!first_) {
       StartJoin(!relay_gone_ && route_.listening(), spec, absl::Now() + timeout, std::move(events),
                 std::move(done));
@@ -88,7 +89,18 @@ class RelayedRendezvous final : public AgentRendezvous {
     const absl::Duration left = std::max(deadline - absl::Now(), absl::Seconds(1));
     if (!via_relay) {
       current_ = direct_.get();
-      direct_->Join(spec, left, std::move(events), std::move(done));
+      // A join that went directly after some time with the relay: its timeout is the one the
+      // user set, not what was left of it.
+      direct_->Join(spec, left, std::move(events),
+                    [done = std::move(done),
+                     timeout = timeout_](absl::StatusOr<AssignmentEvent> result) mutable {
+                      if (absl::IsDeadlineExceeded(result.status()) &&
+                          absl::StartsWith(result.status().message(), kDidNotComplete)) {
+                        result = absl::DeadlineExceededError(
+                            absl::StrCat(kDidNotComplete, absl::FormatDuration(timeout)));
+                      }
+                      done(std::move(result));
+                    });
       return;
     }
     current_ = local_.get();
@@ -136,6 +148,7 @@ class RelayedRendezvous final : public AgentRendezvous {
   const std::unique_ptr<AgentRendezvous> direct_;
   const Post post_;
   AgentRendezvous* current_ = nullptr;  // the one the latest Join went through
+  absl::Duration timeout_;              // the latest Join's
   bool first_ = true;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> watching_{false};

@@ -37,6 +37,22 @@ bool WriteAll(int fd, const char* data, size_t size) {
 
 }  // namespace
 
+SilentListener::SilentListener() {
+  fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr = Loopback(0);
+  socklen_t len = sizeof(addr);
+  if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(fd_, 16) != 0 || getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ADD_FAILURE() << "cannot listen on 127.0.0.1: " << strerror(errno);
+    return;
+  }
+  port_ = ntohs(addr.sin_port);
+}
+
+SilentListener::~SilentListener() {
+  if (fd_ >= 0) close(fd_);
+}
+
 TcpProxy::TcpProxy(int target_port) : target_port_(target_port) {
   listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr = Loopback(0);

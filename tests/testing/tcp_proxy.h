@@ -19,6 +19,23 @@
 
 namespace rdzv::testing {
 
+// A port of 127.0.0.1 that is taken and listens, and never accepts: a connection to it is made
+// by the kernel and then hears nothing (a frozen server), and a server cannot listen there.
+class SilentListener {
+ public:
+  SilentListener();
+  ~SilentListener();
+  SilentListener(const SilentListener&) = delete;
+  SilentListener& operator=(const SilentListener&) = delete;
+
+  // 0 when it could not listen (a gtest failure says why).
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
 class TcpProxy {
  public:
   // Listens on a free port of 127.0.0.1 and forwards each connection to 127.0.0.1:`target_port`.
