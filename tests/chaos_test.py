@@ -5,6 +5,11 @@ SIGKILL to a worker, to an agent or to rdzvd, SIGSTOP to a worker (which hangs t
 agent's watchdog finds it), SIGSTOP to an agent or to rdzvd (SIGCONT once the others are done),
 or SIGKILL to an agent that still waits for the rest of its job.
 
+Each fault is done in a flat job (every agent on its own stream to rdzvd) and in a tree: a Slurm
+step (its environment, without Slurm) on 127.0.0.1-3 with --fan-in 2, where nodes 0 and 1 join
+through the relay node 0's agent hosts, and node 2 joins directly. There the faults to an agent
+hit the relay's: a relay that dies or freezes is a lost node like any other.
+
 Each round checks what a user would: every agent exits within the bound its flags state, with a
 non-zero code and a line on stderr that says why the job failed; afterwards none of the round's
 processes is left and no agent's run directory is left.
@@ -41,13 +46,19 @@ STACK_WAIT_S = TERM_S + 2.0
 # The agent's own pings to rdzvd (5 s apart, 20 s for the answer): how long a frozen rdzvd,
 # whose connections stay open, takes to be noticed. No flag sets them.
 CLIENT_KEEPALIVE_S = 25.0
+# A tree's relay pings its members (1 s, 1 s for the answer), and they it: a member or relay that
+# freezes is noticed after both.
+RELAY_PING_S = 2.0
+# In a tree, node FAN_IN (the second group's first and only node) joins directly.
+FAN_IN = 2
 # Room for a loaded machine (two cores shared with builds) on every bound.
 SLACK_S = 5.0
 
 # kill-joining-agent: SIGKILL to an agent that waits for a job that never fills.
 FAULTS = ("kill-worker", "stop-worker", "kill-agent", "kill-rdzvd", "stop-agent",
           "kill-joining-agent", "stop-rdzvd")
-# stop-rdzvd waits out the agents' keepalive: it is done once per run, the others at random.
+# stop-rdzvd waits out the agents' keepalive: it is done once per kind of job, the others at
+# random.
 CHEAP_FAULTS = FAULTS[:-1]
 
 # A heartbeat to the agent's watchdog FIFO, as rdzv's heartbeat() writes it. The first is sent
@@ -124,8 +135,9 @@ class Round:
     """One job: rdzvd, NODES agents and their workers, all under a directory of its own that is
     also the agents' TMPDIR (their run directories go there)."""
 
-    def __init__(self, number):
+    def __init__(self, number, tree=False):
         self.job = "chaos-%d" % number
+        self.tree = tree
         self.dir = tempfile.mkdtemp(prefix="rdzv-chaos-%d-" % number)
         self.tmp = os.path.join(self.dir, "tmp")
         self.pids = os.path.join(self.dir, "pids")
@@ -134,6 +146,8 @@ class Round:
         self.marker = "RDZV_CHAOS_ROUND=%s" % self.dir
         self.env = clean_env(TMPDIR=self.tmp, CHAOS_PIDS=self.pids,
                              RDZV_CHAOS_ROUND=self.dir)
+        # A Slurm job id of the round's own: a tree's relay ports derive from the job.
+        self.slurm_job = 9000000 + random.SystemRandom().randrange(1000000)
         self.rdzvd = None
         self.agents = []
         self.sessions = set()
@@ -157,18 +171,30 @@ class Round:
             raise AssertionError("rdzvd did not start: %s" % read_text(log))
         endpoint = "127.0.0.1:%s" % port.group(1)
         for node in range(nodes):
+            argv = [AGENT, "--auth", "none", "--rdzv-endpoint", endpoint, "--rdzv-id", self.job,
+                    "--host-name", "n%d" % node, "--nproc-per-node", str(NPROC),
+                    "--join-timeout", "%gs" % join_timeout_s,
+                    "--reconnect-timeout", "%gs" % RECONNECT_S,
+                    "--term-timeout", "%gs" % TERM_S, "--hang-timeout", "%gs" % HANG_S]
+            env = dict(self.env)
+            if self.tree:
+                # Node n of a per-node step on 127.0.0.<n+1>: the relay listens on its node's
+                # address, found in the step's node list.
+                argv += ["--fan-in", str(FAN_IN)]
+                env.update(SLURM_JOB_ID=str(self.slurm_job), SLURM_STEP_ID="0",
+                           SLURM_PROCID=str(node), SLURM_NODEID=str(node), SLURM_LOCALID="0",
+                           SLURM_STEP_NUM_NODES=str(NODES), SLURM_STEP_NUM_TASKS=str(NODES),
+                           SLURM_STEP_TASKS_PER_NODE="1(x%d)" % NODES,
+                           SLURM_STEP_NODELIST="127.0.0.[1-%d]" % NODES,
+                           SLURMD_NODENAME="127.0.0.%d" % (node + 1))
+            else:
+                argv += ["--nnodes", str(NODES), "--node-rank", str(node)]
             out = open(os.path.join(self.dir, "agent-%d.out" % node), "wb")
             err = open(os.path.join(self.dir, "agent-%d.err" % node), "wb")
             with out, err:
                 agent = subprocess.Popen(
-                    [AGENT, "--auth", "none", "--rdzv-endpoint", endpoint, "--rdzv-id", self.job,
-                     "--nnodes", str(NODES), "--node-rank", str(node),
-                     "--host-name", "n%d" % node, "--nproc-per-node", str(NPROC),
-                     "--join-timeout", "%gs" % join_timeout_s,
-                     "--reconnect-timeout", "%gs" % RECONNECT_S,
-                     "--term-timeout", "%gs" % TERM_S, "--hang-timeout", "%gs" % HANG_S,
-                     "--", "/bin/sh", "-c", WORKER],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=self.env,
+                    argv + ["--", "/bin/sh", "-c", WORKER],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
                     start_new_session=True, preexec_fn=die_with_parent)
             self.agents.append(agent)
             self.sessions.add(agent.pid)
@@ -220,21 +246,25 @@ class ChaosTest(unittest.TestCase):
         seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1 << 30))
         rounds = int(os.environ.get("CHAOS_ROUNDS") or 16)
         rng = random.Random(seed)
-        faults = list(FAULTS) + [rng.choice(CHEAP_FAULTS) for _ in range(rounds - len(FAULTS))]
+        # Every fault in a flat job and in a tree, then faults at random.
+        faults = [(f, tree) for tree in (False, True) for f in FAULTS]
+        faults += [(rng.choice(CHEAP_FAULTS), rng.random() < 0.5)
+                   for _ in range(rounds - len(faults))]
         rng.shuffle(faults)
-        print("chaos seed %d (rerun with CHAOS_SEED=%d): %s" % (seed, seed, " ".join(faults)),
+        names = ["%s%s" % (f, " (tree)" if tree else "") for f, tree in faults]
+        print("chaos seed %d (rerun with CHAOS_SEED=%d): %s" % (seed, seed, ", ".join(names)),
               flush=True)
         started = time.monotonic()
-        for number, fault in enumerate(faults):
-            with self.subTest(round=number, fault=fault, seed=seed):
+        for number, (fault, tree) in enumerate(faults):
+            with self.subTest(round=number, fault=fault, tree=tree, seed=seed):
                 round_started = time.monotonic()
-                self.run_round(number, fault, rng)
-                print("round %d: %s in %.1f s" % (number, fault, time.monotonic() - round_started),
-                      flush=True)
+                self.run_round(number, fault, tree, rng)
+                print("round %d: %s in %.1f s" % (number, names[number],
+                                                  time.monotonic() - round_started), flush=True)
         print("%d rounds in %.1f s" % (len(faults), time.monotonic() - started), flush=True)
 
-    def run_round(self, number, fault, rng):
-        r = Round(number)
+    def run_round(self, number, fault, tree, rng):
+        r = Round(number, tree)
         try:
             if fault == "kill-joining-agent":
                 self.kill_joining_agent(r, rng)
@@ -243,8 +273,12 @@ class ChaosTest(unittest.TestCase):
             running = wait_until(lambda: len(r.worker_pids()) == NODES * NPROC, 30)
             self.assertTrue(running, "the job did not start its workers\n" + r.describe())
             workers = r.worker_pids()
-            node = rng.randrange(NODES)
+            # In a tree, the relay's node: its member (node 1) loses its way to the server.
+            node = 0 if tree else rng.randrange(NODES)
             others = [n for n in range(NODES) if n != node]
+            # How long a frozen agent takes to be noticed: by rdzvd's pings, or in a tree by the
+            # relay's (a member) or its members' (the relay).
+            frozen_s = RELAY_PING_S if tree else SERVER_KEEPALIVE_S * 2
 
             if fault == "kill-worker":
                 rank = rng.randrange(NODES * NPROC)
@@ -271,7 +305,7 @@ class ChaosTest(unittest.TestCase):
                                    "lost the rendezvous server at .* could not rejoin within 1s")
             elif fault == "stop-agent":
                 r.agents[node].send_signal(signal.SIGSTOP)
-                self.expect_failed(r, others, SERVER_KEEPALIVE_S * 2 + TERM_S,
+                self.expect_failed(r, others, frozen_s + TERM_S,
                                    "lost contact with the agent on n%d" % node)
                 # Woken, it learns that the job ended without it.
                 r.agents[node].send_signal(signal.SIGCONT)
@@ -294,7 +328,7 @@ class ChaosTest(unittest.TestCase):
         waiting = wait_until(lambda: all("waiting for 1 of %d nodes" % NODES in r.stderr(n)
                                          for n in range(NODES - 1)), 30)
         self.assertTrue(waiting, "the agents did not join\n" + r.describe())
-        node = rng.randrange(NODES - 1)
+        node = 0 if r.tree else rng.randrange(NODES - 1)
         r.agents[node].send_signal(signal.SIGKILL)
         self.assertEqual(r.agents[node].wait(timeout=5), -signal.SIGKILL)
         self.expect_failed(r, [n for n in range(NODES - 1) if n != node], JOIN_S + TERM_S,
