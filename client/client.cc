@@ -396,7 +396,7 @@ absl::StatusOr<AbortEvent> Client::ReportFailure(const FailureInfo& failure) {
 void Client::ReportFailureAsync(const FailureInfo& failure,
                                 std::function<void(absl::StatusOr<AbortEvent>)> done) {
   using Call = UnaryCall<v1::ReportExitRequest, v1::ReportExitResponse>;
-  auto call = std::make_unique<Call>(impl_->live_calls);
+  std::shared_ptr<Call> call = Call::Make(impl_->live_calls);
   {
     absl::MutexLock lock(&impl_->mu);
     call->request.set_job_id(impl_->job_id);
@@ -407,17 +407,19 @@ void Client::ReportFailureAsync(const FailureInfo& failure,
     return;
   }
   *call->request.mutable_failure() = ToProto(failure);
-  impl_->call_thread.Post([impl = impl_.get(), call = call.release(), done = std::move(done)] {
+  impl_->call_thread.Post([impl = impl_.get(), call, done = std::move(done)]() mutable {
     impl->SetDeadline(call->context);
     if (absl::Status s = impl->Authorize(call->context, "ReportExit", call->request.job_id());
         !s.ok()) {
-      delete call;
+      call.reset();
       done(s);
       return;
     }
-    impl->stub()->async()->ReportExit(&call->context, &call->request, &call->response,
-                                      [call, done](grpc::Status s) {
-                                        std::unique_ptr<Call> owned(call);
+    Call* raw = call.get();
+    // The callback owns the call, and lets it go as it ends (not whenever gRPC drops it).
+    impl->stub()->async()->ReportExit(&raw->context, &raw->request, &raw->response,
+                                      [call = std::move(call), done](grpc::Status s) mutable {
+                                        const std::shared_ptr<Call> owned = std::move(call);
                                         if (!s.ok()) {
                                           done(FromGrpcStatus(s));
                                         } else {
@@ -440,7 +442,7 @@ absl::Status Client::Leave() {
 
 void Client::LeaveAsync(std::function<void(absl::Status)> done) {
   using Call = UnaryCall<v1::LeaveRequest, v1::LeaveResponse>;
-  auto call = std::make_unique<Call>(impl_->live_calls);
+  std::shared_ptr<Call> call = Call::Make(impl_->live_calls);
   std::shared_ptr<JoinCall> join;
   bool left;
   uint64_t generation;
@@ -459,26 +461,28 @@ void Client::LeaveAsync(std::function<void(absl::Status)> done) {
   }
   // The server closes the event stream in answer; that end is no loss.
   if (join) join->MarkLeaving();
-  impl_->call_thread.Post([impl = impl_.get(), call = call.release(), join, generation,
-                           done = std::move(done)] {
+  impl_->call_thread.Post([impl = impl_.get(), call, join, generation,
+                           done = std::move(done)]() mutable {
     impl->SetDeadline(call->context);
     if (absl::Status s = impl->Authorize(call->context, "Leave", call->request.job_id()); !s.ok()) {
-      delete call;
+      call.reset();
       if (join) join->Cancel();
       done(s);
       return;
     }
     // The client outlives the callback: it waits for its calls (LiveCalls) before it goes.
-    impl->stub()->async()->Leave(&call->context, &call->request, &call->response,
-                                 [impl, generation, call, join, done](grpc::Status s) {
-                                   std::unique_ptr<Call> owned(call);
-                                   if (join) join->Cancel();
-                                   if (s.ok()) {
-                                     absl::MutexLock lock(&impl->mu);
-                                     if (impl->join_generation == generation) impl->left = true;
-                                   }
-                                   done(FromGrpcStatus(s));
-                                 });
+    Call* raw = call.get();
+    impl->stub()->async()->Leave(
+        &raw->context, &raw->request, &raw->response,
+        [impl, generation, call = std::move(call), join, done](grpc::Status s) mutable {
+          const std::shared_ptr<Call> owned = std::move(call);
+          if (join) join->Cancel();
+          if (s.ok()) {
+            absl::MutexLock lock(&impl->mu);
+            if (impl->join_generation == generation) impl->left = true;
+          }
+          done(FromGrpcStatus(s));
+        });
   });
 }
 
@@ -563,6 +567,20 @@ void Client::Cancel() {
     call->MarkLeaving();
     call->Cancel();
   }
+}
+
+void Client::AbandonCalls() {
+  std::vector<std::shared_ptr<grpc::ClientContext>> calls;
+  {
+    LiveCalls& live = *impl_->live_calls;
+    absl::MutexLock lock(&live.mu);
+    live.abandoned = true;
+    for (auto& [key, weak] : live.unary) {
+      if (std::shared_ptr<grpc::ClientContext> call = weak.lock()) calls.push_back(call);
+    }
+  }
+  // Without the lock: gRPC may run a call's callback (which ends the call) within TryCancel.
+  for (const auto& context : calls) context->TryCancel();
 }
 
 }  // namespace rdzv

@@ -197,6 +197,11 @@ class Client {
   // Joins return Cancelled at once.
   void Cancel();
 
+  // Ends the failure reports and departures still waiting for the server (their callbacks get
+  // Cancelled), and any made later, for good. For a process that exits without waiting for a
+  // server that does not answer: the destructor otherwise waits for them, up to rpc_timeout.
+  void AbandonCalls();
+
  private:
   class JoinCall;
   struct Impl;

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client.h"
 #include "common/grpc_status.h"
@@ -34,6 +35,11 @@ namespace internal {
 struct LiveCalls {
   absl::Mutex mu;
   int count ABSL_GUARDED_BY(mu) = 0;
+  // The unary calls in flight (weak: a call is its callback's to end), and whether they and any
+  // made later are to be ended at once.
+  absl::flat_hash_map<const grpc::ClientContext*, std::weak_ptr<grpc::ClientContext>> unary
+      ABSL_GUARDED_BY(mu);
+  bool abandoned ABSL_GUARDED_BY(mu) = false;
 };
 
 // Counts in LiveCalls for as long as it exists.
@@ -59,11 +65,31 @@ class LiveCallToken {
 // of the channel.
 template <typename Request, typename Response>
 struct UnaryCall {
-  explicit UnaryCall(std::shared_ptr<LiveCalls> calls) : token(std::move(calls)) {}
+  explicit UnaryCall(std::shared_ptr<LiveCalls> calls) : token(calls), calls_(std::move(calls)) {}
+  ~UnaryCall() {
+    absl::MutexLock lock(&calls_->mu);
+    calls_->unary.erase(&context);
+  }
+  UnaryCall(const UnaryCall&) = delete;
+  UnaryCall& operator=(const UnaryCall&) = delete;
+
+  // Made so, a call can be ended by Client::AbandonCalls while it waits for the server.
+  static std::shared_ptr<UnaryCall> Make(std::shared_ptr<LiveCalls> calls) {
+    auto call = std::make_shared<UnaryCall>(calls);
+    absl::MutexLock lock(&calls->mu);
+    calls->unary[&call->context] = std::shared_ptr<grpc::ClientContext>(call, &call->context);
+    // gRPC keeps a cancel made before the call starts and applies it then.
+    if (calls->abandoned) call->context.TryCancel();
+    return call;
+  }
+
   LiveCallToken token;
   grpc::ClientContext context;
   Request request;
   Response response;
+
+ private:
+  const std::shared_ptr<LiveCalls> calls_;
 };
 
 // Runs functions one after another on a thread of its own, started when one arrives and ended

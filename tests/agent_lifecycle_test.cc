@@ -195,11 +195,40 @@ TEST(AgentLifecycleTest, UnansweredFailureReportEndsJobWithLocalCause) {
   Running r;
   ASSERT_EQ(Kinds(r.life.WorkerEnded(Ended(0, 0, SIGSEGV), kT0)), "ReportFailure,StopWorkers");
   EXPECT_EQ(Kinds(r.life.AllWorkersDone()), "");
+  // The server did not answer: a departure would wait for it again, so the agent exits.
   const AgentActions answered =
       r.life.FailureAnswered(r.generation, absl::UnavailableError("connection refused"));
-  EXPECT_EQ(Kinds(answered), "Leave");
+  EXPECT_EQ(Kinds(answered), "Exit");
   EXPECT_TRUE(absl::StrContains(Logs(answered), "could not report the failure")) << Logs(answered);
+  EXPECT_EQ(One<act::Exit>(answered)->code, 128 + SIGSEGV);
+}
+
+TEST(AgentLifecycleTest, ARefusedFailureReportStillLeaves) {
+  Running r;
+  ASSERT_EQ(Kinds(r.life.WorkerEnded(Ended(0, 0, SIGSEGV), kT0)), "ReportFailure,StopWorkers");
+  EXPECT_EQ(Kinds(r.life.AllWorkersDone()), "");
+  // The server answered, with a refusal: it is there to hear the departure.
+  const AgentActions answered =
+      r.life.FailureAnswered(r.generation, absl::PermissionDeniedError("wrong job token"));
+  EXPECT_EQ(Kinds(answered), "Leave");
   EXPECT_EQ(One<act::Exit>(r.life.Left(absl::OkStatus()))->code, 128 + SIGSEGV);
+}
+
+TEST(AgentLifecycleTest, AStoppedAgentWaitsBrieflyForTheServerToHearIt) {
+  Running r;
+  // A worker's failure waits for the server's answer as long as the call may take ...
+  Running other;
+  const AgentActions failed = other.life.WorkerEnded(Ended(0, 1), kT0);
+  EXPECT_EQ(One<act::ReportFailure>(failed)->timeout, absl::InfiniteDuration());
+  // ... a stop (scancel's SIGTERM) a short while: its workers are stopping meanwhile.
+  const AgentActions stopped = r.life.Signal(SIGTERM, kT0);
+  ASSERT_EQ(Kinds(stopped), "ReportFailure,StopWorkers");
+  EXPECT_EQ(One<act::ReportFailure>(stopped)->timeout, absl::Seconds(2));
+  EXPECT_EQ(Kinds(r.life.AllWorkersDone()), "");
+  const AgentActions answered =
+      r.life.FailureAnswered(r.generation, absl::DeadlineExceededError("no answer within 2s"));
+  EXPECT_EQ(Kinds(answered), "Exit");
+  EXPECT_EQ(One<act::Exit>(answered)->code, 128 + SIGTERM);
 }
 
 TEST(AgentLifecycleTest, RestartsUpToTheLimitCountingTheJobsRestarts) {

@@ -478,6 +478,36 @@ TEST_F(AgentTest, RdzvdStopsOnSigterm) {
   EXPECT_EQ(agent.Wait(kPrompt), 128 + SIGTERM) << agent.Stderr();
 }
 
+// scancel's SIGTERM while rdzvd does not answer (its host froze): the agent stops its workers and
+// exits without waiting out a whole call deadline (10 s) for its report, and another for its
+// departure.
+TEST_F(AgentTest, AStoppedAgentDoesNotWaitLongForAFrozenServer) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  std::vector<std::string> argv = {RDZV_AGENT_BIN,
+                                   "--rdzv-endpoint",
+                                   endpoint_,
+                                   "--rdzv-id",
+                                   "frozen",
+                                   "--nnodes",
+                                   "1",
+                                   "--auth",
+                                   "none",
+                                   "--"};
+  for (std::string& a : WorkerCommand(SleepForever())) argv.push_back(std::move(a));
+  Subprocess& agent = Start(std::move(argv));
+  const absl::Time deadline = absl::Now() + kLongWait;
+  while (ReadWorker(0).empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_FALSE(ReadWorker(0).empty()) << agent.Stderr();
+  rdzvd_->Signal(SIGSTOP);
+  agent.Signal(SIGTERM);
+  EXPECT_EQ(agent.Wait(absl::Seconds(8)), 128 + SIGTERM) << agent.Stderr();
+  rdzvd_->Signal(SIGCONT);
+  EXPECT_TRUE(
+      Contains(LineWith(agent.Stderr(), "could not report the failure"), "no answer within 2s"))
+      << agent.Stderr();
+  EXPECT_TRUE(Contains(LineWith(agent.Stderr(), "failed"), "received SIGTERM")) << agent.Stderr();
+}
+
 TEST_F(AgentTest, RdzvdOnAPortInUseFails) {
   // A plain listening socket holds the port.
   testing::SilentListener taken;

@@ -100,6 +100,7 @@ class Agent::Impl {
   asio::steady_timer await_timer_{io_};
   asio::steady_timer stack_timer_{io_};
   asio::steady_timer earlier_hang_timer_{io_};
+  asio::steady_timer report_timer_{io_};  // a report that must be answered soon
 
   ServerLocation location_;
   std::unique_ptr<NodeRelay> relay_;  // the node's, when this agent hosts it
@@ -346,10 +347,23 @@ void Agent::Impl::Do(const agent_action::ForwardSignal& forward) {
 }
 
 void Agent::Impl::Do(const agent_action::ReportFailure& report) {
-  rendezvous_->ReportFailure(report.failure,
-                             [this, generation = report.generation](absl::StatusOr<AbortEvent> r) {
-                               Handle(lifecycle_->FailureAnswered(generation, r));
-                             });
+  // Answered once: by the server, or by the timer when it has not answered in time. Both run on
+  // the agent's loop.
+  auto answered = std::make_shared<bool>(false);
+  auto answer = [this, generation = report.generation, answered](absl::StatusOr<AbortEvent> r) {
+    if (std::exchange(*answered, true)) return;
+    Handle(lifecycle_->FailureAnswered(generation, r));
+  };
+  if (report.timeout != absl::InfiniteDuration()) {
+    report_timer_.expires_after(absl::ToChronoMicroseconds(report.timeout));
+    report_timer_.async_wait([answer, timeout = report.timeout](const std::error_code& ec) {
+      if (!ec) {
+        answer(absl::DeadlineExceededError(
+            absl::StrCat("no answer within ", absl::FormatDuration(timeout))));
+      }
+    });
+  }
+  rendezvous_->ReportFailure(report.failure, answer);
 }
 
 void Agent::Impl::Do(const agent_action::Leave&) {
@@ -403,6 +417,7 @@ void Agent::Impl::Do(const agent_action::Exit& exit) {
   await_timer_.cancel();
   stack_timer_.cancel();
   earlier_hang_timer_.cancel();
+  report_timer_.cancel();
   if (watchdog_) watchdog_->StopRound();
   work_.reset();
   io_.stop();

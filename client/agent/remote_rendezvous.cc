@@ -70,7 +70,11 @@ class RemoteRendezvous final : public AgentRendezvous {
     });
   }
 
-  void Cancel() override { client_->Cancel(); }
+  // The agent is done with the server: a report or departure it still waits for is given up.
+  void Cancel() override {
+    client_->Cancel();
+    client_->AbandonCalls();
+  }
 
   std::string endpoint() const override { return endpoint_; }
 

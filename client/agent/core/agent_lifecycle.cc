@@ -24,6 +24,10 @@ constexpr absl::Duration kStackMargin = absl::Seconds(2);
 // next check (100 ms at most) and its report's way through the server, with room for a loaded
 // machine. Well within the window in which the server lets an earlier hang take over.
 constexpr absl::Duration kEarlierHangWait = absl::Seconds(1);
+// How long an agent told to stop (SIGTERM from scancel, Ctrl-C) waits for the server to answer
+// its report: the workers are stopped meanwhile, and Slurm kills what is left after KillWait.
+// The others learn of the stop from its stream ending when the server does not answer.
+constexpr absl::Duration kStopReportTimeout = absl::Seconds(2);
 
 Log Info(std::string text) { return {Log::kInfo, std::move(text)}; }
 Log Warn(std::string text) { return {Log::kWarn, std::move(text)}; }
@@ -192,6 +196,9 @@ AgentActions AgentLifecycle::FailureAnswered(int32_t generation,
   if (!first.ok()) {
     actions.push_back(Warn(absl::StrCat("could not report the failure to the rendezvous server: ",
                                         first.status().message())));
+    if (absl::IsDeadlineExceeded(first.status()) || absl::IsUnavailable(first.status())) {
+      server_silent_ = true;
+    }
   } else if (generation == generation_ && phase_ != Phase::kDone) {
     // The server's answer names the job's first failure, which may be another node's.
     Append(actions, NoteOutcome(*first));
@@ -299,7 +306,7 @@ AgentActions AgentLifecycle::Signal(int sig, int64_t now_us) {
       f.cause = AbortCause::kAgentSignalled;
       f.signal = sig;
       f.exit_code = 128 + sig;
-      return Fail(f);
+      return Fail(f, kStopReportTimeout);
     }
     case Phase::kStopping:
       return {Warn(absl::StrCat(SignalName(sig), " again: killing the workers now")),
@@ -337,10 +344,10 @@ AgentActions AgentLifecycle::OthersGone() {
   return Finish();
 }
 
-AgentActions AgentLifecycle::Fail(const FailureInfo& failure) {
+AgentActions AgentLifecycle::Fail(const FailureInfo& failure, absl::Duration report_timeout) {
   outcome_ = AbortFor(failure);
   ++reports_pending_;
-  AgentActions actions = {agent_action::ReportFailure{generation_, failure}};
+  AgentActions actions = {agent_action::ReportFailure{generation_, failure, report_timeout}};
   Append(actions, StopWorkers());
   return actions;
 }
@@ -375,7 +382,7 @@ AgentActions AgentLifecycle::MaybeFinish() {
     actions.push_back(Info(absl::StrFormat("job %s: all %d workers on %s succeeded",
                                            options_.job_id, options_.nproc, options_.host)));
   }
-  if (outcome_ && outcome_->cause == AbortCause::kServerLost) {
+  if ((outcome_ && outcome_->cause == AbortCause::kServerLost) || server_silent_) {
     // Nothing to leave, and a frozen server would hold the exit for a whole call deadline.
     Append(actions, Finish());
     return actions;
@@ -408,6 +415,7 @@ AgentActions AgentLifecycle::Restart() {
   own_hang_.reset();
   awaiting_stack_ = false;
   awaiting_earlier_hang_ = false;
+  server_silent_ = false;
   restart_count_ = assignment_.restart_count + 1;
   Append(actions, JoinRound(std::nullopt));
   return actions;

@@ -98,6 +98,9 @@ struct ForwardSignal {
 struct ReportFailure {
   int32_t generation = 0;
   FailureInfo failure;
+  // When the server has not answered by then, call FailureAnswered with DeadlineExceeded (and
+  // drop the late answer). Infinite: the call's own deadline.
+  absl::Duration timeout = absl::InfiniteDuration();
 };
 struct CancelJoin {};
 struct Leave {};
@@ -179,7 +182,8 @@ class AgentLifecycle {
   const std::optional<AbortEvent>& outcome() const { return outcome_; }
 
  private:
-  AgentActions Fail(const FailureInfo& failure);
+  AgentActions Fail(const FailureInfo& failure,
+                    absl::Duration report_timeout = absl::InfiniteDuration());
   // Takes `abort` as the job's outcome; asks to wait when it names a hang whose stack is yet to
   // come from another node.
   AgentActions NoteOutcome(const AbortEvent& abort);
@@ -207,6 +211,9 @@ class AgentLifecycle {
   bool awaiting_stack_ = false;         // AwaitStack asked for, not over
   bool awaiting_earlier_hang_ = false;  // AwaitEarlierHang asked for, not over
   int exit_code_ = 0;                   // for a join given up on a signal
+  // A failure report found the server silent (no answer, or unreachable): no Leave follows,
+  // which would wait for it again.
+  bool server_silent_ = false;
 };
 
 }  // namespace rdzv
