@@ -151,7 +151,8 @@ typedef enum rdzv_abort_cause {
   RDZV_ABORT_AGENT_LOST = 3,       /* the server lost a launcher */
   RDZV_ABORT_SERVER_LOST = 4,      /* a launcher lost the server */
   RDZV_ABORT_RESUME_TIMED_OUT = 5, /* a restarted server gave up waiting for the launchers */
-  RDZV_ABORT_WORKER_HUNG = 6       /* a worker hung */
+  RDZV_ABORT_WORKER_HUNG = 6,      /* a worker hung */
+  RDZV_ABORT_NODE_UNHEALTHY = 7    /* a node failed its health check; the job fell below MIN */
 } rdzv_abort_cause;
 
 /* Callbacks of one join; every member may be NULL. They run on the library's threads and must

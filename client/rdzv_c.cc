@@ -120,6 +120,8 @@ class InCall {
   rdzv_client* const client_;
 };
 
+static_assert(static_cast<int>(RDZV_ABORT_NODE_UNHEALTHY) == kMaxAbortCause,
+              "rdzv_abort_cause and AbortCause differ");
 rdzv_abort_cause CauseOf(AbortCause cause) { return static_cast<rdzv_abort_cause>(cause); }
 
 void FillAbort(const AbortEvent& abort, rdzv_abort_info& out) {

@@ -25,6 +25,24 @@ Micros MicrosFromMillis(int64_t ms) {
   return ms * 1000;
 }
 
+ExclusionKind KindFromProto(int value) {
+  if (value < 0 || value > kMaxExclusionKind) return ExclusionKind::kUnspecified;
+  return static_cast<ExclusionKind>(value);
+}
+
+static_assert(v1::ExclusionKind_MAX == kMaxExclusionKind, "ExclusionKind and v1 differ");
+
+void ToProto(const ExcludedNode& e, v1::ExcludedNode& p) {
+  p.set_host(e.host);
+  p.set_node_index(e.node_index);
+  p.set_kind(static_cast<v1::ExclusionKind>(e.why.kind));
+  p.set_detail(e.why.detail);
+}
+
+ExcludedNode FromProto(const v1::ExcludedNode& p) {
+  return ExcludedNode{p.host(), p.node_index(), Unhealthy{KindFromProto(p.kind()), p.detail()}};
+}
+
 }  // namespace
 
 v1::JoinRequest ToProto(const JoinSpec& spec) {
@@ -43,7 +61,13 @@ v1::JoinRequest ToProto(const JoinSpec& spec) {
   r.set_master_addr_override(spec.master_addr_override);
   r.set_master_port_override(spec.master_port_override);
   r.set_restart_count(spec.restart_count);
-  r.set_protocol_version(spec.resume ? 2 : 1);
+  // The oldest revision that knows every field set: an older server refuses what it would
+  // misread (a resume taken for a fresh join, an unhealthy node taken in).
+  r.set_protocol_version(spec.unhealthy ? kUnhealthyJoinProtocolVersion : spec.resume ? 2 : 1);
+  if (spec.unhealthy) {
+    r.mutable_unhealthy()->set_kind(static_cast<v1::ExclusionKind>(spec.unhealthy->kind));
+    r.mutable_unhealthy()->set_detail(spec.unhealthy->detail);
+  }
   if (spec.resume) *r.mutable_resume() = ToProto(*spec.resume);
   if (spec.max_restarts) r.set_max_restarts(*spec.max_restarts);
   r.set_longest_heartbeat_interval_ms(spec.longest_heartbeat_interval / 1000);
@@ -71,6 +95,9 @@ JoinSpec FromProto(const v1::JoinRequest& r) {
   if (r.has_max_restarts()) spec.max_restarts = r.max_restarts();
   spec.longest_heartbeat_interval = MicrosFromMillis(r.longest_heartbeat_interval_ms());
   spec.node_list = r.node_list();
+  if (r.has_unhealthy()) {
+    spec.unhealthy = Unhealthy{KindFromProto(r.unhealthy().kind()), r.unhealthy().detail()};
+  }
   return spec;
 }
 
@@ -138,6 +165,7 @@ v1::JobStatus ToProto(const JobStatusView& j) {
   p.set_node_list(j.node_list);
   p.set_omitted_agents(j.omitted_agents);
   if (j.abort) *p.mutable_abort() = ToProto(*j.abort);
+  for (const ExcludedNode& e : j.excluded) ToProto(e, *p.add_excluded());
   for (const AgentStatusView& a : j.agents) {
     v1::AgentStatus* ap = p.add_agents();
     ap->set_agent_id(a.agent_id);
@@ -162,6 +190,7 @@ JobStatusView FromProto(const v1::JobStatus& p) {
   j.node_list = p.node_list();
   j.omitted_agents = p.omitted_agents();
   if (p.has_abort()) j.abort = FromProto(p.abort());
+  for (const v1::ExcludedNode& e : p.excluded()) j.excluded.push_back(FromProto(e));
   for (const v1::AgentStatus& a : p.agents()) {
     j.agents.push_back(
         {a.agent_id(), a.host(), a.node_index(), a.nproc(), a.rank_offset(), a.state()});
@@ -175,6 +204,7 @@ ProgressEvent FromProto(const v1::Progress& p) {
   e.expected = p.expected();
   e.joined_hosts.assign(p.joined_hosts().begin(), p.joined_hosts().end());
   e.missing_node_indices.assign(p.missing_node_indices().begin(), p.missing_node_indices().end());
+  for (const v1::ExcludedNode& x : p.excluded()) e.excluded.push_back(FromProto(x));
   return e;
 }
 
@@ -225,6 +255,7 @@ v1::JoinEvent ToProto(const Event& event) {
           p->set_expected(e.expected);
           for (const auto& h : e.joined_hosts) p->add_joined_hosts(h);
           for (int64_t i : e.missing_node_indices) p->add_missing_node_indices(i);
+          for (const ExcludedNode& x : e.excluded) ToProto(x, *p->add_excluded());
         } else if constexpr (std::is_same_v<T, AssignmentEvent>) {
           *out.mutable_assignment() = ToProto(e);
         } else {

@@ -9,9 +9,11 @@
 namespace rdzv {
 
 // The protocol revision this build speaks; a server refuses requests newer than itself. A
-// request states the lowest revision it needs: 3 for a group join (JoinRequest.members), 2 for a
-// resume, else 1, so that joins still work against an older server.
-inline constexpr int32_t kProtocolVersion = 3;
+// request states the lowest revision it needs: 4 for an unhealthy node's join
+// (JoinRequest.unhealthy), 3 for a group join (JoinRequest.members), 2 for a resume, else 1, so
+// that joins still work against an older server.
+inline constexpr int32_t kProtocolVersion = 4;
+inline constexpr int32_t kUnhealthyJoinProtocolVersion = 4;
 inline constexpr int32_t kGroupJoinProtocolVersion = 3;
 
 v1::JoinRequest ToProto(const JoinSpec& spec);

@@ -297,10 +297,22 @@ Metrics::Metrics(absl::string_view version) {
       "rdzv_aborts_total",
       "Jobs ended by an abort, by cause: worker_failed (a worker exited non-zero or was killed), "
       "agent_signalled (an agent was told to stop), agent_lost (an agent or its node went away), "
-      "resume_timed_out (agents did not come back after the server restarted).",
+      "resume_timed_out (agents did not come back after the server restarted), worker_hung (a "
+      "worker's watchdog fired), node_unhealthy (a node failed its health check and the job "
+      "could no longer reach its minimum size).",
       "cause");
   for (int32_t cause = 0; cause <= kMaxAbortCause; ++cause) {
     aborts_->WithLabel(AbortCauseName(static_cast<AbortCause>(cause)));
+  }
+  unhealthy_nodes_ = &AddCounterFamily(
+      "rdzv_unhealthy_nodes_total",
+      "Agents that reported their node unhealthy instead of joining, by reason: health_check "
+      "(--health-check exited non-zero), health_check_timeout, gpus (a GPU the worker count "
+      "relies on is missing), run_dir (not writable or full), address (the node has no address "
+      "other nodes could reach).",
+      "reason");
+  for (int32_t kind = 1; kind < static_cast<int32_t>(ExclusionKind::kNodeLeftOut); ++kind) {
+    unhealthy_nodes_->WithLabel(ExclusionKindName(static_cast<ExclusionKind>(kind)));
   }
   refused_calls_ = &AddCounterFamily(
       "rdzv_refused_calls_total",

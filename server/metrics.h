@@ -178,6 +178,11 @@ class Metrics {
   // from the start).
   Counter& aborts(AbortCause cause) { return aborts_->WithLabel(AbortCauseName(cause)); }
   Counter& aborts(absl::string_view cause) { return aborts_->WithLabel(cause); }
+  // rdzv_unhealthy_nodes_total{reason}: agents that reported their node unhealthy, by
+  // ExclusionKindName.
+  Counter& unhealthy_nodes(ExclusionKind kind) {
+    return unhealthy_nodes_->WithLabel(ExclusionKindName(kind));
+  }
   // rdzv_refused_calls_total{reason}: calls refused before reaching a job (kRefused*).
   Counter& refused_calls(absl::string_view reason) { return refused_calls_->WithLabel(reason); }
 
@@ -229,6 +234,7 @@ class Metrics {
   Histogram* rendezvous_duration_ = nullptr;
   Family<Counter>* aborts_ = nullptr;
   Family<Counter>* refused_calls_ = nullptr;
+  Family<Counter>* unhealthy_nodes_ = nullptr;
   CallbackGauge* jobs_ = nullptr;
   CallbackGauge* agents_attached_ = nullptr;
   CallbackGauge* join_streams_ = nullptr;

@@ -353,6 +353,7 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
     }
   }
   streams_.emplace(id, Stream{stream, &state, context->peer(), {}, group, agents});
+  ++streams_opened_;
   streams_per_user_[&state] += agents;
   std::shared_ptr<Usage>& usage = usage_[&state];
   if (usage == nullptr) usage = std::make_shared<Usage>();
@@ -366,10 +367,18 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
                  EscapeControl(spec.agent.agent_id), EscapeControl(spec.agent.host),
                  spec.agent.node_index, spec.agent.nproc);
     if (options_.metrics != nullptr) options_.metrics->OnJoin(now, id, spec);
+    if (spec.unhealthy) LogUnhealthy(spec);
     state.Join(now, id, spec, CallerInfo{PeerAddress(context->peer())}, decisions);
   }
   Apply(decisions, writers);
   return stream;
+}
+
+void RendezvousService::LogUnhealthy(const JoinSpec& spec) {
+  spdlog::warn(
+      "job {}: {} reports itself unhealthy: {}", EscapeControl(spec.job_id),
+      EscapeControl(spec.agent.host),
+      EscapeControl(DescribeExcluded({spec.agent.host, spec.agent.node_index, *spec.unhealthy})));
 }
 
 std::string RendezvousService::MemberKey(const RendezvousState* state, absl::string_view job_id,
@@ -397,6 +406,7 @@ void RendezvousService::JoinMembersLocked(StreamId id, RendezvousState& state,
     }
     member_ids_[MemberKey(&state, spec.job_id, spec.agent.agent_id)] = member_id;
     if (options_.metrics != nullptr) options_.metrics->OnJoin(now, member_id, spec);
+    if (spec.unhealthy) LogUnhealthy(spec);
     state.Join(now, member_id, spec, CallerInfo{PeerAddress(peer)}, decisions);
   }
 }
@@ -858,6 +868,11 @@ void RendezvousService::CountRefused(absl::string_view reason) {
 size_t RendezvousService::open_streams() const {
   absl::MutexLock lock(&mu_);
   return streams_.size();
+}
+
+int64_t RendezvousService::streams_opened() const {
+  absl::MutexLock lock(&mu_);
+  return streams_opened_;
 }
 
 }  // namespace rdzv

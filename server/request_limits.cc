@@ -79,6 +79,10 @@ absl::Status CheckJoinRequest(const v1::JoinRequest& r) {
   for (const std::string& address : r.addresses()) {
     if (s = CheckName(address, "an address", kMaxHostBytes); !s.ok()) return s;
   }
+  if (s = CheckSize(r.unhealthy().detail(), "the health check's line", kMaxUnhealthyDetailBytes);
+      !s.ok()) {
+    return s;
+  }
   return CheckSize(r.node_list(), "the node list", kMaxNodeListBytes);
 }
 

@@ -96,6 +96,8 @@ class Server {
 
   // Join streams open now: agents still attached to some job.
   size_t open_streams() const;
+  // Join streams opened since the start (RendezvousService::streams_opened).
+  int64_t streams_opened() const;
 
  private:
   Server() = default;

@@ -17,6 +17,7 @@ ServiceMetrics::~ServiceMetrics() {
 
 void ServiceMetrics::OnJoin(Micros now, StreamId stream, const JoinSpec& spec) {
   metrics_->joins().Inc();
+  if (spec.unhealthy) metrics_->unhealthy_nodes(spec.unhealthy->kind).Inc();
   absl::MutexLock lock(&mu_);
   Expire(now);
   const auto [it, is_new] = jobs_.try_emplace(spec.job_id);

@@ -156,6 +156,23 @@ TEST(StatusFormatTest, TableHasOneLinePerJobWithItsFailure) {
   EXPECT_EQ(FormatStatusTable({}, {}), "no jobs\n");
 }
 
+TEST(StatusFormatTest, NodesLeftOutAreNamedWithWhyAndTheExcludeLine) {
+  JobStatusView job = Job("train", "filling", 4, {{"n1", 0}, {"n4", 3}});
+  job.node_list = "n[1-4]";
+  job.excluded = {ExcludedNode{"n2", 1, Unhealthy{ExclusionKind::kHealthCheckFailed, "ECC"}},
+                  ExcludedNode{"n3", 2, Unhealthy{ExclusionKind::kRunDir, "/tmp is full"}}};
+  // Nodes left out are not waited for.
+  EXPECT_EQ(MissingNodes(job, {}), "");
+  const std::string table = FormatStatusTable({job}, {});
+  EXPECT_THAT(table, HasSubstr("job train left out n2 (node 1): health check failed: ECC\n"));
+  EXPECT_THAT(table,
+              HasSubstr("job train left out n3 (node 2): run directory unusable: /tmp is full\n"));
+  EXPECT_THAT(table, HasSubstr("  next time: sbatch --exclude=n[2-3]\n"));
+  job.node_list.clear();
+  job.excluded.pop_back();
+  EXPECT_EQ(MissingNodes(job, {}), "[2]");
+}
+
 // A reply rdzvd trimmed to its size says what it left out, so an operator knows the view is
 // partial and how to see the rest.
 TEST(StatusFormatTest, TableSaysWhatTheServerLeftOut) {
@@ -180,7 +197,7 @@ TEST(StatusFormatTest, JsonIsTheProtocolsJsonMapping) {
             R"({"jobs":[{"job_id":"train","round":1,"state":"filling","joined":1,)"
             R"("min_agents":4,"max_agents":4,"world_size":0,"agents":[{"agent_id":"n0-1",)"
             R"("host":"n0","node_index":"0","nproc":2,"rank_offset":-1,"state":""}],)"
-            R"("node_list":"","omitted_agents":0}],"omitted_jobs":0})");
+            R"("node_list":"","omitted_agents":0,"excluded":[]}],"omitted_jobs":0})");
   EXPECT_EQ(StatusJson({}), R"({"jobs":[],"omitted_jobs":0})");
   EXPECT_THAT(StatusJson({}, 3), HasSubstr(R"("omitted_jobs":3)"));
 

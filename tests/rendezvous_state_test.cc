@@ -1485,5 +1485,143 @@ TEST_F(ResumeTest, SameServerRefusesAClaimOfAnotherMaster) {
   EXPECT_EQ(same.Status("j").at(0).state, "running");
 }
 
+// ---- Nodes left out (a failed health check) ----
+
+JoinSpec Unwell(JoinSpec spec, std::string detail,
+                ExclusionKind kind = ExclusionKind::kHealthCheckFailed) {
+  spec.unhealthy = Unhealthy{kind, std::move(detail)};
+  return spec;
+}
+
+JoinSpec Elastic(JoinSpec spec, int32_t min_agents) {
+  spec.min_agents = min_agents;
+  return spec;
+}
+
+TEST_F(RendezvousStateTest, AnUnhealthyNodeEndsAJobOfFixedSizeAtOnce) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Spec("j", "n1", 0, 3))));
+  const Decisions d = Join(kSecond, 2, Unwell(Spec("j", "n2", 1, 3), "GPU 3 has fallen off"));
+  const std::map<StreamId, absl::Status> closes = ClosesOf(d);
+  ASSERT_TRUE(closes.contains(2)) << Summary(d);
+  EXPECT_EQ(closes.at(2).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(closes.at(2).message(), "left out of job j")) << closes.at(2);
+  // The waiting agent hears why and its join ends: it does not wait for its join timeout.
+  const std::map<StreamId, AbortEvent> aborts = EventsOf<AbortEvent>(d);
+  ASSERT_TRUE(aborts.contains(1)) << Summary(d);
+  const AbortEvent& abort = aborts.at(1);
+  EXPECT_EQ(abort.cause, AbortCause::kNodeUnhealthy);
+  EXPECT_EQ(abort.exit_code, kExitNodeUnhealthy);
+  EXPECT_TRUE(absl::StrContains(abort.reason,
+                                "n2 (node 1): health check failed: GPU 3 has "
+                                "fallen off"))
+      << abort.reason;
+  EXPECT_TRUE(absl::StrContains(abort.reason, "sbatch --exclude=n2")) << abort.reason;
+  EXPECT_TRUE(closes.contains(1) && closes.at(1).ok()) << Summary(d);
+
+  // A peer that comes later hears the same, instead of opening a round that waits for n2.
+  const Decisions late = Join(2 * kSecond, 3, Spec("j", "n3", 2, 3));
+  ASSERT_EQ(EventsOf<AbortEvent>(late).count(3), 1u) << Summary(late);
+  EXPECT_EQ(EventsOf<AbortEvent>(late).at(3).cause, AbortCause::kNodeUnhealthy);
+  EXPECT_TRUE(ClosesOf(late).at(3).ok());
+  const std::vector<JobStatusView> status = state_.Status("j");
+  ASSERT_EQ(status.size(), 1u);
+  EXPECT_EQ(status[0].state, "ended");
+  ASSERT_EQ(status[0].excluded.size(), 1u);
+  EXPECT_EQ(status[0].excluded[0].host, "n2");
+  EXPECT_EQ(status[0].excluded[0].why.detail, "GPU 3 has fallen off");
+}
+
+TEST_F(RendezvousStateTest, TheFirstAgentMayBeTheUnhealthyOne) {
+  const Decisions d = Join(0, 1, Unwell(Spec("j", "n0", 0, 2), "", ExclusionKind::kRunDir));
+  EXPECT_EQ(ClosesOf(d).at(1).code(), absl::StatusCode::kFailedPrecondition);
+  // The job is remembered as ended, so the other agent is told at once.
+  const Decisions other = Join(kSecond, 2, Spec("j", "n1", 1, 2));
+  ASSERT_EQ(EventsOf<AbortEvent>(other).count(2), 1u) << Summary(other);
+  EXPECT_TRUE(absl::StrContains(EventsOf<AbortEvent>(other).at(2).reason,
+                                "n0 (node 0): run directory unusable"));
+}
+
+TEST_F(RendezvousStateTest, AnElasticJobFormsWithoutItsUnhealthyNode) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Elastic(Spec("j", "n0", 0, 3), 2))));
+  const Decisions d = Join(kSecond, 2, Unwell(Elastic(Spec("j", "n1", 1, 3), 2), "ECC errors"));
+  // The waiting agent is told which node is out and why, at once.
+  const std::map<StreamId, ProgressEvent> progress = EventsOf<ProgressEvent>(d);
+  ASSERT_TRUE(progress.contains(1)) << Summary(d);
+  EXPECT_EQ(progress.at(1).expected, 2);
+  ASSERT_EQ(progress.at(1).excluded.size(), 1u);
+  EXPECT_EQ(DescribeExcluded(progress.at(1).excluded[0]),
+            "n1 (node 1): health check failed: ECC errors");
+  // The last agent it can still have completes the round, without waiting for --last-call; it
+  // hears of the node left out before it came.
+  const Decisions last = Join(kSecond, 3, Elastic(Spec("j", "n2", 2, 3), 2));
+  ASSERT_EQ(EventsOf<ProgressEvent>(last).count(3), 1u) << Summary(last);
+  EXPECT_EQ(EventsOf<ProgressEvent>(last).at(3).excluded.size(), 1u);
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(last);
+  ASSERT_EQ(got.size(), 2u) << Summary(last);
+  EXPECT_EQ(got.at(1).world_size, 2);
+  EXPECT_EQ(got.at(3).slot.group_rank, 1);
+}
+
+TEST_F(RendezvousStateTest, AReportCompletesARoundThatWaitedOnlyForThatNode) {
+  EXPECT_TRUE(IsEmpty(Join(0, 1, Elastic(Spec("j", "n0", 0, 3), 2))));
+  EXPECT_TRUE(IsEmpty(Join(0, 3, Elastic(Spec("j", "n2", 2, 3), 2))));
+  const Decisions d = Join(kSecond, 2, Unwell(Elastic(Spec("j", "n1", 1, 3), 2), "no IB"));
+  EXPECT_EQ(EventsOf<AssignmentEvent>(d).size(), 2u) << Summary(d);
+}
+
+TEST_F(RendezvousStateTest, ALeftOutNodeDoesNotRejoinTheJob) {
+  JoinSpec n1 = Elastic(Spec("j", "n1", 1, 3), 2);
+  Join(0, 1, Elastic(Spec("j", "n0", 0, 3), 2));
+  Join(0, 2, Unwell(n1, "ECC errors"));
+  // Its agent, started again, passes its check this time: the node stays out.
+  n1.agent.agent_id = "n1/agent-2";
+  const absl::Status back = RefusalOf(Join(kSecond, 3, n1), 3);
+  EXPECT_EQ(back.code(), absl::StatusCode::kFailedPrecondition) << back;
+  EXPECT_TRUE(absl::StrContains(back.message(), "ECC errors")) << back;
+  // Reporting twice takes it out once: the job still forms from the two others.
+  Join(kSecond, 4, Unwell(n1, "ECC errors"));
+  EXPECT_EQ(EventsOf<AssignmentEvent>(Join(kSecond, 5, Elastic(Spec("j", "n2", 2, 3), 2))).size(),
+            2u);
+  // A restart leaves it out too, and forms from the others again.
+  Decisions d;
+  ASSERT_TRUE(
+      state_.Abort(2 * kSecond, "j", AbortEvent{AbortCause::kWorkerFailed, {}, "boom", 1}, d).ok());
+  JoinSpec r0 = Elastic(Spec("j", "n0", 0, 3), 2);
+  JoinSpec r1 = n1;
+  JoinSpec r2 = Elastic(Spec("j", "n2", 2, 3), 2);
+  r0.restart_count = r1.restart_count = r2.restart_count = 1;
+  EXPECT_TRUE(EventsOf<AssignmentEvent>(Join(3 * kSecond, 6, r0)).empty());
+  EXPECT_EQ(RefusalOf(Join(3 * kSecond, 7, r1), 7).code(), absl::StatusCode::kFailedPrecondition);
+  const Decisions restarted = Join(3 * kSecond, 8, r2);
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(restarted);
+  ASSERT_EQ(got.size(), 2u) << Summary(restarted);
+  EXPECT_EQ(got.at(6).restart_count, 1);
+}
+
+TEST_F(RendezvousStateTest, AJobOfOnlyItsLeftOutNodeIsKeptForTheTtlThenForgotten) {
+  Join(0, 1, Unwell(Elastic(Spec("j", "n0", 0, 3), 1), "bad"));
+  ASSERT_EQ(state_.Status("j").size(), 1u);
+  EXPECT_EQ(state_.Status("j")[0].state, "filling");
+  const Micros ttl = StateOptions{}.ended_job_ttl;
+  Tick(ttl - 1);
+  EXPECT_EQ(state_.Status("j").size(), 1u);
+  Tick(ttl);
+  EXPECT_TRUE(state_.Status("j").empty());
+}
+
+TEST_F(RendezvousStateTest, AnUnhealthyReportIsRangeChecked) {
+  JoinSpec long_line =
+      Unwell(Spec("j", "n0", 0, 2), std::string(kMaxUnhealthyDetailBytes + 1, 'x'));
+  EXPECT_EQ(ValidateJoinSpec(long_line).code(), absl::StatusCode::kInvalidArgument);
+  JoinSpec odd_kind = Unwell(Spec("j", "n0", 0, 2), "x", static_cast<ExclusionKind>(99));
+  EXPECT_EQ(ValidateJoinSpec(odd_kind).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateJoinSpec(Unwell(Spec("j", "n0", 0, 2), "red \x1b[31m")).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Only the server says that another agent of a node was left out.
+  JoinSpec claimed = Unwell(Spec("j", "n0", 0, 2), "x", ExclusionKind::kNodeLeftOut);
+  EXPECT_EQ(ValidateJoinSpec(claimed).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ValidateJoinSpec(Unwell(Spec("j", "n0", 0, 2), "x")).ok());
+}
+
 }  // namespace
 }  // namespace rdzv

@@ -78,12 +78,17 @@ grpc::health::v1::HealthCheckResponse::ServingStatus HealthProto(ServingStatus s
 }  // namespace
 
 std::string MissingNodes(const JobStatusView& job, const std::vector<std::string>& nodelist) {
-  if (job.state != "filling" || job.joined >= job.max_agents) return "";
-  const std::string more = absl::StrCat(job.max_agents - job.joined, " more");
+  // Nodes left out of the job are not waited for.
+  const int64_t expected = job.max_agents - static_cast<int64_t>(job.excluded.size());
+  if (job.state != "filling" || job.joined >= expected) return "";
+  const std::string more = absl::StrCat(expected - job.joined, " more");
   const std::vector<std::string> nodes = nodelist.empty() ? JobNodes(job) : nodelist;
+  absl::flat_hash_set<int64_t> out_indices;
+  for (const ExcludedNode& node : job.excluded) out_indices.insert(node.node_index);
   if (!nodes.empty()) {
     absl::flat_hash_set<std::string> joined;
     for (const AgentStatusView& agent : job.agents) joined.insert(agent.host);
+    for (const ExcludedNode& node : job.excluded) joined.insert(node.host);
     std::vector<std::string> missing;
     for (const std::string& host : nodes) {
       if (!joined.contains(host)) missing.push_back(host);
@@ -98,7 +103,7 @@ std::string MissingNodes(const JobStatusView& job, const std::vector<std::string
   }
   std::vector<std::string> missing;
   for (int64_t i = 0; i < job.max_agents; ++i) {
-    if (!indices.contains(i)) missing.push_back(absl::StrCat(i));
+    if (!indices.contains(i) && !out_indices.contains(i)) missing.push_back(absl::StrCat(i));
   }
   std::string list = CompressHostlist(missing);
   // A single index comes back bare; a hostlist of indices reads better bracketed throughout.
@@ -136,6 +141,18 @@ std::string FormatStatusTable(const std::vector<JobStatusView>& jobs,
       }
     }
     absl::StrAppend(&out, line, "\n");
+  }
+  // Nodes left out for good, and the line that keeps them out of the next run.
+  for (const JobStatusView& job : jobs) {
+    if (job.excluded.empty()) continue;
+    std::vector<std::string> hosts;
+    for (const ExcludedNode& node : job.excluded) {
+      absl::StrAppend(&out, "job ", job.job_id, " left out ", DescribeExcluded(node), "\n");
+      hosts.push_back(node.host);
+    }
+    std::sort(hosts.begin(), hosts.end());
+    hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
+    absl::StrAppend(&out, "  next time: sbatch --exclude=", CompressHostlist(hosts), "\n");
   }
   // rdzvd keeps its reply within a fixed size; say what it left out.
   int64_t omitted_agents = 0;

@@ -4,6 +4,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -76,6 +77,21 @@ struct RendezvousState::Job {
   // takes no scan of the members.
   std::string addr_override;
   int32_t addr_givers = 0;
+  // Nodes left out for good (a failed health check), kept over rounds: a few for status and
+  // progress, and how many agents they took out of --nnodes. Bounded by max_agents.
+  std::vector<ExcludedNode> excluded;
+  int32_t excluded_agents = 0;
+  absl::flat_hash_set<int64_t> excluded_positions;  // agents' ClaimKey, when they have one
+  absl::flat_hash_set<int64_t> excluded_node_indices;
+  absl::flat_hash_set<std::string> excluded_hosts;  // of nodes without an index
+
+  // The most agents this round can still have.
+  int32_t Expected() const { return std::max(0, max_agents - excluded_agents); }
+  // Whether `agent` runs on a node left out of the job.
+  bool Excludes(const AgentSpec& agent) const {
+    return agent.node_index >= 0 ? excluded_node_indices.contains(agent.node_index)
+                                 : excluded_hosts.contains(agent.host);
+  }
   int32_t port_override = 0;
   int32_t port_givers = 0;
 
@@ -104,6 +120,9 @@ namespace {
 
 constexpr size_t kProgressHosts = 8;
 constexpr size_t kProgressMissing = 16;
+constexpr size_t kProgressExcluded = 8;
+// Excluded nodes a job names in its status; the count covers the rest.
+constexpr size_t kKeptExcluded = 64;
 
 const char* PhaseName(Phase p) {
   switch (p) {
@@ -238,6 +257,26 @@ absl::Status ValidateJoinSpec(const JoinSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrFormat("the longest heartbeat interval is %s; expected 0 to 365 days",
                         Span(spec.longest_heartbeat_interval)));
+  }
+  if (spec.unhealthy) {
+    const auto kind = static_cast<int32_t>(spec.unhealthy->kind);
+    if (kind < 1 || kind >= static_cast<int32_t>(ExclusionKind::kNodeLeftOut)) {
+      return OutOfRange("the health check's kind", kind, "1 to 5");
+    }
+    if (spec.unhealthy->detail.size() > kMaxUnhealthyDetailBytes) {
+      return OutOfRange("the health check's line (bytes)",
+                        static_cast<int64_t>(spec.unhealthy->detail.size()),
+                        absl::StrFormat("at most %d", kMaxUnhealthyDetailBytes));
+    }
+    for (const char c : spec.unhealthy->detail) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+        return absl::InvalidArgumentError(
+            "the health check's line holds a control character; send printable text");
+      }
+    }
+    if (spec.resume) {
+      return absl::InvalidArgumentError("a join cannot both resume and report its node unhealthy");
+    }
   }
   if (spec.resume) {
     if (const std::string why = ImpossibleResume(spec); !why.empty()) {
@@ -486,6 +525,20 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
 
   if (job->phase == Phase::kEnded) {
     const bool next_round = spec.restart_count > job->restart_count;
+    if (spec.unhealthy && !next_round) {
+      // Too late to change this run; it is still left out of the job's next ones.
+      Exclude(*job, now, stream, spec.agent, *spec.unhealthy, out);
+      return;
+    }
+    if (!is_member && !next_round && job->abort &&
+        job->abort->cause == AbortCause::kNodeUnhealthy &&
+        spec.restart_count == job->restart_count) {
+      // A peer of the run that a node's failed health check ended: it hears why, at once,
+      // instead of opening a round that waits for that node.
+      out.sends.push_back({stream, *job->abort});
+      out.closes.push_back({stream, absl::OkStatus()});
+      return;
+    }
     if (is_member && !next_round) {
       // A reconnect after the end (its first stream broke before the assignment reached it):
       // tell it how the job ended, and end the join, as for a resume, so that the agent exits
@@ -523,6 +576,15 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
                      absl::StrFormat("this agent has --max-restarts %d but job %s was started with "
                                      "--max-restarts %d; give every agent the same --max-restarts",
                                      *spec.max_restarts, job->id, *job->max_restarts))});
+    return;
+  }
+
+  if (spec.unhealthy) {
+    Exclude(*job, now, stream, spec.agent, *spec.unhealthy, out);
+    return;
+  }
+  if (job->Excludes(spec.agent)) {
+    Exclude(*job, now, stream, spec.agent, Unhealthy{ExclusionKind::kNodeLeftOut, ""}, out);
     return;
   }
 
@@ -603,12 +665,12 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
       return;
     }
   }
-  if (static_cast<int32_t>(job->members.size()) >= job->max_agents) {
+  if (static_cast<int32_t>(job->members.size()) >= job->Expected()) {
     out.closes.push_back(
         {stream, absl::FailedPreconditionError(absl::StrFormat(
                      "job %s already has all %d agents; this agent on %s is one too many: "
                      "check --nnodes",
-                     job->id, job->max_agents, spec.agent.host))});
+                     job->id, job->Expected(), spec.agent.host))});
     return;
   }
 
@@ -620,9 +682,77 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
   job->CountOverride(spec, +1);
   Attach(*job, member, stream);
   job->last_join = now;
-  if (static_cast<int32_t>(job->members.size()) == job->max_agents) {
+  if (!job->excluded.empty()) {
+    // Nodes left out before this agent came: it hears of them too (a few, as progress does).
+    ProgressEvent p;
+    p.joined = static_cast<int32_t>(job->members.size());
+    p.expected = job->Expected();
+    p.excluded.assign(job->excluded.begin(),
+                      job->excluded.begin() + std::min(job->excluded.size(), kProgressExcluded));
+    out.sends.push_back({stream, std::move(p)});
+  }
+  if (static_cast<int32_t>(job->members.size()) == job->Expected()) {
     CompleteRound(*job, out);
     EraseIfDone(spec.job_id);  // a round that could not be ranked leaves nobody
+  }
+}
+
+void RendezvousState::Exclude(Job& job, Micros now, StreamId stream, const AgentSpec& agent,
+                              const Unhealthy& why, Decisions& out) {
+  // Each agent position counts once, however often its agent says so; past max_agents nothing
+  // more can change (the job already cannot run), so nothing more is kept.
+  const int64_t position = ClaimKey(agent);
+  const bool counted = position >= 0 ? job.excluded_positions.contains(position)
+                                     : job.excluded_hosts.contains(agent.host);
+  const bool newly = !counted && job.excluded_agents < job.max_agents;
+  ExcludedNode node{agent.host, agent.node_index, why};
+  if (why.kind == ExclusionKind::kNodeLeftOut) {
+    // Name the first reason its node was left out for.
+    for (const ExcludedNode& e : job.excluded) {
+      if (agent.node_index >= 0 ? e.node_index == agent.node_index : e.host == agent.host) {
+        node.why.detail = DescribeExcluded(e);
+        break;
+      }
+    }
+  }
+  if (newly) {
+    ++job.excluded_agents;
+    if (position >= 0) job.excluded_positions.insert(position);
+    if (agent.node_index >= 0) {
+      job.excluded_node_indices.insert(agent.node_index);
+    } else {
+      job.excluded_hosts.insert(agent.host);
+    }
+    if (job.excluded.size() < kKeptExcluded && why.kind != ExclusionKind::kNodeLeftOut) {
+      job.excluded.push_back(node);
+    }
+  }
+  job.last_detach = now;
+  out.closes.push_back({stream, absl::FailedPreconditionError(
+                                    absl::StrFormat("%s is left out of job %s for good: %s",
+                                                    agent.host, job.id, DescribeExcluded(node)))});
+  if (!newly || job.phase != Phase::kFilling) return;
+
+  if (job.Expected() < job.min_agents) {
+    AbortEvent abort;
+    abort.cause = AbortCause::kNodeUnhealthy;
+    abort.exit_code = kExitNodeUnhealthy;
+    abort.reason = absl::StrFormat(
+        "%s; job %s needs %d agents and can now have at most %d: leave the node out "
+        "(sbatch --exclude=%s), or lower --nnodes",
+        DescribeExcluded(node), job.id, job.min_agents, job.Expected(), agent.host);
+    EndJob(job, now, std::move(abort), out);
+    return;
+  }
+  // The waiting agents hear of it now, not at the next progress tick.
+  job.last_progress = now;
+  const ProgressEvent p = MakeProgress(job);
+  for (const auto& [id, member] : job.members) {
+    if (member.stream != 0) out.sends.push_back({member.stream, p});
+  }
+  if (!job.members.empty() && static_cast<int32_t>(job.members.size()) >= job.Expected()) {
+    CompleteRound(job, out);
+    EraseIfDone(job.id);
   }
 }
 
@@ -810,13 +940,17 @@ void RendezvousState::EraseIfDone(const std::string& job_id) {
   Job* job = FindJob(job_id);
   if (job == nullptr) return;
   const bool everyone_left = job->left == job->members.size();
+  // A job that left nodes out stays (Tick ends it), so that their agents and status can see it.
+  if (job->excluded_agents > 0) return;
   if (job->phase == Phase::kFilling ? job->members.empty() : everyone_left) jobs_.erase(job_id);
 }
 
 ProgressEvent RendezvousState::MakeProgress(const Job& job) const {
   ProgressEvent p;
   p.joined = static_cast<int32_t>(job.members.size());
-  p.expected = job.max_agents;
+  p.expected = job.Expected();
+  const size_t excluded = std::min(job.excluded.size(), kProgressExcluded);
+  p.excluded.assign(job.excluded.begin(), job.excluded.begin() + excluded);
   std::vector<std::string> hosts;
   hosts.reserve(job.members.size());
   for (const auto& [id, member] : job.members) hosts.push_back(member.agent.host);
@@ -827,7 +961,9 @@ ProgressEvent RendezvousState::MakeProgress(const Job& job) const {
   if (!job.claims.empty()) {
     for (int64_t i = 0; i < job.max_agents && p.missing_node_indices.size() < kProgressMissing;
          ++i) {
-      if (!job.claims.contains(i)) p.missing_node_indices.push_back(i);
+      if (!job.claims.contains(i) && !job.excluded_positions.contains(i)) {
+        p.missing_node_indices.push_back(i);
+      }
     }
   }
   return p;
@@ -839,7 +975,12 @@ void RendezvousState::Tick(Micros now, Decisions& out) {
     Job& job = *job_ptr;
     if (job.phase == Phase::kFilling) {
       const auto joined = static_cast<int32_t>(job.members.size());
-      if (joined >= job.min_agents && now - job.last_join >= job.last_call) {
+      if (joined == 0) {
+        // Only its left-out nodes keep it (EraseIfDone): kept as an ended job would be.
+        if (job.attached == 0 && now - job.last_detach >= options_.ended_job_ttl) {
+          expired.push_back(id);
+        }
+      } else if (joined >= job.min_agents && now - job.last_join >= job.last_call) {
         CompleteRound(job, out);
         if (job.members.empty()) expired.push_back(id);  // the round could not be ranked
       } else if (now - job.last_progress >= options_.progress_interval) {
@@ -892,6 +1033,7 @@ std::vector<JobStatusView> RendezvousState::Status(const std::string& job_id) co
     v.max_agents = job.max_agents;
     v.world_size = job.world_size;
     v.node_list = job.node_list;
+    v.excluded = job.excluded;
     for (const auto& [agent_id, m] : job.members) {
       AgentStatusView a;
       a.agent_id = agent_id;

@@ -144,6 +144,12 @@ class RendezvousState {
   void Attach(Job& job, Member& member, StreamId stream);
   void Detach(Job& job, Member& member);
   void EraseIfDone(const std::string& job_id);
+  // Leaves the node of `agent` out of `job` for good (its agent reported it unhealthy, or
+  // another agent of it was left out), ends `stream` saying so, and then ends the round that
+  // can no longer reach --nnodes MIN, completes one that has all the agents it can still have,
+  // or tells its waiting agents.
+  void Exclude(Job& job, Micros now, StreamId stream, const AgentSpec& agent, const Unhealthy& why,
+               Decisions& out);
   ProgressEvent MakeProgress(const Job& job) const;
 
   StateOptions options_;

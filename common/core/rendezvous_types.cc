@@ -23,8 +23,62 @@ const char* AbortCauseName(AbortCause cause) {
       return "resume_timed_out";
     case AbortCause::kWorkerHung:
       return "worker_hung";
+    case AbortCause::kNodeUnhealthy:
+      return "node_unhealthy";
   }
   return "unspecified";
+}
+
+const char* ExclusionKindName(ExclusionKind kind) {
+  switch (kind) {
+    case ExclusionKind::kUnspecified:
+      return "unspecified";
+    case ExclusionKind::kHealthCheckFailed:
+      return "health_check";
+    case ExclusionKind::kHealthCheckTimedOut:
+      return "health_check_timeout";
+    case ExclusionKind::kGpusMissing:
+      return "gpus";
+    case ExclusionKind::kRunDir:
+      return "run_dir";
+    case ExclusionKind::kAddress:
+      return "address";
+    case ExclusionKind::kNodeLeftOut:
+      return "node_left_out";
+  }
+  return "unspecified";
+}
+
+namespace {
+
+const char* ExclusionWords(ExclusionKind kind) {
+  switch (kind) {
+    case ExclusionKind::kHealthCheckFailed:
+      return "health check failed";
+    case ExclusionKind::kHealthCheckTimedOut:
+      return "health check timed out";
+    case ExclusionKind::kGpusMissing:
+      return "GPUs missing";
+    case ExclusionKind::kRunDir:
+      return "run directory unusable";
+    case ExclusionKind::kAddress:
+      return "no reachable address";
+    case ExclusionKind::kNodeLeftOut:
+      return "another agent of this node was left out";
+    case ExclusionKind::kUnspecified:
+      break;
+  }
+  return "unhealthy";
+}
+
+}  // namespace
+
+std::string DescribeExcluded(const ExcludedNode& node) {
+  std::string who = node.node_index >= 0
+                        ? absl::StrFormat("%s (node %d)", node.host, node.node_index)
+                        : node.host;
+  if (node.why.detail.empty()) return absl::StrCat(who, ": ", ExclusionWords(node.why.kind));
+  return absl::StrCat(who, ": ", ExclusionWords(node.why.kind), ": ", node.why.detail);
 }
 
 std::string SignalName(int sig) {

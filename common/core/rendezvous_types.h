@@ -35,11 +35,48 @@ struct Slot {
   int32_t local_world_size = 0;   // workers on this node, over all of its agents
 };
 
+// Why a node is left out of a job (see ExcludedNode).
+enum class ExclusionKind : int32_t {
+  kUnspecified = 0,
+  kHealthCheckFailed = 1,    // the user's --health-check exited non-zero
+  kHealthCheckTimedOut = 2,  // ... or ran past --health-check-timeout
+  kGpusMissing = 3,          // a GPU the worker count relies on is missing
+  kRunDir = 4,               // the run directory is not writable or has no room
+  kAddress = 5,              // the node has no address other nodes could reach
+  kNodeLeftOut = 6,          // another agent of the same node was left out
+};
+inline constexpr int32_t kMaxExclusionKind = 6;
+
+// A stable lower-case name ("health_check"), for logs, metrics and JSON.
+const char* ExclusionKindName(ExclusionKind kind);
+
+// What an agent whose node failed its health check says instead of joining.
+struct Unhealthy {
+  ExclusionKind kind = ExclusionKind::kHealthCheckFailed;
+  std::string detail;  // the check's last line of output; at most kMaxUnhealthyDetailBytes
+
+  bool operator==(const Unhealthy&) const = default;
+};
+inline constexpr size_t kMaxUnhealthyDetailBytes = 512;
+
+// A node left out of a job for good: it does not rejoin the job, even when its agent comes back.
+struct ExcludedNode {
+  std::string host;
+  int64_t node_index = -1;
+  Unhealthy why;
+
+  bool operator==(const ExcludedNode&) const = default;
+};
+
+// "n2 (node 1): health check failed: no space left on /scratch".
+std::string DescribeExcluded(const ExcludedNode& node);
+
 struct ProgressEvent {
   int32_t joined = 0;
   int32_t expected = 0;
   std::vector<std::string> joined_hosts;      // a few, for messages
   std::vector<int64_t> missing_node_indices;  // a few, when nodes carry indices
+  std::vector<ExcludedNode> excluded;         // a few: nodes left out of the job
 };
 
 // One agent's place in a completed round: everything its workers' environment is made of.
@@ -84,6 +121,8 @@ struct JoinSpec {
   // The job's nodes as a compressed Slurm hostlist, in node order, when known (a Slurm step);
   // at most kMaxNodeListBytes, else empty. The job keeps the first one, for its status.
   std::string node_list;
+  // Set when this node failed its health check: the agent asks not to join but to be left out.
+  std::optional<Unhealthy> unhealthy;
 };
 
 // The longest node list a join carries; rdzvd refuses a longer one, and an agent whose list
@@ -100,8 +139,13 @@ enum class AbortCause : int32_t {
   kServerLost = 4,      // an agent lost its server and could not rejoin (decided by the agent)
   kResumeTimedOut = 5,  // a restarted server gave up waiting for the job's agents to return
   kWorkerHung = 6,      // a worker's watchdog timer expired or its heartbeats stopped
+  kNodeUnhealthy = 7,   // a node failed its health check and the job cannot have its minimum
 };
-inline constexpr int32_t kMaxAbortCause = 6;
+inline constexpr int32_t kMaxAbortCause = 7;
+
+// The exit code of an agent whose node failed its health check, and of every agent of a job
+// that ended for it.
+inline constexpr int kExitNodeUnhealthy = 83;
 
 // A stable lower-case name ("worker_failed"), for logs, metrics and JSON.
 const char* AbortCauseName(AbortCause cause);
@@ -181,6 +225,8 @@ struct JobStatusView {
   std::optional<AbortEvent> abort;
   // Agents the server left out of `agents` to keep its reply within a fixed size.
   int32_t omitted_agents = 0;
+  // Nodes left out of the job for good, with their reasons.
+  std::vector<ExcludedNode> excluded;
 };
 
 }  // namespace rdzv
