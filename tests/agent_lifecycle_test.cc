@@ -82,10 +82,12 @@ std::string Kinds(const AgentActions& actions) {
   std::vector<std::string> kinds;
   for (const AgentAction& a : actions) {
     // In the order of AgentAction's alternatives.
-    static constexpr const char* kNames[] = {
-        "Join",       "StartWorkers",     "StopWorkers",   "KillWorkers",   "AbortWorker",
-        "AwaitStack", "AwaitEarlierHang", "ForwardSignal", "ReportFailure", "CancelJoin",
-        "Leave",      "AwaitOthers",      "Log",           "Exit"};
+    static constexpr const char* kNames[] = {"Join",          "CheckHealth",   "CancelHealthCheck",
+                                             "StartWorkers",  "StopWorkers",   "KillWorkers",
+                                             "AbortWorker",   "AwaitStack",    "AwaitEarlierHang",
+                                             "ForwardSignal", "ReportFailure", "CancelJoin",
+                                             "Leave",         "AwaitOthers",   "Log",
+                                             "Exit"};
     static_assert(std::size(kNames) == std::variant_size_v<AgentAction>,
                   "name every kind of action");
     if (!std::holds_alternative<act::Log>(a)) kinds.push_back(kNames[a.index()]);
@@ -518,6 +520,112 @@ TEST(AgentLifecycleTest, OptionsComeFromTheAgentsConfiguration) {
   EXPECT_FALSE(fixed.per_task);
   EXPECT_FALSE(fixed.hosts_server);
   EXPECT_EQ(fixed.max_restarts, 0);
+}
+
+// ---- Health checks ----
+
+LifecycleOptions Checked(LifecycleOptions o = Options()) {
+  o.check_health = true;
+  return o;
+}
+
+TEST(AgentLifecycleTest, AHealthyNodeIsCheckedBeforeItJoins) {
+  AgentLifecycle life(Checked());
+  const AgentActions start = life.Start();
+  ASSERT_EQ(Kinds(start), "CheckHealth");
+  EXPECT_EQ(life.phase(), AgentLifecycle::Phase::kChecking);
+  const int32_t generation = One<act::CheckHealth>(start)->generation;
+  const AgentActions checked = life.HealthChecked(generation, std::nullopt);
+  ASSERT_EQ(Kinds(checked), "Join");
+  EXPECT_FALSE(One<act::Join>(checked)->unhealthy.has_value());
+  EXPECT_EQ(One<act::Join>(checked)->generation, generation);
+  // A stale verdict (an earlier check's) changes nothing.
+  EXPECT_TRUE(life.HealthChecked(generation - 1, Unhealthy{}).empty());
+}
+
+TEST(AgentLifecycleTest, AnUnhealthyNodeReportsItselfAndExitsWithItsCode) {
+  AgentLifecycle life(Checked());
+  const int32_t generation = One<act::CheckHealth>(life.Start())->generation;
+  const AgentActions checked = life.HealthChecked(
+      generation, Unhealthy{ExclusionKind::kHealthCheckFailed, "nvidia-smi: GPU 2 lost"});
+  ASSERT_EQ(Kinds(checked), "Join");
+  const act::Join report = *One<act::Join>(checked);
+  ASSERT_TRUE(report.unhealthy.has_value());
+  EXPECT_EQ(report.unhealthy->detail, "nvidia-smi: GPU 2 lost");
+  EXPECT_LE(report.timeout, kUnhealthyReportTimeout);
+  EXPECT_TRUE(absl::StrContains(Logs(checked), "n1: health check failed: nvidia-smi: GPU 2 lost"))
+      << Logs(checked);
+  // Progress while the report is on its way says nothing: this node waits for nobody.
+  ProgressEvent p;
+  p.joined = 1;
+  p.expected = 2;
+  EXPECT_TRUE(life.Progress(generation, p).empty());
+  const AgentActions answered =
+      life.Joined(generation, absl::FailedPreconditionError("n1 is left out of job job1 for good"));
+  ASSERT_EQ(Kinds(answered), "Exit");
+  EXPECT_EQ(One<act::Exit>(answered)->code, kExitNodeUnhealthy);
+}
+
+TEST(AgentLifecycleTest, AnUnhealthyNodeThatHostsTheServerKeepsItForTheOthers) {
+  LifecycleOptions o = Checked();
+  o.hosts_server = true;
+  o.agents = 3;
+  AgentLifecycle life(o);
+  const int32_t generation = One<act::CheckHealth>(life.Start())->generation;
+  life.HealthChecked(generation, Unhealthy{ExclusionKind::kRunDir, "/tmp is full"});
+  const AgentActions answered = life.Joined(generation, absl::FailedPreconditionError("left out"));
+  ASSERT_EQ(Kinds(answered), "AwaitOthers");
+  // The others may not have come yet: it waits for all three joins, within the join timeout.
+  EXPECT_EQ(One<act::AwaitOthers>(answered)->joins, 3);
+  EXPECT_EQ(One<act::AwaitOthers>(answered)->limit, o.join_timeout);
+  const AgentActions gone = life.OthersGone();
+  ASSERT_EQ(Kinds(gone), "Exit");
+  EXPECT_EQ(One<act::Exit>(gone)->code, kExitNodeUnhealthy);
+}
+
+TEST(AgentLifecycleTest, ASignalDuringTheHealthCheckStopsItAndExits) {
+  AgentLifecycle life(Checked());
+  const int32_t generation = One<act::CheckHealth>(life.Start())->generation;
+  const AgentActions stopped = life.Signal(SIGTERM, kT0);
+  EXPECT_EQ(Kinds(stopped), "CancelHealthCheck,Exit");
+  EXPECT_EQ(One<act::Exit>(stopped)->code, 128 + SIGTERM);
+  EXPECT_TRUE(life.HealthChecked(generation, std::nullopt).empty());
+}
+
+TEST(AgentLifecycleTest, ARestartChecksTheNodeAgainButAResumeDoesNot) {
+  LifecycleOptions o = Checked();
+  o.max_restarts = 1;
+  o.reconnect_timeout = absl::Seconds(30);
+  AgentLifecycle life(o);
+  int32_t generation = One<act::CheckHealth>(life.Start())->generation;
+  generation = One<act::Join>(life.HealthChecked(generation, std::nullopt))->generation;
+  ASSERT_EQ(Kinds(life.Joined(generation, Assignment(0))), "StartWorkers");
+  // The server is lost and the workers go on: the rejoin resumes, with no check.
+  const AgentActions lost = life.ServerLost(generation, absl::UnavailableError("gone"));
+  ASSERT_EQ(Kinds(lost), "Join");
+  ASSERT_TRUE(One<act::Join>(lost)->resume.has_value());
+  generation = One<act::Join>(lost)->generation;
+  ASSERT_EQ(Kinds(life.Joined(generation, Assignment(0))), "");
+  // A worker fails: the restart's join comes after a check.
+  AgentActions failed = life.WorkerEnded(Ended(1, 3), kT0);
+  const act::ReportFailure report = *One<act::ReportFailure>(failed);
+  life.FailureAnswered(report.generation, AbortFor(report.failure));
+  const AgentActions done = life.AllWorkersDone();
+  EXPECT_EQ(Kinds(done), "CheckHealth");
+}
+
+TEST(AgentLifecycleTest, EveryLeftOutNodeIsLoggedOnce) {
+  AgentLifecycle life(Checked());
+  int32_t generation = One<act::CheckHealth>(life.Start())->generation;
+  generation = One<act::Join>(life.HealthChecked(generation, std::nullopt))->generation;
+  ProgressEvent p;
+  p.joined = 1;
+  p.expected = 2;
+  p.excluded = {ExcludedNode{"n3", 2, Unhealthy{ExclusionKind::kHealthCheckFailed, "ECC"}}};
+  const AgentActions first = life.Progress(generation, p);
+  EXPECT_TRUE(absl::StrContains(Logs(first), "n3 (node 2): health check failed: ECC"))
+      << Logs(first);
+  EXPECT_FALSE(absl::StrContains(Logs(life.Progress(generation, p)), "ECC"));
 }
 
 }  // namespace

@@ -744,6 +744,15 @@ EnvList PerNodeStepOfTen(int node) {
           {"SLURM_STEP_TASKS_PER_NODE", "1(x10)"}};
 }
 
+TEST(AgentOptionsTest, InsideSrunNnodesMayLowerTheMinimumOfTheStepsCount) {
+  absl::StatusOr<AgentConfig> c = Resolve({"--nnodes", "8:10", "--", "./run"}, PerNodeStepOfTen(3));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->join.min_agents, 8);
+  EXPECT_EQ(c->join.max_agents, 10);
+  // More than the step runs is still a contradiction.
+  EXPECT_FALSE(Resolve({"--nnodes", "8:12", "--", "./run"}, PerNodeStepOfTen(3)).ok());
+}
+
 TEST(AgentOptionsTest, ManyNodesJoinInGroupsThroughEachGroupsFirstNode) {
   const struct {
     int fan_in;

@@ -531,6 +531,117 @@ TEST_F(AgentTest, SecondRdzvdOnTheSamePortFails) {
 // The helper itself: what the tests above rely on to never hang and never leak.
 
 // Waits until `n` processes carry `marker`.
+// ---- Health checks ----
+
+TEST_F(AgentTest, AJobOfFixedSizeEndsAtOnceWhenANodeFailsItsHealthCheck) {
+  StartRdzvd();
+  std::vector<Subprocess*> agents;
+  for (int node = 0; node < 3; ++node) {
+    std::vector<std::string> flags = {"--node-rank", absl::StrCat(node), "--host-name",
+                                      absl::StrCat("n", node)};
+    if (node == 1) {
+      flags.insert(flags.end(),
+                   {"--health-check",
+                    absl::StrCat("echo checking /scratch; echo '/scratch is read-only' >&2; "
+                                 "exit 1 # ",
+                                 marker_)});
+    }
+    agents.push_back(&StartAgent(absl::StrCat("n", node), "sick", 3, flags));
+  }
+  const absl::Time start = absl::Now();
+  for (Subprocess* a : agents) {
+    EXPECT_EQ(a->Wait(kLongWait), kExitNodeUnhealthy) << a->CommandLine() << "\n--- stderr:\n"
+                                                      << a->Stderr();
+  }
+  // Nobody waits for the join timeout (60 s) for a node that will not come.
+  EXPECT_LT(absl::Now() - start, kPrompt);
+  EXPECT_TRUE(
+      Contains(agents[1]->Stderr(), "n1: health check failed: /scratch is read-only (exit code 1)"))
+      << agents[1]->Stderr();
+  for (Subprocess* a : {agents[0], agents[2]}) {
+    const std::string line = LineWith(a->Stderr(), "job sick failed");
+    EXPECT_TRUE(Contains(line, "n1 (node 1): health check failed: /scratch is read-only")) << line;
+    EXPECT_TRUE(Contains(line, "sbatch --exclude=n1")) << line;
+  }
+  EXPECT_TRUE(ReadWorker(0).empty()) << "a worker started";
+  EXPECT_TRUE(testing::NoProcessLeft(marker_));
+}
+
+TEST_F(AgentTest, AnElasticJobFormsWithoutTheNodeThatFailedItsHealthCheck) {
+  StartRdzvd();
+  // --nnodes 2:3, and a long --last-call: the job forms because the node is left out, not
+  // because time passed.
+  std::vector<Subprocess*> agents;
+  for (int node = 0; node < 3; ++node) {
+    std::vector<std::string> argv = {RDZV_AGENT_BIN,
+                                     "--rdzv-endpoint",
+                                     endpoint_,
+                                     "--rdzv-id",
+                                     "elastic-sick",
+                                     "--nnodes",
+                                     "2:3",
+                                     "--join-timeout",
+                                     "60",
+                                     "--auth",
+                                     "none",
+                                     "--last-call",
+                                     "60s",
+                                     "--node-rank",
+                                     absl::StrCat(node),
+                                     "--host-name",
+                                     absl::StrCat("n", node)};
+    if (node == 1) {
+      argv.insert(argv.end(), {"--health-check", "echo 'ECC errors on GPU 2'; false"});
+    }
+    argv.push_back("--");
+    for (std::string& a : WorkerCommand()) argv.push_back(std::move(a));
+    agents.push_back(&Start(std::move(argv), {{"TEST_AGENT", absl::StrCat("n", node)}}));
+  }
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(agents[1]->Wait(kLongWait), kExitNodeUnhealthy) << agents[1]->Stderr();
+  WaitOk(*agents[0]);
+  WaitOk(*agents[2]);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "the job waited for --last-call";
+  const std::vector<WorkerEnv> table = ReadRankTable(2);
+  ExpectSharedValues(table, "elastic-sick");
+  EXPECT_EQ(table[0].at("TEST_AGENT"), "n0");
+  EXPECT_EQ(table[1].at("TEST_AGENT"), "n2");
+  EXPECT_TRUE(Contains(agents[0]->Stderr(),
+                       "n1 is left out of the job: n1 (node 1): health check failed: ECC errors "
+                       "on GPU 2 (exit code 1)"))
+      << agents[0]->Stderr();
+  // The server still shows which node was left out, and why.
+  ClientOptions options;
+  options.endpoint = endpoint_;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<std::vector<JobStatusView>> jobs = (*client)->Status("elastic-sick");
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 1u);
+  ASSERT_EQ(jobs->front().excluded.size(), 1u);
+  EXPECT_EQ(jobs->front().excluded[0].host, "n1");
+  EXPECT_EQ(jobs->front().excluded[0].why.kind, ExclusionKind::kHealthCheckFailed);
+  EXPECT_TRUE(testing::NoProcessLeft(marker_));
+}
+
+TEST_F(AgentTest, AHealthCheckThatHangsIsKilledAtItsTimeout) {
+  StartRdzvd();
+  Subprocess& healthy = StartAgent("n0", "hang-check", 2, {"--node-rank", "0"});
+  Subprocess& stuck =
+      StartAgent("n1", "hang-check", 2,
+                 {"--node-rank", "1", "--health-check-timeout", "1s", "--health-check",
+                  absl::StrCat("exec bash -c '(exec -a ", marker_,
+                               "-bg sleep 120) & echo probing the fabric; exec -a ", marker_,
+                               "-check sleep 120'")});
+  EXPECT_EQ(stuck.Wait(kLongWait), kExitNodeUnhealthy) << stuck.Stderr();
+  EXPECT_EQ(healthy.Wait(kLongWait), kExitNodeUnhealthy) << healthy.Stderr();
+  EXPECT_TRUE(Contains(stuck.Stderr(),
+                       "health check timed out: probing the fabric (did not finish within 1s)"))
+      << stuck.Stderr();
+  // The check's whole process group went with it.
+  EXPECT_TRUE(testing::NoProcessLeft(marker_));
+}
+
 bool WaitForMatches(const std::string& marker, size_t n) {
   const absl::Time deadline = absl::Now() + kLongWait;
   while (testing::ProcessesMatching(marker).size() < n) {

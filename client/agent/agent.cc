@@ -21,6 +21,7 @@
 #include "client/agent/agent_rendezvous.h"
 #include "client/agent/core/agent_lifecycle.h"
 #include "client/agent/core/worker_launches.h"
+#include "client/agent/health_check.h"
 #include "client/agent/remote_rendezvous.h"
 #include "client/agent/watchdog_fifo.h"
 #include "client/agent/worker_group.h"
@@ -60,6 +61,7 @@ class Agent::Impl {
       : config_(std::move(config)), launcher_(std::move(launcher)) {}
 
   ~Impl() {
+    health_.reset();  // a check still running is killed
     if (!run_dir_.empty()) {
       std::error_code ignored;
       std::filesystem::remove_all(run_dir_, ignored);
@@ -74,6 +76,10 @@ class Agent::Impl {
   // Carries out `actions`, and whatever they lead to, in order.
   void Handle(AgentActions actions);
   void Do(const agent_action::Join& join);
+  void Do(const agent_action::CheckHealth& check);
+  void Do(const agent_action::CancelHealthCheck&) {
+    if (health_) health_->Cancel();
+  }
   void Do(const agent_action::StartWorkers& start);
   void Do(const agent_action::StopWorkers& stop);
   void Do(const agent_action::KillWorkers&) { workers_->Kill(); }
@@ -113,10 +119,12 @@ class Agent::Impl {
   std::unique_ptr<WatchdogFifo> watchdog_;  // null when the user names a timer file of their own
   int32_t first_local_rank_ = 0;            // of the workers that run
   std::unique_ptr<AgentLifecycle> lifecycle_;
+  std::unique_ptr<HealthCheck> health_;  // the check that runs, or ran last
   std::deque<AgentAction> pending_;
   bool handling_ = false;
   int exit_code_ = 1;
   bool linger_ = false;
+  int64_t await_joins_ = 0;  // AwaitOthers::joins
 };
 
 Agent::Agent(AgentConfig config, std::unique_ptr<ProcessLauncher> launcher)
@@ -244,6 +252,24 @@ void Agent::Impl::Handle(AgentActions actions) {
   handling_ = false;
 }
 
+void Agent::Impl::Do(const agent_action::CheckHealth& check) {
+  HealthCheckTarget target;
+  target.addresses = spec_.addresses;
+  const char* tmp = std::getenv("TMPDIR");
+  target.run_parent = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+  if (!config_.health.command.empty()) {
+    spdlog::info("checking this node's health: {}", config_.health.command);
+  }
+  const int32_t generation = check.generation;
+  health_.reset();
+  health_ = std::make_unique<HealthCheck>(
+      config_.health, std::move(target), [this, generation](std::optional<Unhealthy> verdict) {
+        asio::post(io_, [this, generation, verdict = std::move(verdict)] {
+          Handle(lifecycle_->HealthChecked(generation, verdict));
+        });
+      });
+}
+
 void Agent::Impl::Do(const agent_action::Join& join) {
   spec_.restart_count = join.restart_count;
   if (!join.resume) {
@@ -257,6 +283,7 @@ void Agent::Impl::Do(const agent_action::Join& join) {
   }
   JoinSpec spec = spec_;
   spec.resume = join.resume;
+  spec.unhealthy = join.unhealthy;
   if (watchdog_) spec.longest_heartbeat_interval = watchdog_->longest_interval();
   spdlog::debug("joining job {} at {} as {} ({} workers, restart {})", spec.job_id,
                 rendezvous_->endpoint(), spec.agent.agent_id, spec.agent.nproc, spec.restart_count);
@@ -374,12 +401,15 @@ void Agent::Impl::Do(const agent_action::AwaitOthers& await) {
   const Micros until = await.limit == absl::InfiniteDuration()
                            ? std::numeric_limits<Micros>::max()
                            : clock_() + absl::ToInt64Microseconds(await.limit);
+  await_joins_ = await.joins;
   AwaitOthers(until, false);
 }
 
 void Agent::Impl::AwaitOthers(Micros until, bool logged) {
   const size_t others = location_.embedded ? location_.embedded->open_streams() : 0;
-  if (others == 0 || clock_() >= until) {
+  const bool all_came =
+      location_.embedded == nullptr || location_.embedded->streams_opened() >= await_joins_;
+  if ((others == 0 && all_came) || clock_() >= until) {
     Handle(lifecycle_->OthersGone());
     return;
   }

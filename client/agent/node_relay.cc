@@ -867,6 +867,9 @@ void NodeRelay::Impl::Flush() {
     request.set_protocol_version(kGroupJoinProtocolVersion);
     for (const std::shared_ptr<Member>& m : batch) {
       *request.add_members() = m->request;
+      // A server that predates a member's fields refuses the group instead of misreading it.
+      request.set_protocol_version(
+          std::max(request.protocol_version(), m->request.protocol_version()));
       // Bounded: the node's tasks, each by its one agent id, and a margin for stray joins.
       if (carried_.size() < MaxHeld() || carried_.contains(m->agent_id)) {
         carried_[m->agent_id] = m->request.restart_count();

@@ -357,10 +357,13 @@ class PosixProcessLauncher final : public ProcessLauncher {
 
   std::vector<ProcessExit> Reap() override {
     std::vector<ProcessExit> exits;
-    for (;;) {
+    // Only the launcher's own children: another part of the agent (a health check) waits for
+    // its own.
+    std::vector<pid_t> ended;
+    for (const auto& [guard, worker] : worker_of_) {
       int status = 0;
-      const pid_t pid = waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) break;
+      const pid_t pid = waitpid(guard, &status, WNOHANG);
+      if (pid != guard) continue;
       ProcessExit e;
       e.pid = pid;
       if (WIFEXITED(status)) {
@@ -371,8 +374,9 @@ class PosixProcessLauncher final : public ProcessLauncher {
         continue;
       }
       exits.push_back(e);
-      worker_of_.erase(pid);
+      ended.push_back(pid);
     }
+    for (const pid_t pid : ended) worker_of_.erase(pid);
     return exits;
   }
 

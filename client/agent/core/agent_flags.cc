@@ -109,6 +109,23 @@ FlagParser MakeParser(AgentFlags& f) {
   p.Add({"last-call", "RDZV_LAST_CALL", "DURATION",
          "with --nnodes MIN:MAX, how long to wait for more agents once MIN are in (default 1s)",
          DurationSetter(&f.last_call)});
+  p.Add({"health-check", "RDZV_HEALTH_CHECK", "COMMAND",
+         "run COMMAND (with /bin/sh -c) before each join but a resume: exiting non-zero or\n"
+         "running past --health-check-timeout leaves this node out of the job for good, with\n"
+         "the command's last line of output as the reason; the agent then exits with code 83\n"
+         "(default: none; the built-in checks always run)",
+         StringSetter(&f.health_check)});
+  p.Add({"health-check-timeout", "RDZV_HEALTH_CHECK_TIMEOUT", "DURATION",
+         "how long --health-check may run (default 60s)",
+         [&f](absl::string_view v) -> absl::Status {
+           absl::Duration d;
+           if (!absl::ParseDuration(v, &d) || d <= absl::ZeroDuration() || d > absl::Hours(24)) {
+             return absl::InvalidArgumentError(
+                 "expected a duration above 0 and at most 24h, such as 30s or 2m");
+           }
+           f.health_check_timeout = d;
+           return absl::OkStatus();
+         }});
   p.Add({"term-timeout", "RDZV_TERM_TIMEOUT", "DURATION",
          "after SIGTERM, how long workers get before SIGKILL (default 3s)",
          DurationSetter(&f.term_timeout)});

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,8 @@ constexpr absl::Duration kEarlierHangWait = absl::Seconds(1);
 // its report: the workers are stopped meanwhile, and Slurm kills what is left after KillWait.
 // The others learn of the stop from its stream ending when the server does not answer.
 constexpr absl::Duration kStopReportTimeout = absl::Seconds(2);
+// Nodes left out of the job an agent logs, at most.
+constexpr size_t kMaxExcludedLogged = 64;
 
 Log Info(std::string text) { return {Log::kInfo, std::move(text)}; }
 Log Warn(std::string text) { return {Log::kWarn, std::move(text)}; }
@@ -67,10 +70,12 @@ LifecycleOptions LifecycleOptionsFor(const AgentConfig& config, bool hosts_serve
   o.elastic = join.min_agents < join.max_agents;
   o.per_task = join.agent.order >= 0;
   o.hosts_server = hosts_server;
+  o.agents = join.max_agents;
   o.endpoint = std::move(endpoint);
   o.join_timeout = config.join_timeout;
   o.reconnect_timeout = config.reconnect_timeout;
   o.term_timeout = config.term_timeout;
+  o.check_health = true;  // the built-in checks always run
   return o;
 }
 
@@ -84,6 +89,10 @@ AgentActions AgentLifecycle::Start() {
 AgentActions AgentLifecycle::JoinRound(std::optional<AssignmentEvent> resume) {
   ++generation_;
   resuming_ = resume.has_value();
+  if (!resuming_ && options_.check_health) {
+    phase_ = Phase::kChecking;
+    return {agent_action::CheckHealth{generation_}};
+  }
   if (!resuming_) phase_ = Phase::kJoining;
   agent_action::Join join;
   join.generation = generation_;
@@ -91,6 +100,28 @@ AgentActions AgentLifecycle::JoinRound(std::optional<AssignmentEvent> resume) {
   join.timeout = resuming_ ? options_.reconnect_timeout : options_.join_timeout;
   join.resume = std::move(resume);
   return {std::move(join)};
+}
+
+AgentActions AgentLifecycle::HealthChecked(int32_t generation,
+                                           const std::optional<Unhealthy>& unhealthy) {
+  if (generation != generation_ || phase_ != Phase::kChecking) return {};
+  phase_ = Phase::kJoining;
+  agent_action::Join join;
+  join.generation = generation_;
+  join.restart_count = restart_count_;
+  join.timeout = options_.join_timeout;
+  if (!unhealthy) return {std::move(join)};
+  // The node takes no part: the server hears why, and leaves it out of the job for good.
+  unhealthy_ = true;
+  AbortEvent out;
+  out.cause = AbortCause::kNodeUnhealthy;
+  out.exit_code = kExitNodeUnhealthy;
+  out.reason = absl::StrFormat("this node is left out of the job: %s",
+                               DescribeExcluded({options_.host, -1, *unhealthy}));
+  outcome_ = out;
+  join.unhealthy = unhealthy;
+  join.timeout = std::min(options_.join_timeout, kUnhealthyReportTimeout);
+  return {Error(absl::StrFormat("job %s: %s", options_.job_id, out.reason)), std::move(join)};
 }
 
 AgentActions AgentLifecycle::Joined(int32_t generation,
@@ -112,6 +143,24 @@ AgentActions AgentLifecycle::Joined(int32_t generation,
     // Given up while joining (a signal).
     phase_ = Phase::kDone;
     return {agent_action::Exit{exit_code_, false}};
+  }
+  if (unhealthy_) {
+    // The report's answer: the server left the node out (or could not be told). Nothing runs
+    // here; an agent whose server the others use keeps it up for them.
+    AgentActions actions;
+    if (!result.ok() && !absl::IsFailedPrecondition(result.status())) {
+      actions.push_back(Warn(absl::StrFormat("job %s: could not tell the rendezvous server: %s",
+                                             options_.job_id, result.status().message())));
+    }
+    if (options_.hosts_server) {
+      // The others may not even have come yet: the server stays until every agent of the job
+      // has joined and gone (or the others' join timeout has passed).
+      phase_ = Phase::kAwaitingOthers;
+      actions.push_back(agent_action::AwaitOthers{options_.join_timeout, options_.agents});
+      return actions;
+    }
+    Append(actions, Finish());
+    return actions;
   }
   if (!result.ok()) {
     phase_ = Phase::kDone;
@@ -142,17 +191,29 @@ AgentActions AgentLifecycle::Joined(int32_t generation,
 }
 
 AgentActions AgentLifecycle::Progress(int32_t generation, const ProgressEvent& p) {
-  if (generation != generation_ || phase_ != Phase::kJoining) return {};
+  if (generation != generation_ || phase_ != Phase::kJoining || unhealthy_) return {};
+  AgentActions actions;
+  for (const ExcludedNode& node : p.excluded) {
+    if (std::find(excluded_seen_.begin(), excluded_seen_.end(), node) != excluded_seen_.end() ||
+        excluded_seen_.size() >= kMaxExcludedLogged) {
+      continue;
+    }
+    excluded_seen_.push_back(node);
+    actions.push_back(Warn(absl::StrFormat("job %s: %s is left out of the job: %s", options_.job_id,
+                                           node.host, DescribeExcluded(node))));
+  }
+  if (p.joined >= p.expected) return actions;  // the assignment follows
   std::string missing;
   if (!p.missing_node_indices.empty()) {
     missing = absl::StrCat(
         "; missing node ranks ", absl::StrJoin(p.missing_node_indices, ","),
         p.missing_node_indices.size() < static_cast<size_t>(p.expected - p.joined) ? ",..." : "");
   }
-  return {Info(absl::StrFormat(
+  actions.push_back(Info(absl::StrFormat(
       "job %s: waiting for %d of %d %s (joined: %s%s%s)", options_.job_id, p.expected - p.joined,
       p.expected, options_.per_task ? "tasks" : "nodes", absl::StrJoin(p.joined_hosts, ","),
-      p.joined > static_cast<int32_t>(p.joined_hosts.size()) ? ",..." : "", missing))};
+      p.joined > static_cast<int32_t>(p.joined_hosts.size()) ? ",..." : "", missing)));
+  return actions;
 }
 
 AgentActions AgentLifecycle::Aborted(int32_t generation, const AbortEvent& abort,
@@ -295,6 +356,11 @@ AgentActions AgentLifecycle::Signal(int sig, int64_t now_us) {
   if (sig == SIGUSR1 || sig == SIGUSR2) return {agent_action::ForwardSignal{sig}};
   // SIGINT, SIGTERM, SIGHUP: stop the job, everywhere.
   switch (phase_) {
+    case Phase::kChecking:
+      exit_code_ = 128 + sig;
+      phase_ = Phase::kDone;
+      return {Warn(absl::StrCat(SignalName(sig), " during the health check; giving up")),
+              agent_action::CancelHealthCheck{}, agent_action::Exit{exit_code_, false}};
     case Phase::kIdle:
     case Phase::kJoining:
       exit_code_ = 128 + sig;

@@ -47,11 +47,18 @@ struct LifecycleOptions {
   bool per_task = false;
   // This agent hosts the server the others use: it waits for them before it exits.
   bool hosts_server = false;
+  // The agents of the job (--nnodes MAX).
+  int32_t agents = 1;
   std::string endpoint;  // the server, for messages
   absl::Duration join_timeout = absl::Minutes(10);
   absl::Duration reconnect_timeout = absl::ZeroDuration();
   absl::Duration term_timeout = absl::Seconds(3);
+  // Check the node's health (CheckHealth) before each join that is not a resume.
+  bool check_health = false;
 };
+
+// How long an agent whose node failed its health check waits for the server to take its report.
+inline constexpr absl::Duration kUnhealthyReportTimeout = absl::Seconds(10);
 
 // The options of an agent configured by `config` (whose join names the job), with its server at
 // `endpoint`, hosted by this agent when `hosts_server`.
@@ -61,13 +68,21 @@ LifecycleOptions LifecycleOptionsFor(const AgentConfig& config, bool hosts_serve
 // What the agent must do.
 namespace agent_action {
 
-// Join the job's current round (or, with `resume`, rejoin the round the workers run in).
+// Join the job's current round (or, with `resume`, rejoin the round the workers run in). With
+// `unhealthy`, report the node unhealthy instead: the join's end (any) is the server's answer.
 struct Join {
   int32_t generation = 0;
   int32_t restart_count = 0;
   std::optional<AssignmentEvent> resume;
   absl::Duration timeout;
+  std::optional<Unhealthy> unhealthy;
 };
+// Run the node's health checks (the built-in ones and --health-check); call HealthChecked.
+struct CheckHealth {
+  int32_t generation = 0;
+};
+// Stop a health check that runs (its process group is killed); HealthChecked is not called.
+struct CancelHealthCheck {};
 struct StartWorkers {
   AssignmentEvent assignment;
 };
@@ -107,6 +122,9 @@ struct Leave {};
 // Wait until no other agent is attached to this agent's server, or `limit` has passed.
 struct AwaitOthers {
   absl::Duration limit;
+  // Not before the server has seen this many joins (this agent's own included): the others
+  // may not have come yet.
+  int32_t joins = 0;
 };
 struct Log {
   enum Level { kDebug, kInfo, kWarn, kError };
@@ -123,8 +141,9 @@ struct Exit {
 }  // namespace agent_action
 
 using AgentAction =
-    std::variant<agent_action::Join, agent_action::StartWorkers, agent_action::StopWorkers,
-                 agent_action::KillWorkers, agent_action::AbortWorker, agent_action::AwaitStack,
+    std::variant<agent_action::Join, agent_action::CheckHealth, agent_action::CancelHealthCheck,
+                 agent_action::StartWorkers, agent_action::StopWorkers, agent_action::KillWorkers,
+                 agent_action::AbortWorker, agent_action::AwaitStack,
                  agent_action::AwaitEarlierHang, agent_action::ForwardSignal,
                  agent_action::ReportFailure, agent_action::CancelJoin, agent_action::Leave,
                  agent_action::AwaitOthers, agent_action::Log, agent_action::Exit>;
@@ -132,13 +151,24 @@ using AgentActions = std::vector<AgentAction>;
 
 class AgentLifecycle {
  public:
-  enum class Phase { kIdle, kJoining, kRunning, kStopping, kLeaving, kAwaitingOthers, kDone };
+  enum class Phase {
+    kIdle,
+    kChecking,
+    kJoining,
+    kRunning,
+    kStopping,
+    kLeaving,
+    kAwaitingOthers,
+    kDone
+  };
 
   explicit AgentLifecycle(LifecycleOptions options);
 
   // The agent starts: join.
   AgentActions Start();
 
+  // The health check of `generation` is over: nothing found, or why the node is unhealthy.
+  AgentActions HealthChecked(int32_t generation, const std::optional<Unhealthy>& unhealthy);
   // The join of `generation` ended: an assignment, or why not (Cancelled after CancelJoin).
   AgentActions Joined(int32_t generation, const absl::StatusOr<AssignmentEvent>& result);
   // The round of `generation` is still filling.
@@ -211,6 +241,10 @@ class AgentLifecycle {
   bool awaiting_stack_ = false;         // AwaitStack asked for, not over
   bool awaiting_earlier_hang_ = false;  // AwaitEarlierHang asked for, not over
   int exit_code_ = 0;                   // for a join given up on a signal
+  // This node failed its health check: the join under way reports it, and the agent then ends.
+  bool unhealthy_ = false;
+  // Nodes left out of the job that this agent has already logged (a few).
+  std::vector<ExcludedNode> excluded_seen_;
   // A failure report found the server silent (no answer, or unreachable): no Leave follows,
   // which would wait for it again.
   bool server_silent_ = false;

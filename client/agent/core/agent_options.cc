@@ -31,16 +31,16 @@ int DerivedPort(absl::string_view job_id, absl::string_view step_id) {
 
 namespace {
 
-// Workers per node when --nproc-per-node is not given: one per GPU Slurm gave this node, else
-// one per device the user made visible, else one.
-int32_t DefaultNproc(const std::optional<SlurmEnv>& slurm, const EnvLookup& env) {
+// The GPUs of this node that set its worker count when --nproc-per-node is not given: those
+// Slurm gave it, else the devices the user made visible; 0 when neither says (one worker).
+int32_t GpusForWorkers(const std::optional<SlurmEnv>& slurm, const EnvLookup& env) {
   if (slurm && slurm->gpus_on_node > 0) return slurm->gpus_on_node;
   if (std::optional<std::string> cvd = env("CUDA_VISIBLE_DEVICES"); cvd && !cvd->empty()) {
     const std::vector<absl::string_view> devices =
         absl::StrSplit(*cvd, ',', absl::SkipWhitespace());
     if (!devices.empty()) return static_cast<int32_t>(devices.size());
   }
-  return 1;
+  return 0;
 }
 
 // The job's nodes as a join carries them to rdzvd's status, or "" when they do not fit.
@@ -185,8 +185,13 @@ absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentC
       c.relay.node = !slurm.node_name.empty() ? slurm.node_name : absl::StrCat(slurm.node_id);
     }
   }
-  if (flags.nnodes_max &&
-      (*flags.nnodes_min != c.join.min_agents || *flags.nnodes_max != c.join.max_agents)) {
+  if (flags.nnodes_max && *flags.nnodes_max == c.join.max_agents &&
+      *flags.nnodes_min < *flags.nnodes_max) {
+    // --nnodes MIN:MAX with the step's count as MAX: the job may start with MIN of them (a node
+    // left out by its health check, or late past --last-call).
+    c.join.min_agents = *flags.nnodes_min;
+  } else if (flags.nnodes_max &&
+             (*flags.nnodes_min != c.join.min_agents || *flags.nnodes_max != c.join.max_agents)) {
     const std::string step =
         absl::StrFormat("the Slurm step, which runs %d %s%s", c.join.max_agents,
                         mode == "node" ? "node" : "task", c.join.max_agents == 1 ? "" : "s");
@@ -250,6 +255,8 @@ absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& en
   c.join.master_addr_override = flags.master_addr;
   c.join.master_port_override = flags.master_port;
   c.join.last_call = absl::ToInt64Microseconds(flags.last_call);
+  c.health.command = flags.health_check;
+  c.health.timeout = flags.health_check_timeout;
   c.join_timeout = flags.join_timeout;
   c.term_timeout = flags.term_timeout;
   c.reconnect_timeout = flags.reconnect_timeout.value_or(
@@ -301,7 +308,10 @@ absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& en
   if (!slurm.ok()) return slurm.status();
   c.worker_shape =
       ResolveWorkerShape(flags.slurm_env == "tasks", flags.pass_local_rank, *slurm, env);
-  c.join.agent.nproc = flags.nproc_per_node.value_or(DefaultNproc(*slurm, env));
+  const int32_t gpus = GpusForWorkers(*slurm, env);
+  c.join.agent.nproc = flags.nproc_per_node.value_or(std::max(gpus, 1));
+  // The built-in health check makes sure that GPUs a worker count was taken from are there.
+  if (!flags.nproc_per_node) c.health.gpus = gpus;
   if (c.join.agent.nproc > kMaxNprocPerNode) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%d workers per node (one per GPU or visible device) is over %d; pass --nproc-per-node",

@@ -50,6 +50,8 @@ struct AgentFlags {
   absl::Duration last_call = absl::Seconds(1);
   absl::Duration term_timeout = absl::Seconds(3);
   std::optional<absl::Duration> reconnect_timeout;
+  std::string health_check;  // --health-check
+  absl::Duration health_check_timeout = absl::Seconds(60);
   // --hang-timeout: a heartbeat timeout, or auto to learn it; zero for none.
   absl::Duration hang_timeout = absl::ZeroDuration();
   bool hang_timeout_auto = false;
@@ -91,6 +93,15 @@ struct OutputOptions {
 };
 
 // What the agent does, all decided.
+// The node's health checks before each join (health_check.h).
+struct HealthCheckOptions {
+  std::string command;  // --health-check; empty: the built-in checks only
+  absl::Duration timeout = absl::Seconds(60);
+  // GPUs the node's worker count was taken from (SLURM_GPUS_ON_NODE, CUDA_VISIBLE_DEVICES); 0
+  // when the count was given or is the default of one.
+  int32_t gpus = 0;
+};
+
 struct AgentConfig {
   // "standalone", "explicit", "slurm per-node", "slurm per-task" or "slurm step per node"
   std::string mode;
@@ -145,6 +156,7 @@ struct AgentConfig {
     std::vector<int> ports;  // the ports the relay may listen on, tried in order
   };
   GroupRelayConfig group;
+  HealthCheckOptions health;
   // Lines the agent logs as warnings when it starts: a choice the user made that has a cost.
   std::vector<std::string> warnings;
 };

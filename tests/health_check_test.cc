@@ -1,0 +1,143 @@
+// The node's health checks: the built-in ones against directories the test makes, and the
+// user's command as a real /bin/sh process.
+#include "client/agent/health_check.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <future>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+
+namespace rdzv {
+namespace {
+
+using testing::ScopedTempDir;
+
+HealthCheckTarget Target(const ScopedTempDir& dir) {
+  HealthCheckTarget t;
+  t.addresses = {"10.0.0.7"};
+  t.run_parent = dir.path();
+  t.dev_dir = dir.path();
+  return t;
+}
+
+void Touch(const std::string& path) { std::ofstream(path) << ""; }
+
+// Runs the checks to their end.
+std::optional<Unhealthy> RunToEnd(HealthCheckOptions options, HealthCheckTarget target) {
+  std::promise<std::optional<Unhealthy>> verdict;
+  HealthCheck check(std::move(options), std::move(target),
+                    [&](std::optional<Unhealthy> v) { verdict.set_value(std::move(v)); });
+  return verdict.get_future().get();
+}
+
+TEST(HealthCheckTest, TheLastLineIsKeptPrintableAndShort) {
+  EXPECT_EQ(LastOutputLine("checking\nGPU 3: \x1b[31mECC\x1b[0m\terrors\n\n  \n"),
+            "GPU 3: ?[31mECC?[0m errors");
+  EXPECT_EQ(LastOutputLine("progress 10%\rprogress 100%\r"), "progress 100%");
+  EXPECT_EQ(LastOutputLine(""), "");
+  EXPECT_EQ(LastOutputLine(std::string(5000, 'x')).size(), kMaxUnhealthyDetailBytes);
+}
+
+TEST(HealthCheckTest, AHealthyNodePassesTheBuiltInChecks) {
+  ScopedTempDir dir;
+  EXPECT_FALSE(BuiltInHealthChecks({}, Target(dir)).has_value());
+}
+
+TEST(HealthCheckTest, ANodeWithoutAnAddressIsUnhealthy) {
+  ScopedTempDir dir;
+  HealthCheckTarget t = Target(dir);
+  t.addresses.clear();
+  const std::optional<Unhealthy> v = BuiltInHealthChecks({}, t);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->kind, ExclusionKind::kAddress);
+}
+
+TEST(HealthCheckTest, ARunDirectoryThatCannotBeWrittenIsUnhealthy) {
+  ScopedTempDir dir;
+  HealthCheckTarget t = Target(dir);
+  t.run_parent = dir.File("missing");
+  const std::optional<Unhealthy> v = BuiltInHealthChecks({}, t);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->kind, ExclusionKind::kRunDir);
+  EXPECT_TRUE(absl::StrContains(v->detail, "cannot create a file in")) << v->detail;
+}
+
+TEST(HealthCheckTest, MissingGpusAreFoundWhereTheDriverIsThere) {
+  ScopedTempDir dir;
+  HealthCheckOptions o;
+  o.gpus = 4;
+  // No driver on this node: nothing to compare against.
+  EXPECT_FALSE(BuiltInHealthChecks(o, Target(dir)).has_value());
+  Touch(dir.File("nvidiactl"));
+  for (const char* name : {"nvidia0", "nvidia1", "nvidia2", "nvidia-uvm", "nvidia-caps"}) {
+    Touch(dir.File(name));
+  }
+  const std::optional<Unhealthy> v = BuiltInHealthChecks(o, Target(dir));
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->kind, ExclusionKind::kGpusMissing);
+  EXPECT_TRUE(absl::StrContains(v->detail, "relies on 4 GPUs but")) << v->detail;
+  EXPECT_TRUE(absl::StrContains(v->detail, "has 3")) << v->detail;
+  Touch(dir.File("nvidia3"));
+  EXPECT_FALSE(BuiltInHealthChecks(o, Target(dir)).has_value());
+}
+
+TEST(HealthCheckTest, TheCommandsExitAndLastLineAreTheVerdict) {
+  ScopedTempDir dir;
+  HealthCheckOptions o;
+  o.command = "true";
+  EXPECT_FALSE(RunToEnd(o, Target(dir)).has_value());
+  o.command = "echo checking; echo 'no InfiniBand port is up' >&2; exit 7";
+  std::optional<Unhealthy> v = RunToEnd(o, Target(dir));
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->kind, ExclusionKind::kHealthCheckFailed);
+  EXPECT_EQ(v->detail, "no InfiniBand port is up (exit code 7)");
+  o.command = "kill -9 $$";
+  v = RunToEnd(o, Target(dir));
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->detail, "killed by SIGKILL");
+}
+
+TEST(HealthCheckTest, ACommandPastItsTimeoutIsKilledWithWhatItStarted) {
+  ScopedTempDir dir;
+  HealthCheckOptions o;
+  const std::string pid_file = dir.File("bg.pid");
+  o.command = absl::StrCat("sleep 60 & echo $! > ", pid_file, "; echo waiting for the GPUs; wait");
+  o.timeout = absl::Milliseconds(300);
+  const std::optional<Unhealthy> v = RunToEnd(o, Target(dir));
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->kind, ExclusionKind::kHealthCheckTimedOut);
+  EXPECT_TRUE(absl::StartsWith(v->detail, "waiting for the GPUs (did not finish within"))
+      << v->detail;
+  std::ifstream in(pid_file);
+  pid_t bg = 0;
+  ASSERT_TRUE(in >> bg);
+  // Killed with its group (a zombie until its parent is reaped, hence the short wait).
+  for (int i = 0; i < 100 && kill(bg, 0) == 0; ++i) usleep(10'000);
+  std::ifstream stat(absl::StrCat("/proc/", bg, "/stat"));
+  std::string line;
+  std::getline(stat, line);
+  // Gone, or a zombie its new parent has yet to reap.
+  EXPECT_TRUE(line.empty() || absl::StrContains(line, ") Z ")) << line;
+}
+
+TEST(HealthCheckTest, ACancelledCheckStopsAndSaysNothing) {
+  ScopedTempDir dir;
+  HealthCheckOptions o;
+  o.command = "sleep 60";
+  bool called = false;
+  {
+    HealthCheck check(o, Target(dir), [&](std::optional<Unhealthy>) { called = true; });
+    usleep(100'000);
+  }  // the destructor cancels, and waits
+  EXPECT_FALSE(called);
+}
+
+}  // namespace
+}  // namespace rdzv
