@@ -353,7 +353,7 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
     }
   }
   streams_.emplace(id, Stream{stream, &state, context->peer(), {}, group, agents});
-  ++streams_opened_;
+  agents_joined_ += agents;
   streams_per_user_[&state] += agents;
   std::shared_ptr<Usage>& usage = usage_[&state];
   if (usage == nullptr) usage = std::make_shared<Usage>();
@@ -870,9 +870,16 @@ size_t RendezvousService::open_streams() const {
   return streams_.size();
 }
 
-int64_t RendezvousService::streams_opened() const {
+int64_t RendezvousService::agents_joined() const {
   absl::MutexLock lock(&mu_);
-  return streams_opened_;
+  return agents_joined_;
+}
+
+int64_t RendezvousService::agents_attached() const {
+  absl::MutexLock lock(&mu_);
+  int64_t attached = 0;
+  for (const auto& [id, stream] : streams_) attached += stream.agents;
+  return attached;
 }
 
 }  // namespace rdzv

@@ -117,8 +117,10 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
 
   // Streams still open (for tests and status logging): a group join's is one.
   size_t open_streams() const;
-  // Join streams opened since the start, a group join's as one.
-  int64_t streams_opened() const;
+  // Agents that have joined since the start (a group join's members each), and those attached
+  // now.
+  int64_t agents_joined() const;
+  int64_t agents_attached() const;
 
   // The bytes attached agents hold, as counted against max_memory_bytes (for tests and metrics).
   int64_t memory_held() const { return total_usage_->bytes.load(std::memory_order_relaxed); }
@@ -230,7 +232,7 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   absl::flat_hash_map<const RendezvousState*, std::shared_ptr<Usage>> usage_ ABSL_GUARDED_BY(mu_);
   const std::shared_ptr<Usage> total_usage_ = std::make_shared<Usage>();
   StreamId next_stream_ ABSL_GUARDED_BY(mu_) = 1;
-  int64_t streams_opened_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t agents_joined_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   // The first abort of each job, from failure reports and AbortJob, and when it came; kept a
   // while after the job is gone, and bounded (job_control.cc).

@@ -198,7 +198,8 @@ void Server::ReturnMemory() {
 Server::~Server() { Shutdown(); }
 
 size_t Server::open_streams() const { return service_->open_streams(); }
-int64_t Server::streams_opened() const { return service_->streams_opened(); }
+int64_t Server::agents_joined() const { return service_->agents_joined(); }
+int64_t Server::agents_attached() const { return service_->agents_attached(); }
 
 int Server::metrics_port() const { return metrics_http_ != nullptr ? metrics_http_->port() : 0; }
 

@@ -96,8 +96,9 @@ class Server {
 
   // Join streams open now: agents still attached to some job.
   size_t open_streams() const;
-  // Join streams opened since the start (RendezvousService::streams_opened).
-  int64_t streams_opened() const;
+  // Agents joined since the start, and attached now (a group join's members each).
+  int64_t agents_joined() const;
+  int64_t agents_attached() const;
 
  private:
   Server() = default;

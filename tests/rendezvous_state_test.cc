@@ -1598,6 +1598,17 @@ TEST_F(RendezvousStateTest, ALeftOutNodeDoesNotRejoinTheJob) {
   EXPECT_EQ(got.at(6).restart_count, 1);
 }
 
+TEST_F(RendezvousStateTest, AJobThatRanWithoutItsLeftOutNodeIsForgottenOnceAllLeave) {
+  Join(0, 1, Elastic(Spec("j", "n0", 0, 3), 2));
+  Join(0, 2, Unwell(Elastic(Spec("j", "n1", 1, 3), 2), "bad"));
+  Join(0, 3, Elastic(Spec("j", "n2", 2, 3), 2));
+  ASSERT_EQ(state_.Status("j").at(0).state, "running");
+  Leave(kSecond, "j", "n0/agent");
+  Leave(kSecond, "j", "n2/agent");
+  // Gone, as any job whose agents all left: the same id may start afresh (a requeue).
+  EXPECT_TRUE(state_.Status("j").empty());
+}
+
 TEST_F(RendezvousStateTest, AJobOfOnlyItsLeftOutNodeIsKeptForTheTtlThenForgotten) {
   Join(0, 1, Unwell(Elastic(Spec("j", "n0", 0, 3), 1), "bad"));
   ASSERT_EQ(state_.Status("j").size(), 1u);

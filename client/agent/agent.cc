@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 #include <asio/signal_set.hpp>
@@ -124,7 +125,7 @@ class Agent::Impl {
   bool handling_ = false;
   int exit_code_ = 1;
   bool linger_ = false;
-  int64_t await_joins_ = 0;  // AwaitOthers::joins
+  int64_t await_joins_ = 0;  // AwaitOthers waits until the server has seen this many joins
 };
 
 Agent::Agent(AgentConfig config, std::unique_ptr<ProcessLauncher> launcher)
@@ -401,14 +402,19 @@ void Agent::Impl::Do(const agent_action::AwaitOthers& await) {
   const Micros until = await.limit == absl::InfiniteDuration()
                            ? std::numeric_limits<Micros>::max()
                            : clock_() + absl::ToInt64Microseconds(await.limit);
-  await_joins_ = await.joins;
+  // Those attached now have come; the rest are still to join.
+  await_joins_ = 0;
+  if (location_.embedded != nullptr && await.others > 0) {
+    await_joins_ = location_.embedded->agents_joined() +
+                   std::max<int64_t>(0, await.others - location_.embedded->agents_attached());
+  }
   AwaitOthers(until, false);
 }
 
 void Agent::Impl::AwaitOthers(Micros until, bool logged) {
   const size_t others = location_.embedded ? location_.embedded->open_streams() : 0;
   const bool all_came =
-      location_.embedded == nullptr || location_.embedded->streams_opened() >= await_joins_;
+      location_.embedded == nullptr || location_.embedded->agents_joined() >= await_joins_;
   if ((others == 0 && all_came) || clock_() >= until) {
     Handle(lifecycle_->OthersGone());
     return;

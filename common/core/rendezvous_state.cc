@@ -940,8 +940,9 @@ void RendezvousState::EraseIfDone(const std::string& job_id) {
   Job* job = FindJob(job_id);
   if (job == nullptr) return;
   const bool everyone_left = job->left == job->members.size();
-  // A job that left nodes out stays (Tick ends it), so that their agents and status can see it.
-  if (job->excluded_agents > 0) return;
+  // A job that left nodes out and did not run stays (Tick ends it), so that their agents, late
+  // peers and its status can see why.
+  if (job->excluded_agents > 0 && job->phase != Phase::kRunning) return;
   if (job->phase == Phase::kFilling ? job->members.empty() : everyone_left) jobs_.erase(job_id);
 }
 

@@ -174,11 +174,11 @@ class LostAgentTest(FailureCase):
 
 class HealthCheckTest(FailureCase):
 
-    def test_a_node_that_fails_its_health_check_is_left_out(self):
-        """--nnodes 2:3 with n2's check failing: the job forms from n1 and n3 at once (not
-        after --last-call) and completes; n2's agent exits 83 with the check's line."""
+    def left_out(self, bad, ran):
+        """--nnodes 2:3 with BAD's check failing: the job forms from the nodes RAN at once (not
+        after --last-call) and completes; BAD's agent exits 83 with the check's line."""
         out_dir = self.out_dir()
-        check = ('if [ "$SLURMD_NODENAME" = n2 ]; then echo "/scratch is read-only on n2"; '
+        check = (f'if [ "$SLURMD_NODENAME" = {bad} ]; then echo "/scratch is read-only on {bad}"; '
                  'exit 1; fi')
         script = f'touch {out_dir}/ready-$RANK; echo "rank $RANK of $WORLD_SIZE on $SLURMD_NODENAME"'
         proc = self.start_srun(["-N3", "--ntasks-per-node=1"], ["/bin/sh", "-c", script],
@@ -187,19 +187,26 @@ class HealthCheckTest(FailureCase):
                                            "--health-check", check])
         code, out, err, seconds = self.finish(proc, 90)
         output = out + err
-        # srun returns the highest exit code of its tasks: n2's.
+        # srun returns the highest exit code of its tasks: the left-out node's.
         self.assertEqual(code, 83, output)
         self.assertLess(seconds, 60, f"the job waited for --last-call\n{output}")
         self.assertEqual(sorted(os.listdir(out_dir)), ["ready-0", "ready-1"], output)
-        self.assertIn("rank 0 of 2 on n1", output)
-        self.assertIn("rank 1 of 2 on n3", output)
-        self.assertRegex(output, r"this node is left out of the job: n2: health check failed: "
-                                 r"/scratch is read-only on n2 \(exit code 1\)")
+        self.assertIn(f"rank 0 of 2 on {ran[0]}", output)
+        self.assertIn(f"rank 1 of 2 on {ran[1]}", output)
+        self.assertRegex(output, f"this node is left out of the job: {bad}: health check failed: "
+                                 f"/scratch is read-only on {bad} \\(exit code 1\\)")
         # The nodes that ran say which node was left out, and why.
-        self.assertEqual(len(re.findall(r"n2 is left out of the job: n2 \(node 1\): health "
-                                        r"check failed: /scratch is read-only", output)), 2,
-                         output)
+        self.assertEqual(len(re.findall(f"{bad} is left out of the job: {bad} \\(node \\d\\): "
+                                        "health check failed: /scratch is read-only", output)),
+                         2, output)
         self.assert_nothing_left(5)
+
+    def test_a_node_that_fails_its_health_check_is_left_out(self):
+        self.left_out("n2", ["n1", "n3"])
+
+    def test_the_first_node_hosts_the_rendezvous_even_when_it_is_left_out(self):
+        # n1's agent hosts the job's server: it stays up until n2 and n3 have run and gone.
+        self.left_out("n1", ["n2", "n3"])
 
 
 class CancelTest(FailureCase):

@@ -156,7 +156,7 @@ AgentActions AgentLifecycle::Joined(int32_t generation,
       // The others may not even have come yet: the server stays until every agent of the job
       // has joined and gone (or the others' join timeout has passed).
       phase_ = Phase::kAwaitingOthers;
-      actions.push_back(agent_action::AwaitOthers{options_.join_timeout, options_.agents});
+      actions.push_back(agent_action::AwaitOthers{options_.join_timeout, options_.agents - 1});
       return actions;
     }
     Append(actions, Finish());

@@ -122,9 +122,9 @@ struct Leave {};
 // Wait until no other agent is attached to this agent's server, or `limit` has passed.
 struct AwaitOthers {
   absl::Duration limit;
-  // Not before the server has seen this many joins (this agent's own included): the others
-  // may not have come yet.
-  int32_t joins = 0;
+  // The other agents of the job that may not have come yet: not before as many more agents
+  // than are attached now have joined the server.
+  int32_t others = 0;
 };
 struct Log {
   enum Level { kDebug, kInfo, kWarn, kError };
