@@ -370,8 +370,21 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
     if (spec.unhealthy) LogUnhealthy(spec);
     state.Join(now, id, spec, CallerInfo{PeerAddress(context->peer())}, decisions);
   }
+  ChargeExcluded(state);
   Apply(decisions, writers);
   return stream;
+}
+
+void RendezvousService::ChargeExcluded(const RendezvousState& state) {
+  const int64_t now_held = state.excluded_agents();
+  int64_t& charged = charged_excluded_[&state];
+  if (now_held == charged) return;
+  const int64_t bytes = (now_held - charged) * kExcludedAgentBytes;
+  charged = now_held;
+  std::shared_ptr<Usage>& usage = usage_[&state];
+  if (usage == nullptr) usage = std::make_shared<Usage>();
+  usage->bytes.fetch_add(bytes, std::memory_order_relaxed);
+  total_usage_->bytes.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 void RendezvousService::LogUnhealthy(const JoinSpec& spec) {
@@ -767,8 +780,9 @@ grpc::ServerUnaryReactor* RendezvousService::Leave(grpc::CallbackServerContext* 
   {
     absl::MutexLock lock(&mu_);
     Decisions decisions;
-    left =
-        StateOf(caller->owner).Leave(clock_(), request->job_id(), request->agent_id(), decisions);
+    RendezvousState& state = StateOf(caller->owner);
+    left = state.Leave(clock_(), request->job_id(), request->agent_id(), decisions);
+    ChargeExcluded(state);
     Apply(decisions, writers);
   }
   StartWrites(std::move(writers));
@@ -839,7 +853,10 @@ void RendezvousService::Tick() {
       r.state->StreamClosed(now, it->first, decisions);
       reattaching_.erase(it++);
     }
-    for (auto& [owner, state] : states_) state->Tick(now, decisions);
+    for (auto& [owner, state] : states_) {
+      state->Tick(now, decisions);
+      ChargeExcluded(*state);
+    }
     Apply(decisions, writers);
   }
   StartWrites(std::move(writers));

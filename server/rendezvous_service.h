@@ -79,6 +79,9 @@ inline constexpr int64_t kAgentBaseBytes = 36 * 1024;
 // What each member of a group join (JoinRequest.members) costs beyond the first, which counts as
 // kAgentBaseBytes: the job state's entry, its member bookkeeping, and its share of the events.
 inline constexpr int64_t kGroupMemberBytes = 2 * 1024;
+// What the record of one agent left out of its job (a failed health check) costs, charged to its
+// user while the job keeps it: its entries in the job's sets, its host name at the longest.
+inline constexpr int64_t kExcludedAgentBytes = 512;
 
 class RendezvousService final : public v1::Rendezvous::CallbackService {
  public:
@@ -205,6 +208,9 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   absl::Status CheckUserLimits(const Caller& caller, const RendezvousState& state,
                                const std::string& job_id, int64_t join_bytes, int64_t agents) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Charges the records of agents left out of `state`'s jobs, as they grow or are forgotten, to
+  // its user's memory and to all users'.
+  void ChargeExcluded(const RendezvousState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the streams of `overfull` (whose queues passed max_queued_bytes_per_stream): their
   // agents are lost to their jobs.
   void EndOverfull(const std::vector<StreamId>& overfull, std::vector<JoinStream*>& writers)
@@ -231,6 +237,8 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   // Memory held per owner's state, and by all (ServiceOptions::max_memory_per_user_bytes).
   absl::flat_hash_map<const RendezvousState*, std::shared_ptr<Usage>> usage_ ABSL_GUARDED_BY(mu_);
   const std::shared_ptr<Usage> total_usage_ = std::make_shared<Usage>();
+  // The left-out agents charged so far, per owner's state (ChargeExcluded).
+  absl::flat_hash_map<const RendezvousState*, int64_t> charged_excluded_ ABSL_GUARDED_BY(mu_);
   StreamId next_stream_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t agents_joined_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

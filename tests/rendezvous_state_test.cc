@@ -1620,6 +1620,35 @@ TEST_F(RendezvousStateTest, AJobOfOnlyItsLeftOutNodeIsKeptForTheTtlThenForgotten
   EXPECT_TRUE(state_.Status("j").empty());
 }
 
+TEST_F(RendezvousStateTest, AJobKeepsAtMostSoManyLeftOutAgentsThenEndsItsRound) {
+  const int32_t nodes = 2 * kMaxExcludedAgents;
+  ASSERT_TRUE(IsEmpty(Join(0, 1, Elastic(Spec("j", "last", nodes - 1, nodes), 1))));
+  for (int32_t i = 0; i < kMaxExcludedAgents; ++i) {
+    const std::string host = absl::StrCat("n", i);
+    const Decisions d = Join(kSecond, 100 + i, Unwell(Elastic(Spec("j", host, i, nodes), 1), "x"));
+    ASSERT_TRUE(EventsOf<AbortEvent>(d).empty()) << i << ": " << Summary(d);
+  }
+  EXPECT_EQ(state_.excluded_agents(), kMaxExcludedAgents);
+  // One more ends the round: so many failures point at the check, not at the nodes.
+  const Decisions d =
+      Join(2 * kSecond, 99, Unwell(Elastic(Spec("j", "m", nodes - 2, nodes), 1), "x"));
+  ASSERT_EQ(EventsOf<AbortEvent>(d).count(1), 1u) << Summary(d);
+  const AbortEvent abort = EventsOf<AbortEvent>(d).at(1);
+  EXPECT_EQ(abort.cause, AbortCause::kNodeUnhealthy);
+  EXPECT_TRUE(absl::StrContains(abort.reason,
+                                absl::StrCat(kMaxExcludedAgents, " agents of job j were left out")))
+      << abort.reason;
+  EXPECT_TRUE(absl::StrContains(abort.reason, "--health-check")) << abort.reason;
+  EXPECT_EQ(ClosesOf(d).at(99).code(), absl::StatusCode::kFailedPrecondition);
+  // Later reports are refused without a record.
+  Join(2 * kSecond, 98, Unwell(Elastic(Spec("j", "o", nodes - 3, nodes), 1), "x"));
+  EXPECT_EQ(state_.excluded_agents(), kMaxExcludedAgents);
+  // Forgotten with its job.
+  Tick(2 * kSecond + StateOptions{}.ended_job_ttl);
+  EXPECT_TRUE(state_.Status("j").empty());
+  EXPECT_EQ(state_.excluded_agents(), 0);
+}
+
 TEST_F(RendezvousStateTest, AnUnhealthyReportIsRangeChecked) {
   JoinSpec long_line =
       Unwell(Spec("j", "n0", 0, 2), std::string(kMaxUnhealthyDetailBytes + 1, 'x'));

@@ -146,6 +146,57 @@ TEST_F(ServerLimitsTest, OneUsersJobsAndAgentsAreCapped) {
   for (Joined& j : held) Refusal(j);
 }
 
+// Nodes reported unhealthy are kept for good, though their agents' streams close at once: each
+// record is charged to its user, so that a flood of reports fills that user's share and no
+// more, and the charge is returned when the job is forgotten.
+TEST_F(ServerLimitsTest, LeftOutNodesAreChargedToTheirUser) {
+  ServiceOptions service;
+  service.max_memory_per_user_bytes = 512 << 10;
+  service.state.ended_job_ttl = 300'000;
+  Start(service);
+  const auto unhealthy = [](const std::string& job, int64_t node) {
+    v1::JoinRequest r = JoinOf(job, absl::StrCat("n", node), 1'000'000, node);
+    r.set_min_agents(1);
+    r.set_protocol_version(4);
+    r.mutable_unhealthy()->set_kind(v1::EXCLUSION_KIND_HEALTH_CHECK_FAILED);
+    r.mutable_unhealthy()->set_detail("GPU 0 has fallen off");
+    return r;
+  };
+  const int64_t most = service.max_memory_per_user_bytes / kExcludedAgentBytes;
+  grpc::Status refused;
+  int64_t recorded = 0;
+  for (; recorded <= most; ++recorded) {
+    Joined j = Join(unhealthy("flood", recorded));
+    const grpc::Status s = Refusal(j);
+    if (s.error_code() != grpc::StatusCode::FAILED_PRECONDITION) {
+      refused = s;
+      break;
+    }
+  }
+  // Refused before the records could pass the share, and for that reason.
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_TRUE(absl::StrContains(refused.error_message(), "memory limit"))
+      << refused.error_message();
+  EXPECT_GT(recorded, most / 2);
+  EXPECT_LT(recorded, most);
+  // A healthy join of the same user is refused too: the records are its own.
+  Joined healthy = Join(JoinOf("other", "a0", 1));
+  EXPECT_EQ(Refusal(healthy).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  // Once the job is forgotten (its ended-job TTL), so is the charge.
+  const auto deadline = std::chrono::steady_clock::now() + testing::kWireDeadline;
+  bool assigned = false;
+  while (!assigned && std::chrono::steady_clock::now() < deadline) {
+    Joined again = Join(JoinOf("other", "a0", 1));
+    v1::JoinEvent event;
+    assigned = ReadUntil(again, v1::JoinEvent::kAssignment, &event);
+    again.context->TryCancel();
+    Refusal(again);
+    if (!assigned) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(assigned);
+}
+
 // A second join under an agent id the job has, with another --nproc-per-node, is refused over
 // the wire with the one line naming both values; the agent that holds the id keeps its place.
 TEST_F(ServerLimitsTest, RejoinUnderTheSameAgentIdWithAnotherNprocIsRefused) {

@@ -124,6 +124,15 @@ constexpr size_t kProgressExcluded = 8;
 // Excluded nodes a job names in its status; the count covers the rest.
 constexpr size_t kKeptExcluded = 64;
 
+// How a job ends for nodes left out of it.
+AbortEvent NodeUnhealthyAbort(std::string reason) {
+  AbortEvent abort;
+  abort.cause = AbortCause::kNodeUnhealthy;
+  abort.exit_code = kExitNodeUnhealthy;
+  abort.reason = std::move(reason);
+  return abort;
+}
+
 const char* PhaseName(Phase p) {
   switch (p) {
     case Phase::kFilling:
@@ -704,7 +713,22 @@ void RendezvousState::Exclude(Job& job, Micros now, StreamId stream, const Agent
   const int64_t position = ClaimKey(agent);
   const bool counted = position >= 0 ? job.excluded_positions.contains(position)
                                      : job.excluded_hosts.contains(agent.host);
-  const bool newly = !counted && job.excluded_agents < job.max_agents;
+  const bool newly =
+      !counted && job.excluded_agents < job.max_agents && job.excluded_agents < kMaxExcludedAgents;
+  if (!counted && job.excluded_agents == kMaxExcludedAgents && job.phase == Phase::kFilling) {
+    // So many nodes failing points at the check or the cluster, not at the nodes: the round
+    // ends rather than keep records without end. A running job keeps running; the node is
+    // refused without a record.
+    EndJob(
+        job, now,
+        NodeUnhealthyAbort(absl::StrFormat(
+            "%d agents of job %s were left out, the most one job may have; check the health "
+            "check (--health-check) on a node that failed it%s",
+            kMaxExcludedAgents, job.id,
+            job.excluded.empty() ? ""
+                                 : absl::StrCat(", such as ", DescribeExcluded(job.excluded[0])))),
+        out);
+  }
   ExcludedNode node{agent.host, agent.node_index, why};
   if (why.kind == ExclusionKind::kNodeLeftOut) {
     // Name the first reason its node was left out for.
@@ -717,6 +741,7 @@ void RendezvousState::Exclude(Job& job, Micros now, StreamId stream, const Agent
   }
   if (newly) {
     ++job.excluded_agents;
+    ++excluded_agents_;
     if (position >= 0) job.excluded_positions.insert(position);
     if (agent.node_index >= 0) {
       job.excluded_node_indices.insert(agent.node_index);
@@ -734,14 +759,12 @@ void RendezvousState::Exclude(Job& job, Micros now, StreamId stream, const Agent
   if (!newly || job.phase != Phase::kFilling) return;
 
   if (job.Expected() < job.min_agents) {
-    AbortEvent abort;
-    abort.cause = AbortCause::kNodeUnhealthy;
-    abort.exit_code = kExitNodeUnhealthy;
-    abort.reason = absl::StrFormat(
-        "%s; job %s needs %d agents and can now have at most %d: leave the node out "
-        "(sbatch --exclude=%s), or lower --nnodes",
-        DescribeExcluded(node), job.id, job.min_agents, job.Expected(), agent.host);
-    EndJob(job, now, std::move(abort), out);
+    EndJob(job, now,
+           NodeUnhealthyAbort(absl::StrFormat(
+               "%s; job %s needs %d agents and can now have at most %d: leave the node out "
+               "(sbatch --exclude=%s), or lower --nnodes",
+               DescribeExcluded(node), job.id, job.min_agents, job.Expected(), agent.host)),
+           out);
     return;
   }
   // The waiting agents hear of it now, not at the next progress tick.
@@ -943,7 +966,14 @@ void RendezvousState::EraseIfDone(const std::string& job_id) {
   // A job that left nodes out and did not run stays (Tick ends it), so that their agents, late
   // peers and its status can see why.
   if (job->excluded_agents > 0 && job->phase != Phase::kRunning) return;
-  if (job->phase == Phase::kFilling ? job->members.empty() : everyone_left) jobs_.erase(job_id);
+  if (job->phase == Phase::kFilling ? job->members.empty() : everyone_left) EraseJob(job_id);
+}
+
+void RendezvousState::EraseJob(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  excluded_agents_ -= it->second->excluded_agents;
+  jobs_.erase(it);
 }
 
 ProgressEvent RendezvousState::MakeProgress(const Job& job) const {
@@ -1017,7 +1047,7 @@ void RendezvousState::Tick(Micros now, Decisions& out) {
       expired.push_back(id);
     }
   }
-  for (const std::string& id : expired) jobs_.erase(id);
+  for (const std::string& id : expired) EraseJob(id);
 }
 
 std::vector<JobStatusView> RendezvousState::Status(const std::string& job_id) const {

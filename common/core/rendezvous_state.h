@@ -129,6 +129,9 @@ class RendezvousState {
 
   size_t job_count() const;
   bool has_job(const std::string& job_id) const { return jobs_.contains(job_id); }
+  // Agents left out of this state's jobs, all together: what those records hold (each at most
+  // kMaxExcludedAgents per job), for the server to charge to their user.
+  int64_t excluded_agents() const { return excluded_agents_; }
 
  private:
   struct Job;
@@ -144,6 +147,7 @@ class RendezvousState {
   void Attach(Job& job, Member& member, StreamId stream);
   void Detach(Job& job, Member& member);
   void EraseIfDone(const std::string& job_id);
+  void EraseJob(const std::string& job_id);
   // Leaves the node of `agent` out of `job` for good (its agent reported it unhealthy, or
   // another agent of it was left out), ends `stream` saying so, and then ends the round that
   // can no longer reach --nnodes MIN, completes one that has all the agents it can still have,
@@ -154,6 +158,7 @@ class RendezvousState {
 
   StateOptions options_;
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_;
+  int64_t excluded_agents_ = 0;  // the sum of the jobs' excluded_agents
   struct StreamOwner {
     std::string job_id;
     std::string agent_id;

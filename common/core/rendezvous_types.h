@@ -58,6 +58,9 @@ struct Unhealthy {
   bool operator==(const Unhealthy&) const = default;
 };
 inline constexpr size_t kMaxUnhealthyDetailBytes = 512;
+// The most agents one job may have left out. A job past it ends: so many failed checks point at
+// the check or the cluster, and the records are bounded whatever a job's --nnodes.
+inline constexpr int32_t kMaxExcludedAgents = 4096;
 
 // A node left out of a job for good: it does not rejoin the job, even when its agent comes back.
 struct ExcludedNode {
