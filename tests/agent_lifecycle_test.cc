@@ -626,6 +626,14 @@ TEST(AgentLifecycleTest, EveryLeftOutNodeIsLoggedOnce) {
   EXPECT_TRUE(absl::StrContains(Logs(first), "n3 (node 2): health check failed: ECC"))
       << Logs(first);
   EXPECT_FALSE(absl::StrContains(Logs(life.Progress(generation, p)), "ECC"));
+  // News of one more, alone (no joined hosts to name), is that node's line and no other.
+  p.excluded.push_back(ExcludedNode{"n4", 3, Unhealthy{ExclusionKind::kRunDir, ""}});
+  const AgentActions news = life.Progress(generation, p);
+  ASSERT_EQ(news.size(), 1u) << Logs(news);
+  EXPECT_TRUE(absl::StrContains(Logs(news), "n4 (node 3)")) << Logs(news);
+  // A progress names who joined and who is awaited.
+  p.joined_hosts = {"n1"};
+  EXPECT_TRUE(absl::StrContains(Logs(life.Progress(generation, p)), "waiting for 1 of 2 nodes"));
 }
 
 }  // namespace

@@ -1620,6 +1620,46 @@ TEST_F(RendezvousStateTest, AJobOfOnlyItsLeftOutNodeIsKeptForTheTtlThenForgotten
   EXPECT_TRUE(state_.Status("j").empty());
 }
 
+TEST_F(RendezvousStateTest, WaitersHearOfABurstOfLeftOutNodesOnceAnInterval) {
+  const Micros interval = StateOptions{}.progress_interval;
+  JoinSpec n0 = Elastic(Spec("j", "n0", 0, 10), 2);
+  n0.last_call = 100 * interval;  // the round waits for its last node, or for this
+  JoinSpec n9 = Elastic(Spec("j", "n9", 9, 10), 2);
+  n9.last_call = n0.last_call;
+  Join(0, 1, n0);
+  Join(0, 2, n9);
+  // The first is told at once, with the nodes left out and nothing else to build.
+  const Decisions first = Join(1, 10, Unwell(Elastic(Spec("j", "n1", 1, 10), 2), "a"));
+  std::map<StreamId, ProgressEvent> told = EventsOf<ProgressEvent>(first);
+  ASSERT_EQ(told.size(), 2u) << Summary(first);
+  EXPECT_EQ(told.at(1).excluded.size(), 1u);
+  EXPECT_EQ(told.at(1).expected, 9);
+  EXPECT_TRUE(told.at(1).joined_hosts.empty());
+  // The rest of the burst waits for the next progress: no message to every waiter per report.
+  for (int i = 2; i <= 4; ++i) {
+    const Decisions d =
+        Join(i, 10 + i, Unwell(Elastic(Spec("j", absl::StrCat("n", i), i, 10), 2), "b"));
+    EXPECT_TRUE(EventsOf<ProgressEvent>(d).empty()) << i << ": " << Summary(d);
+  }
+  EXPECT_TRUE(EventsOf<ProgressEvent>(Tick(interval - 1)).empty());
+  const Decisions later = Tick(interval);
+  told = EventsOf<ProgressEvent>(later);
+  ASSERT_EQ(told.size(), 2u) << Summary(later);
+  EXPECT_EQ(told.at(2).excluded.size(), 4u);
+  EXPECT_EQ(told.at(2).expected, 6);
+  // The next report is told at once again (an interval passed since the first).
+  const Decisions again = Join(interval + 1, 16, Unwell(Elastic(Spec("j", "n5", 5, 10), 2), "d"));
+  EXPECT_EQ(EventsOf<ProgressEvent>(again).size(), 2u) << Summary(again);
+  // A report that completes the round is told before the ranks, whatever the interval.
+  Join(interval + 2, 20, Elastic(Spec("j", "n6", 6, 10), 2));
+  Join(interval + 2, 21, Elastic(Spec("j", "n7", 7, 10), 2));
+  const Decisions done = Join(interval + 3, 22, Unwell(Elastic(Spec("j", "n8", 8, 10), 2), "c"));
+  told = EventsOf<ProgressEvent>(done);
+  ASSERT_EQ(told.count(1), 1u) << Summary(done);
+  EXPECT_EQ(told.at(1).excluded.size(), 6u);
+  EXPECT_EQ(EventsOf<AssignmentEvent>(done).size(), 4u) << Summary(done);
+}
+
 TEST_F(RendezvousStateTest, AJobKeepsAtMostSoManyLeftOutAgentsThenEndsItsRound) {
   const int32_t nodes = 2 * kMaxExcludedAgents;
   ASSERT_TRUE(IsEmpty(Join(0, 1, Elastic(Spec("j", "last", nodes - 1, nodes), 1))));

@@ -53,6 +53,10 @@ struct RendezvousState::Job {
   Micros last_call = 0;
   Micros last_join = 0;
   Micros last_progress = 0;
+  // Nodes left out since the waiting agents last heard of them: they hear at once, then with the
+  // next progress (at most once per progress interval), and before the round completes.
+  bool excluded_news = false;
+  std::optional<Micros> excluded_told;
   Micros ended_at = 0;
   Micros last_detach = 0;  // an ended job's TTL runs from the later of this and ended_at
   // Set while a job rebuilt from resuming agents waits for the rest of them.
@@ -701,7 +705,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
     out.sends.push_back({stream, std::move(p)});
   }
   if (static_cast<int32_t>(job->members.size()) == job->Expected()) {
-    CompleteRound(*job, out);
+    CompleteRound(*job, now, out);
     EraseIfDone(spec.job_id);  // a round that could not be ranked leaves nobody
   }
 }
@@ -767,19 +771,35 @@ void RendezvousState::Exclude(Job& job, Micros now, StreamId stream, const Agent
            out);
     return;
   }
-  // The waiting agents hear of it now, not at the next progress tick.
-  job.last_progress = now;
-  const ProgressEvent p = MakeProgress(job);
-  for (const auto& [id, member] : job.members) {
-    if (member.stream != 0) out.sends.push_back({member.stream, p});
-  }
+  job.excluded_news = true;
   if (!job.members.empty() && static_cast<int32_t>(job.members.size()) >= job.Expected()) {
-    CompleteRound(job, out);
+    CompleteRound(job, now, out);  // tells them first
     EraseIfDone(job.id);
+    return;
+  }
+  // The waiting agents hear of the first one now, not at the next progress tick; of a burst,
+  // once an interval: each message goes to every one of them.
+  if (!job.excluded_told || now - *job.excluded_told >= options_.progress_interval) {
+    TellExcluded(job, now, out);
   }
 }
 
-void RendezvousState::CompleteRound(Job& job, Decisions& out) {
+void RendezvousState::TellExcluded(Job& job, Micros now, Decisions& out) {
+  job.excluded_news = false;
+  job.excluded_told = now;
+  ProgressEvent p;
+  p.joined = static_cast<int32_t>(job.members.size());
+  p.expected = job.Expected();
+  p.excluded.assign(job.excluded.begin(),
+                    job.excluded.begin() + std::min(job.excluded.size(), kProgressExcluded));
+  for (const auto& [id, member] : job.members) {
+    if (member.stream != 0) out.sends.push_back({member.stream, p});
+  }
+}
+
+void RendezvousState::CompleteRound(Job& job, Micros now, Decisions& out) {
+  // Agents hear of every node left out before their ranks, which the round gives without it.
+  if (job.excluded_news) TellExcluded(job, now, out);
   std::vector<const Member*> members;
   std::vector<AgentSpec> specs;
   members.reserve(job.members.size());
@@ -1012,10 +1032,11 @@ void RendezvousState::Tick(Micros now, Decisions& out) {
           expired.push_back(id);
         }
       } else if (joined >= job.min_agents && now - job.last_join >= job.last_call) {
-        CompleteRound(job, out);
+        CompleteRound(job, now, out);
         if (job.members.empty()) expired.push_back(id);  // the round could not be ranked
       } else if (now - job.last_progress >= options_.progress_interval) {
         job.last_progress = now;
+        job.excluded_news = false;  // the progress names them too
         const ProgressEvent p = MakeProgress(job);
         for (const auto& [agent, member] : job.members) {
           if (member.stream != 0) out.sends.push_back({member.stream, p});

@@ -138,7 +138,7 @@ class RendezvousState {
   struct Member;
 
   Job* FindJob(const std::string& job_id);
-  void CompleteRound(Job& job, Decisions& out);
+  void CompleteRound(Job& job, Micros now, Decisions& out);
   void EndJob(Job& job, Micros now, AbortEvent abort, Decisions& out);
   void OpenRound(Job& job, const JoinSpec& spec);
   void Resume(Micros now, StreamId stream, const JoinSpec& spec, const CallerInfo& caller,
@@ -154,6 +154,8 @@ class RendezvousState {
   // or tells its waiting agents.
   void Exclude(Job& job, Micros now, StreamId stream, const AgentSpec& agent, const Unhealthy& why,
                Decisions& out);
+  // Tells `job`'s waiting agents of the nodes left out of it (a few, as a progress message).
+  void TellExcluded(Job& job, Micros now, Decisions& out);
   ProgressEvent MakeProgress(const Job& job) const;
 
   StateOptions options_;

@@ -203,6 +203,8 @@ AgentActions AgentLifecycle::Progress(int32_t generation, const ProgressEvent& p
                                            node.host, DescribeExcluded(node))));
   }
   if (p.joined >= p.expected) return actions;  // the assignment follows
+  // News of nodes left out, sent as they come: the waiting line comes with the next progress.
+  if (p.joined_hosts.empty() && !p.excluded.empty()) return actions;
   std::string missing;
   if (!p.missing_node_indices.empty()) {
     missing = absl::StrCat(
