@@ -519,6 +519,28 @@ TEST(AgentOptionsTest, HangTimeoutIsADurationAutoOrNone) {
   EXPECT_EQ(floor->hang.auto_floor, absl::Seconds(3));
 }
 
+TEST(AgentOptionsTest, HealthCheckTimeoutIsADurationAsEveryOther) {
+  const std::vector<std::pair<std::string, absl::Duration>> good = {
+      {"30", absl::Seconds(30)},
+      {"1.5s", absl::Milliseconds(1500)},
+      {"2m", absl::Minutes(2)},
+      {"24h", absl::Hours(24)}};
+  for (const auto& [value, want] : good) {
+    absl::StatusOr<AgentConfig> config =
+        Resolve({"--standalone", "--health-check-timeout", value, "--", "./run"});
+    ASSERT_TRUE(config.ok()) << value << ": " << config.status();
+    EXPECT_EQ(config->health.timeout, want) << value;
+  }
+  for (const std::string value : {"0", "-1s", "25h", "soon"}) {
+    absl::StatusOr<AgentConfig> config =
+        Resolve({"--standalone", "--health-check-timeout", value, "--", "./run"});
+    ASSERT_FALSE(config.ok()) << value;
+    EXPECT_TRUE(absl::StrContains(config.status().message(), "--health-check-timeout"))
+        << config.status();
+    EXPECT_FALSE(absl::StrContains(config.status().message(), '\n')) << config.status();
+  }
+}
+
 TEST(AgentOptionsTest, HelpAndVersionParseWithoutACommand) {
   absl::StatusOr<AgentFlags> help = ParseAgentFlags({"--help"}, EnvFromList({}));
   ASSERT_TRUE(help.ok()) << help.status();

@@ -116,10 +116,10 @@ FlagParser MakeParser(AgentFlags& f) {
          "(default: none; the built-in checks always run)",
          StringSetter(&f.health_check)});
   p.Add({"health-check-timeout", "RDZV_HEALTH_CHECK_TIMEOUT", "DURATION",
-         "how long --health-check may run (default 60s)",
-         [&f](absl::string_view v) -> absl::Status {
+         "how long --health-check may run (default 60s)", [&f](absl::string_view v) {
            absl::Duration d;
-           if (!absl::ParseDuration(v, &d) || d <= absl::ZeroDuration() || d > absl::Hours(24)) {
+           if (absl::Status s = DurationSetter(&d)(v); !s.ok()) return s;
+           if (d <= absl::ZeroDuration() || d > absl::Hours(24)) {
              return absl::InvalidArgumentError(
                  "expected a duration above 0 and at most 24h, such as 30s or 2m");
            }
