@@ -104,6 +104,20 @@ TEST(HealthCheckTest, TheCommandsExitAndLastLineAreTheVerdict) {
   EXPECT_EQ(v->detail, "killed by SIGKILL");
 }
 
+// Whether the process whose pid `pid_file` holds is gone (or a zombie its new parent has yet to
+// reap), waiting a little for it.
+void ExpectGone(const std::string& pid_file) {
+  std::ifstream in(pid_file);
+  pid_t bg = 0;
+  ASSERT_TRUE(in >> bg) << pid_file;
+  for (int i = 0; i < 100 && kill(bg, 0) == 0; ++i) usleep(10'000);
+  std::ifstream stat(absl::StrCat("/proc/", bg, "/stat"));
+  std::string line;
+  std::getline(stat, line);
+  EXPECT_TRUE(line.empty() || absl::StrContains(line, ") Z ")) << line;
+  if (!line.empty() && !absl::StrContains(line, ") Z ")) kill(bg, SIGKILL);
+}
+
 TEST(HealthCheckTest, ACommandPastItsTimeoutIsKilledWithWhatItStarted) {
   ScopedTempDir dir;
   HealthCheckOptions o;
@@ -115,16 +129,24 @@ TEST(HealthCheckTest, ACommandPastItsTimeoutIsKilledWithWhatItStarted) {
   EXPECT_EQ(v->kind, ExclusionKind::kHealthCheckTimedOut);
   EXPECT_TRUE(absl::StartsWith(v->detail, "waiting for the GPUs (did not finish within"))
       << v->detail;
-  std::ifstream in(pid_file);
-  pid_t bg = 0;
-  ASSERT_TRUE(in >> bg);
-  // Killed with its group (a zombie until its parent is reaped, hence the short wait).
-  for (int i = 0; i < 100 && kill(bg, 0) == 0; ++i) usleep(10'000);
-  std::ifstream stat(absl::StrCat("/proc/", bg, "/stat"));
-  std::string line;
-  std::getline(stat, line);
-  // Gone, or a zombie its new parent has yet to reap.
-  EXPECT_TRUE(line.empty() || absl::StrContains(line, ") Z ")) << line;
+  ExpectGone(pid_file);
+}
+
+TEST(HealthCheckTest, WhatACommandStartsInASessionOfItsOwnGoesWithIt) {
+  ScopedTempDir dir;
+  HealthCheckOptions o;
+  // Out of the command's process group: only the guard, whose orphans they become, finds them.
+  const std::string ended = dir.File("ended.pid");
+  o.command = absl::StrCat("setsid sleep 60 & echo $! > ", ended, "; echo ok; exit 0");
+  EXPECT_FALSE(RunToEnd(o, Target(dir)).has_value());
+  ExpectGone(ended);
+  const std::string timed_out = dir.File("timed_out.pid");
+  o.command = absl::StrCat("setsid sleep 60 & echo $! > ", timed_out, "; sleep 60");
+  o.timeout = absl::Milliseconds(300);
+  const std::optional<Unhealthy> v = RunToEnd(o, Target(dir));
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->kind, ExclusionKind::kHealthCheckTimedOut);
+  ExpectGone(timed_out);
 }
 
 TEST(HealthCheckTest, ACancelledCheckStopsAndSaysNothing) {

@@ -3,20 +3,22 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "client/agent/process_launcher.h"
 #include "common/core/rendezvous_types.h"
 
 extern char** environ;
@@ -26,6 +28,8 @@ namespace {
 
 // The output a check keeps, at most: its last lines are what a report shows.
 constexpr size_t kKeptOutputBytes = 8192;
+// How long a killed command's guard gets to see it end and kill what it started.
+constexpr absl::Duration kGuardGrace = absl::Seconds(5);
 
 std::string Errno(int error) { return strerror(error); }
 
@@ -82,9 +86,9 @@ std::optional<Unhealthy> CheckGpus(const HealthCheckOptions& options,
                                    options.gpus, target.dev_dir, found)};
 }
 
-std::string EndText(int status) {
-  if (WIFSIGNALED(status)) return absl::StrCat("killed by ", SignalName(WTERMSIG(status)));
-  return absl::StrCat("exit code ", WEXITSTATUS(status));
+std::string EndText(const ProcessExit& exit) {
+  if (exit.signal != 0) return absl::StrCat("killed by ", SignalName(exit.signal));
+  return absl::StrCat("exit code ", exit.exit_status);
 }
 
 }  // namespace
@@ -126,10 +130,7 @@ HealthCheck::~HealthCheck() {
   if (thread_.joinable()) thread_.join();
 }
 
-void HealthCheck::Cancel() {
-  cancelled_ = true;
-  if (const pid_t group = group_.load(); group > 0) kill(-group, SIGKILL);
-}
+void HealthCheck::Cancel() { cancelled_ = true; }
 
 void HealthCheck::Run() {
   std::optional<Unhealthy> verdict = BuiltInHealthChecks(options_, target_);
@@ -138,93 +139,85 @@ void HealthCheck::Run() {
 }
 
 std::optional<Unhealthy> HealthCheck::RunCommand() {
-  int pipe_fds[2];
-  if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
+  // Behind the workers' guard: the command's group, and whatever it started that left the group
+  // (setsid), are killed when it ends, at the timeout, on cancel, and when the agent dies.
+  // Its stdin is /dev/null and its stderr goes where its stdout does, in order.
+  ProcessSpec spec;
+  spec.argv = {"/bin/sh", "-c", absl::StrCat("exec </dev/null 2>&1; ", options_.command)};
+  for (char** e = environ; *e != nullptr; ++e) spec.env.emplace_back(*e);
+  std::unique_ptr<ProcessLauncher> launcher = NewPosixProcessLauncher();
+  absl::StatusOr<SpawnedProcess> spawned = launcher->Spawn(spec);
+  if (!spawned.ok()) {
     return Unhealthy{ExclusionKind::kHealthCheckFailed,
-                     absl::StrCat("could not start it: ", Errno(errno))};
+                     absl::StrCat("could not start it: ", spawned.status().message())};
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 2);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setpgroup(&attr, 0);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);
-  sigset_t defaults;
-  sigemptyset(&defaults);
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGUSR1, SIGUSR2, SIGCHLD}) {
-    sigaddset(&defaults, s);
-  }
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr,
-                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  std::string command = options_.command;
-  char sh[] = "/bin/sh";
-  char dash_c[] = "-c";
-  char* argv[] = {sh, dash_c, command.data(), nullptr};
-  pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, sh, &actions, &attr, argv, environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
-  close(pipe_fds[1]);
-  if (spawned != 0) {
-    close(pipe_fds[0]);
-    return Unhealthy{ExclusionKind::kHealthCheckFailed,
-                     absl::StrCat("could not start /bin/sh: ", Errno(spawned))};
-  }
-  group_ = pid;
-  if (cancelled_) kill(-pid, SIGKILL);
-
+  const pid_t guard = spawned->pid;
   std::string output;
-  int out_fd = pipe_fds[0];
+  const auto keep = [&output](const char* data, size_t n) {
+    output.append(data, n);
+    if (output.size() > kKeptOutputBytes) output.erase(0, output.size() - kKeptOutputBytes);
+  };
+  int fds[2] = {spawned->stdout_fd, spawned->stderr_fd};
   const absl::Time deadline = absl::Now() + options_.timeout;
   bool timed_out = false;
-  int status = 0;
-  while (true) {
-    if (waitpid(pid, &status, WNOHANG) == pid) break;
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
-      timed_out = true;
-      kill(-pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      break;
+  bool killed = false;
+  absl::Time killed_at;
+  std::optional<ProcessExit> exit;
+  while (!exit) {
+    for (const ProcessExit& e : launcher->Reap()) {
+      if (e.pid == guard) exit = e;
     }
-    const int wait_ms = static_cast<int>(
-        std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, out_fd >= 0 ? 100 : 20));
-    if (out_fd < 0) {
-      absl::SleepFor(absl::Milliseconds(wait_ms));
+    if (exit) break;
+    const absl::Duration left = deadline - absl::Now();
+    if (!killed && (cancelled_ || left <= absl::ZeroDuration())) {
+      timed_out = !cancelled_;
+      killed = true;
+      killed_at = absl::Now();
+      // The command's group: its guard, seeing it end, kills what left the group.
+      killpg(spawned->worker, SIGKILL);
+    } else if (killed && absl::Now() - killed_at > kGuardGrace) {
+      // A command the kernel does not let die (stuck in the driver): its guard goes, and the
+      // check with it, rather than wait on it.
+      (void)launcher->SignalGroup(guard, SIGKILL);
+      killed_at = absl::InfiniteFuture();
+    }
+    pollfd p[2];
+    int watched = 0;
+    for (const int fd : fds) {
+      if (fd >= 0) p[watched++] = pollfd{fd, POLLIN, 0};
+    }
+    const int wait_ms =
+        killed ? 10
+               : static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1, 100));
+    if (watched == 0) {
+      absl::SleepFor(absl::Milliseconds(std::min(wait_ms, 5)));
       continue;
     }
-    pollfd p{out_fd, POLLIN, 0};
-    if (poll(&p, 1, wait_ms) <= 0) continue;
-    char buffer[4096];
-    const ssize_t n = read(out_fd, buffer, sizeof(buffer));
-    if (n > 0) {
-      output.append(buffer, static_cast<size_t>(n));
-      if (output.size() > kKeptOutputBytes) output.erase(0, output.size() - kKeptOutputBytes);
-    } else if (n == 0 || errno != EINTR) {
-      close(out_fd);
-      out_fd = -1;
+    if (poll(p, watched, wait_ms) <= 0) continue;
+    for (int i = 0; i < watched; ++i) {
+      if (p[i].revents == 0) continue;
+      char buffer[4096];
+      const ssize_t n = read(p[i].fd, buffer, sizeof(buffer));
+      if (n > 0) {
+        keep(buffer, static_cast<size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        close(p[i].fd);
+        for (int& fd : fds) {
+          if (fd == p[i].fd) fd = -1;
+        }
+      }
     }
   }
-  // What it left in the background goes with it.
-  kill(-pid, SIGKILL);
-  group_ = 0;
-  if (out_fd >= 0) {
-    // Whatever it wrote last, unless a process it started still holds the pipe open.
-    const int flags = fcntl(out_fd, F_GETFL);
-    fcntl(out_fd, F_SETFL, flags | O_NONBLOCK);
+  // Whatever it wrote last: the guard has killed every writer by now.
+  for (int& fd : fds) {
+    if (fd < 0) continue;
+    const int flags = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, flags | O_NONBLOCK);
     char buffer[4096];
     ssize_t n;
-    while ((n = read(out_fd, buffer, sizeof(buffer))) > 0) {
-      output.append(buffer, static_cast<size_t>(n));
-      if (output.size() > kKeptOutputBytes) output.erase(0, output.size() - kKeptOutputBytes);
-    }
-    close(out_fd);
+    while ((n = read(fd, buffer, sizeof(buffer))) > 0) keep(buffer, static_cast<size_t>(n));
+    close(fd);
+    fd = -1;
   }
   const std::string line = LastOutputLine(output);
   if (timed_out) {
@@ -234,9 +227,9 @@ std::optional<Unhealthy> HealthCheck::RunCommand() {
     detail.resize(std::min(detail.size(), kMaxUnhealthyDetailBytes));
     return Unhealthy{ExclusionKind::kHealthCheckTimedOut, detail};
   }
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return std::nullopt;
+  if (exit->signal == 0 && exit->exit_status == 0) return std::nullopt;
   std::string detail =
-      line.empty() ? EndText(status) : absl::StrCat(line, " (", EndText(status), ")");
+      line.empty() ? EndText(*exit) : absl::StrCat(line, " (", EndText(*exit), ")");
   detail.resize(std::min(detail.size(), kMaxUnhealthyDetailBytes));
   return Unhealthy{ExclusionKind::kHealthCheckFailed, detail};
 }

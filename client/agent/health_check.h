@@ -4,9 +4,10 @@
 //   HealthCheck check(options, target, [&](std::optional<Unhealthy> verdict) { ... });
 //
 // The checks run on a thread of the object's own; `done` is called there once, unless Cancel
-// came first. The command runs as `/bin/sh -c COMMAND` in a process group of its own, with the
-// agent's environment, stdin from /dev/null and stdout and stderr read by the check; its whole
-// group is killed when it runs past the timeout, when it is cancelled, and when it ends (so that
+// came first. The command runs as `/bin/sh -c COMMAND` behind the guard the workers run behind
+// (process_launcher.h), with the agent's environment, stdin from /dev/null and stdout and stderr
+// read by the check; its whole group, and what it started that left the group, are killed when
+// it runs past the timeout, when it is cancelled (within 0.1 s), and when it ends (so that
 // nothing it started in the background outlives it).
 #ifndef RDZV_CLIENT_AGENT_HEALTH_CHECK_H_
 #define RDZV_CLIENT_AGENT_HEALTH_CHECK_H_
@@ -66,7 +67,6 @@ class HealthCheck {
   const HealthCheckTarget target_;
   const std::function<void(std::optional<Unhealthy>)> done_;
   std::atomic<bool> cancelled_{false};
-  std::atomic<pid_t> group_{0};  // the command's process group while it runs
   std::thread thread_;
 };
 

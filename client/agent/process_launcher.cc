@@ -341,7 +341,7 @@ class PosixProcessLauncher final : public ProcessLauncher {
       return absl::InternalError(absl::StrFormat("cannot start %s: the guard failed", *program));
     }
     worker_of_[pid] = message[0];
-    return SpawnedProcess{pid, out[0], err[0]};
+    return SpawnedProcess{pid, out[0], err[0], message[0]};
   }
 
   absl::Status SignalGroup(pid_t pid, int sig) override {

@@ -27,6 +27,9 @@ struct SpawnedProcess {
   pid_t pid = -1;      // also the process group id
   int stdout_fd = -1;  // read ends, owned by the caller
   int stderr_fd = -1;
+  // The process itself behind the guard `pid`, and its group: SIGKILL to that group ends it and
+  // lets its guard kill what left the group; -1 where no guard stands between.
+  pid_t worker = -1;
 };
 
 class ProcessLauncher {
