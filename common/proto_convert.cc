@@ -31,6 +31,7 @@ ExclusionKind KindFromProto(int value) {
 }
 
 static_assert(v1::ExclusionKind_MAX == kMaxExclusionKind, "ExclusionKind and v1 differ");
+static_assert(v1::RankRequest_MAX == kMaxRankRequest, "RankRequest and v1 differ");
 
 void ToProto(const ExcludedNode& e, v1::ExcludedNode& p) {
   p.set_host(e.host);
@@ -114,6 +115,8 @@ v1::WorkerFailure ToProto(const FailureInfo& f) {
   p.set_time_us(f.time_us);
   p.set_cause(CauseToProto(f.cause));
   p.set_hang_detail(f.hang_detail);
+  p.set_request(static_cast<v1::RankRequest>(f.request));
+  p.set_request_reason(f.request_reason);
   return p;
 }
 
@@ -130,6 +133,11 @@ FailureInfo FromProto(const v1::WorkerFailure& p) {
   f.time_us = p.time_us();
   f.cause = CauseFromProto(p.cause());
   f.hang_detail = p.hang_detail();
+  // A request this side does not know is no request.
+  if (p.request() > 0 && p.request() <= kMaxRankRequest) {
+    f.request = static_cast<RankRequest>(p.request());
+    f.request_reason = p.request_reason();
+  }
   // Agents that predate causes reported only their workers' failures.
   if (f.cause == AbortCause::kUnspecified) f.cause = AbortCause::kWorkerFailed;
   return f;

@@ -309,9 +309,11 @@ Metrics::Metrics(absl::string_view version) {
       "Agents that reported their node unhealthy instead of joining, by reason: health_check "
       "(--health-check exited non-zero), health_check_timeout, gpus (a GPU the worker count "
       "relies on is missing), run_dir (not writable or full), address (the node has no address "
-      "other nodes could reach).",
+      "other nodes could reach), rank_requested (a rank exited with code 83, or asked on the "
+      "watchdog FIFO).",
       "reason");
-  for (int32_t kind = 1; kind < static_cast<int32_t>(ExclusionKind::kNodeLeftOut); ++kind) {
+  for (int32_t kind = 1; kind <= kMaxExclusionKind; ++kind) {
+    if (static_cast<ExclusionKind>(kind) == ExclusionKind::kNodeLeftOut) continue;
     unhealthy_nodes_->WithLabel(ExclusionKindName(static_cast<ExclusionKind>(kind)));
   }
   refused_calls_ = &AddCounterFamily(

@@ -177,6 +177,7 @@ void TruncateFailureText(v1::WorkerFailure& f) {
   KeepEnd(f.mutable_stderr_tail(), kMaxTailBytes);
   KeepStart(f.mutable_error_message(), kMaxErrorMessageBytes);
   KeepStart(f.mutable_hang_detail(), kMaxHangDetailBytes);
+  KeepStart(f.mutable_request_reason(), kMaxRankRequestReasonBytes);
 }
 
 }  // namespace rdzv

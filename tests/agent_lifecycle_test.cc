@@ -636,5 +636,102 @@ TEST(AgentLifecycleTest, EveryLeftOutNodeIsLoggedOnce) {
   EXPECT_TRUE(absl::StrContains(Logs(life.Progress(generation, p)), "waiting for 1 of 2 nodes"));
 }
 
+// ---- What a rank asks of the job ----
+
+TEST(AgentLifecycleTest, ARankThatExits84EndsTheJobWithoutTheRestartsLeft) {
+  LifecycleOptions o = Options();
+  o.max_restarts = 3;
+  Running r(o);
+  const AgentActions failed = r.life.WorkerEnded(Ended(1, kWorkerExitNoRestart), kT0);
+  ASSERT_EQ(Kinds(failed), "ReportFailure,StopWorkers");
+  const FailureInfo f = One<act::ReportFailure>(failed)->failure;
+  EXPECT_EQ(f.request, RankRequest::kNoRestart);
+  EXPECT_EQ(Kinds(r.life.AllWorkersDone()), "");
+  const AgentActions end = r.life.FailureAnswered(r.generation, AbortFor(f));
+  EXPECT_EQ(Kinds(end), "Leave") << Logs(end);
+  EXPECT_TRUE(absl::StrContains(Logs(end), "it asked that the job not restart")) << Logs(end);
+  EXPECT_EQ(Kinds(r.life.Left(absl::OkStatus())), "Exit");
+}
+
+TEST(AgentLifecycleTest, AnotherNodesNoRestartFailureEndsThisOneToo) {
+  LifecycleOptions o = Options();
+  o.max_restarts = 3;
+  Running r(o, Assignment(1));
+  FailureInfo theirs;
+  theirs.host = "n0";
+  theirs.rank = 0;
+  theirs.exit_code = 1;
+  theirs.request = RankRequest::kNoRestart;
+  theirs.request_reason = "the config names no dataset";
+  EXPECT_EQ(Kinds(r.life.Aborted(r.generation, AbortFor(theirs))), "StopWorkers");
+  const AgentActions end = r.life.AllWorkersDone();
+  EXPECT_EQ(Kinds(end), "Leave") << Logs(end);
+  EXPECT_TRUE(absl::StrContains(Logs(end), "the config names no dataset")) << Logs(end);
+}
+
+TEST(AgentLifecycleTest, ARankThatExits83TakesItsNodeOutAtTheRestart) {
+  LifecycleOptions o = Options();
+  o.max_restarts = 1;
+  o.elastic = true;
+  Running r(o, Assignment(1));
+  const AgentActions failed = r.life.WorkerEnded(Ended(3, kWorkerExitExcludeNode), kT0);
+  ASSERT_EQ(Kinds(failed), "ReportFailure,StopWorkers");
+  const FailureInfo f = One<act::ReportFailure>(failed)->failure;
+  EXPECT_EQ(f.request, RankRequest::kExcludeNode);
+  EXPECT_EQ(Kinds(r.life.AllWorkersDone()), "");
+  // The others restart; this node reports itself left out instead of rejoining.
+  const AgentActions restart = r.life.FailureAnswered(r.generation, AbortFor(f));
+  ASSERT_EQ(Kinds(restart), "Join") << Logs(restart);
+  const act::Join join = *One<act::Join>(restart);
+  EXPECT_EQ(join.restart_count, 1);
+  ASSERT_TRUE(join.unhealthy.has_value());
+  EXPECT_EQ(join.unhealthy->kind, ExclusionKind::kRankRequested);
+  EXPECT_EQ(join.unhealthy->detail, "rank 3 exited with code 83");
+  EXPECT_TRUE(absl::StrContains(Logs(restart),
+                                "this node is left out of the job: n1: a rank "
+                                "asked for it: rank 3 exited with code 83"))
+      << Logs(restart);
+  const AgentActions out =
+      r.life.Joined(join.generation, absl::FailedPreconditionError("left out"));
+  ASSERT_EQ(Kinds(out), "Exit");
+  EXPECT_EQ(One<act::Exit>(out)->code, kExitNodeUnhealthy);
+}
+
+TEST(AgentLifecycleTest, ARanksWordsOnTheFifoGoWithItsFailure) {
+  LifecycleOptions o = Options();
+  o.max_restarts = 2;
+  Running r(o);
+  // Another agent's rank is not this agent's to speak for.
+  EXPECT_TRUE(r.life.RankAsked(7, RankRequest::kExcludeNode, "not mine").empty());
+  const AgentActions asked = r.life.RankAsked(1, RankRequest::kExcludeNode, "ECC errors on GPU 1");
+  EXPECT_TRUE(absl::StrContains(Logs(asked), "rank 1 asks that n1 be left out of the job: ECC"))
+      << Logs(asked);
+  const AgentActions failed = r.life.WorkerEnded(Ended(1, 1), kT0);
+  const FailureInfo f = One<act::ReportFailure>(failed)->failure;
+  EXPECT_EQ(f.request, RankRequest::kExcludeNode);
+  EXPECT_EQ(f.request_reason, "ECC errors on GPU 1");
+  EXPECT_TRUE(absl::StrContains(DescribeFailure(f),
+                                "it asked for its node to be left out: ECC errors on GPU 1"))
+      << DescribeFailure(f);
+  r.life.AllWorkersDone();
+  const act::Join join = *One<act::Join>(r.life.FailureAnswered(r.generation, AbortFor(f)));
+  ASSERT_TRUE(join.unhealthy.has_value());
+  EXPECT_EQ(join.unhealthy->detail, "rank 1: ECC errors on GPU 1");
+}
+
+TEST(AgentLifecycleTest, ANodeARankAskedOutLeavesEvenWhenAnotherFailedFirst) {
+  LifecycleOptions o = Options();
+  o.max_restarts = 1;
+  Running r(o, Assignment(1));
+  r.life.RankAsked(2, RankRequest::kExcludeNode, "NVLink down");
+  FailureInfo theirs;
+  theirs.host = "n0";
+  theirs.exit_code = 1;
+  r.life.Aborted(r.generation, AbortFor(theirs));
+  const act::Join join = *One<act::Join>(r.life.AllWorkersDone());
+  ASSERT_TRUE(join.unhealthy.has_value());
+  EXPECT_EQ(join.unhealthy->detail, "rank 2: NVLink down");
+}
+
 }  // namespace
 }  // namespace rdzv

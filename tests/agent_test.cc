@@ -629,6 +629,108 @@ TEST_F(AgentTest, AnElasticJobFormsWithoutTheNodeThatFailedItsHealthCheck) {
   EXPECT_TRUE(testing::NoProcessLeft(marker_));
 }
 
+// A rank that finds its node bad says so on the watchdog FIFO and fails: the job restarts
+// without that node, and every surviving agent says why.
+TEST_F(AgentTest, ARankThatAsksItsNodeOutRestartsTheJobWithoutIt) {
+  StartRdzvd();
+  std::vector<Subprocess*> agents;
+  const std::string round0 = absl::StrCat(
+      "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then "
+      "if [ $TEST_AGENT = n1 ]; then printf '{\"version\": 1, \"pid\": %d, \"exclude_node\": "
+      "\"ECC errors on GPU 0\"}\\n' $$ > \"$TORCHELASTIC_TIMER_FILE\"; exit 1; fi; ",
+      SleepForever(), "; fi");
+  for (int node = 0; node < 3; ++node) {
+    std::vector<std::string> argv = {RDZV_AGENT_BIN,
+                                     "--rdzv-endpoint",
+                                     endpoint_,
+                                     "--rdzv-id",
+                                     "asked-out",
+                                     "--nnodes",
+                                     "2:3",
+                                     "--join-timeout",
+                                     "60",
+                                     "--auth",
+                                     "none",
+                                     "--last-call",
+                                     "60s",
+                                     "--max-restarts",
+                                     "1",
+                                     "--node-rank",
+                                     absl::StrCat(node),
+                                     "--host-name",
+                                     absl::StrCat("n", node),
+                                     "--"};
+    for (std::string& a : WorkerCommand(round0)) argv.push_back(std::move(a));
+    agents.push_back(&Start(std::move(argv), {{"TEST_AGENT", absl::StrCat("n", node)}}));
+  }
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(agents[1]->Wait(kLongWait), kExitNodeUnhealthy) << agents[1]->Stderr();
+  EXPECT_TRUE(Contains(agents[1]->Stderr(),
+                       "this node is left out of the job: n1: a rank asked "
+                       "for it: rank 1: ECC errors on GPU 0"))
+      << agents[1]->Stderr();
+  WaitOk(*agents[0]);
+  WaitOk(*agents[2]);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "the restart waited for --last-call";
+  // The restarted job: nodes 0 and 2, ranks 0 and 1 (rank 2's file is the first round's).
+  const std::vector<WorkerEnv> table = {ReadWorker(0), ReadWorker(1)};
+  ASSERT_FALSE(table[0].empty() || table[1].empty());
+  EXPECT_EQ(table[0].at("TEST_AGENT"), "n0");
+  EXPECT_EQ(table[1].at("TEST_AGENT"), "n2");
+  EXPECT_EQ(table[1].at("WORLD_SIZE"), "2");
+  EXPECT_EQ(table[1].at("TORCHELASTIC_RESTART_COUNT"), "1");
+  for (int node : {0, 2}) {
+    EXPECT_TRUE(Contains(agents[node]->Stderr(),
+                         "it asked for its node to be left out: ECC "
+                         "errors on GPU 0"))
+        << agents[node]->Stderr();
+    EXPECT_TRUE(Contains(agents[node]->Stderr(),
+                         "n1 is left out of the job: n1 (node 1): a rank "
+                         "asked for it: rank 1: ECC errors on GPU 0"))
+        << agents[node]->Stderr();
+  }
+  EXPECT_TRUE(testing::NoProcessLeft(marker_));
+}
+
+// A rank whose error is its own exits 84: the job ends at once, with restarts left.
+TEST_F(AgentTest, ARankThatExits84EndsTheJobDespiteItsRestarts) {
+  StartRdzvd();
+  std::vector<Subprocess*> agents;
+  for (int node = 0; node < 2; ++node) {
+    std::vector<std::string> argv = {RDZV_AGENT_BIN,
+                                     "--rdzv-endpoint",
+                                     endpoint_,
+                                     "--rdzv-id",
+                                     "mine",
+                                     "--nnodes",
+                                     "2",
+                                     "--auth",
+                                     "none",
+                                     "--max-restarts",
+                                     "3",
+                                     "--node-rank",
+                                     absl::StrCat(node),
+                                     "--host-name",
+                                     absl::StrCat("n", node),
+                                     "--"};
+    for (std::string& a : WorkerCommand(absl::StrCat(
+             "if [ $RANK = 1 ]; then echo 'no dataset named in the config' >&2; exit 84; fi; ",
+             SleepForever()))) {
+      argv.push_back(std::move(a));
+    }
+    agents.push_back(&Start(std::move(argv), {{"TEST_AGENT", absl::StrCat("n", node)}}));
+  }
+  for (Subprocess* agent : agents) {
+    EXPECT_EQ(agent->Wait(kLongWait), kWorkerExitNoRestart) << agent->Stderr();
+    EXPECT_TRUE(Contains(agent->Stderr(),
+                         "rank 1 (local rank 0, node 1) on n1 exited with code "
+                         "84; it asked that the job not restart"))
+        << agent->Stderr();
+    EXPECT_FALSE(Contains(agent->Stderr(), "restarting the workers")) << agent->Stderr();
+  }
+  EXPECT_TRUE(testing::NoProcessLeft(marker_));
+}
+
 TEST_F(AgentTest, AHealthCheckThatHangsIsKilledAtItsTimeout) {
   StartRdzvd();
   Subprocess& healthy = StartAgent("n0", "hang-check", 2, {"--node-rank", "0"});

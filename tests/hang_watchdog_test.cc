@@ -91,13 +91,36 @@ TEST(ParseWatchdogLineTest, Table) {
   }
 }
 
+TEST(ParseWatchdogLineTest, RankRequestsCarryTheRanksWordsPrintable) {
+  absl::StatusOr<WatchdogRequest> out =
+      ParseWatchdogLine(R"({"version": 1, "pid": 9, "exclude_node": "ECC errors\non GPU 3"})");
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->kind, Kind::kRankRequest);
+  EXPECT_EQ(out->request, RankRequest::kExcludeNode);
+  EXPECT_EQ(out->pid, 9);
+  EXPECT_EQ(out->reason, "ECC errors on GPU 3");  // one line on every node's terminal
+  absl::StatusOr<WatchdogRequest> mine =
+      ParseWatchdogLine(R"({"version": 1, "pid": 9, "no_restart": ""})");
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(mine->request, RankRequest::kNoRestart);
+  EXPECT_EQ(mine->reason, "");
+  absl::StatusOr<WatchdogRequest> long_words = ParseWatchdogLine(
+      absl::StrCat(R"({"version": 1, "pid": 9, "no_restart": ")", std::string(3000, 'w'), R"("})"));
+  ASSERT_TRUE(long_words.ok());
+  EXPECT_EQ(long_words->reason.size(), kMaxRankRequestReasonBytes);
+  EXPECT_FALSE(ParseWatchdogLine(R"({"version": 1, "pid": 9, "no_restart": true})").ok());
+  EXPECT_FALSE(ParseWatchdogLine(R"({"version": 1, "exclude_node": "x"})").ok());
+}
+
 WatchdogRequest Acquire(int64_t pid, std::string scope, Micros at) {
-  return {Kind::kAcquire, pid, std::move(scope), at, 9};
+  return {Kind::kAcquire, pid, std::move(scope), at, 9, RankRequest::kNone, ""};
 }
 WatchdogRequest Release(int64_t pid, std::string scope) {
-  return {Kind::kRelease, pid, std::move(scope), 0, 0};
+  return {Kind::kRelease, pid, std::move(scope), 0, 0, RankRequest::kNone, ""};
 }
-WatchdogRequest Beat(int64_t pid) { return {Kind::kHeartbeat, pid, "", 0, 0}; }
+WatchdogRequest Beat(int64_t pid) {
+  return {Kind::kHeartbeat, pid, "", 0, 0, RankRequest::kNone, ""};
+}
 
 constexpr Micros kS = 1'000'000;
 

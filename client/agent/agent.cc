@@ -88,6 +88,13 @@ class Agent::Impl {
   void Do(const agent_action::AwaitStack& await);
   void Do(const agent_action::AwaitEarlierHang& await);
   absl::Status OpenWatchdog();
+  // Hands the lifecycle what the workers asked on the watchdog FIFO.
+  void TakeRankRequests() {
+    if (!watchdog_) return;
+    for (WatchdogFifo::RankAsk& ask : watchdog_->TakeRequests()) {
+      Handle(lifecycle_->RankAsked(ask.rank, ask.request, ask.reason));
+    }
+  }
   void Do(const agent_action::ForwardSignal& forward);
   void Do(const agent_action::ReportFailure& report);
   void Do(const agent_action::CancelJoin&) { rendezvous_->Cancel(); }
@@ -158,6 +165,8 @@ absl::Status Agent::Impl::Prepare() {
 
   WorkerGroup::Callbacks callbacks;
   callbacks.on_exit = [this](const WorkerEnd& end) {
+    // What the worker asked on the FIFO just before it ended counts for its end.
+    TakeRankRequests();
     if (watchdog_) watchdog_->WorkerEnded(end.local_rank - first_local_rank_);
     Handle(lifecycle_->WorkerEnded(end, WallMicros()));
   };
@@ -190,6 +199,7 @@ absl::Status Agent::Impl::OpenWatchdog() {
                          [this](const WorkerHang& hang) { Handle(lifecycle_->WorkerHung(hang)); });
   if (!fifo.ok()) return fifo.status();
   watchdog_ = *std::move(fifo);
+  watchdog_->OnRequest([this] { TakeRankRequests(); });
   return absl::OkStatus();
 }
 
@@ -343,7 +353,7 @@ void Agent::Impl::Do(const agent_action::StartWorkers& start) {
   absl::Status s = workers_->Start(config_.command, launches.launches);
   if (watchdog_) {
     watchdog_->StartRound(workers_->pids(), start.assignment.slot.rank_offset, first_local_rank_,
-                          start.assignment.longest_heartbeat_interval);
+                          start.assignment.longest_heartbeat_interval, workers_->processes());
   }
   if (!s.ok()) Handle(lifecycle_->WorkersStartFailed(s, WallMicros()));
 }

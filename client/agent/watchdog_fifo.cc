@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -96,8 +97,9 @@ WatchdogFifo::~WatchdogFifo() {
 }
 
 void WatchdogFifo::StartRound(std::vector<pid_t> pids, int32_t first_rank, int32_t first_local_rank,
-                              Micros job_longest_interval) {
+                              Micros job_longest_interval, std::vector<pid_t> processes) {
   pids_ = std::move(pids);
+  processes_ = std::move(processes);
   first_rank_ = first_rank;
   first_local_rank_ = first_local_rank;
   owner_cache_.clear();
@@ -177,7 +179,10 @@ void WatchdogFifo::HandleLine(absl::string_view line) {
   if (auto it = owner_cache_.find(request->pid); it != owner_cache_.end()) {
     worker = it->second;
   } else {
-    worker = OwningWorker(request->pid, pids_, ParentOf);
+    for (size_t i = 0; i < processes_.size() && !worker; ++i) {
+      if (processes_[i] > 0 && processes_[i] == request->pid) worker = static_cast<int32_t>(i);
+    }
+    if (!worker) worker = OwningWorker(request->pid, pids_, ParentOf);
     if (worker) owner_cache_.emplace(request->pid, *worker);
   }
   if (!worker) {
@@ -189,9 +194,21 @@ void WatchdogFifo::HandleLine(absl::string_view line) {
     }
     return;
   }
+  if (request->kind == WatchdogRequest::Kind::kRankRequest) {
+    if (requests_.size() >= kMaxPendingRequests) return;
+    requests_.push_back(
+        RankAsk{first_rank_ + *worker, request->request, std::move(request->reason)});
+    if (on_request_) asio::post(io_, on_request_);
+    return;
+  }
   if (std::optional<std::string> full = watchdog_.Apply(*worker, *request, WallMicros())) {
     spdlog::warn("watchdog FIFO: {}", *full);
   }
+}
+
+std::vector<WatchdogFifo::RankAsk> WatchdogFifo::TakeRequests() {
+  ReadAvailable();
+  return std::exchange(requests_, {});
 }
 
 std::optional<WorkerHang> WatchdogFifo::CheckNow() {

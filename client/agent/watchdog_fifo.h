@@ -36,6 +36,15 @@ namespace rdzv {
 class WatchdogFifo {
  public:
   using OnHang = std::function<void(const WorkerHang&)>;
+  // What a worker of this round asked of the job ("exclude_node", "no_restart"): its global
+  // rank, the request and its words.
+  struct RankAsk {
+    int32_t rank = 0;
+    RankRequest request = RankRequest::kNone;
+    std::string reason;
+  };
+  // Told (posted, as on_hang) that requests wait for TakeRequests.
+  using OnRankRequest = std::function<void()>;
 
   // Creates the FIFO at `path` (which must not exist) and starts reading it.
   static absl::StatusOr<std::unique_ptr<WatchdogFifo>> Open(asio::io_context& io, std::string path,
@@ -48,8 +57,16 @@ class WatchdogFifo {
   // A round's workers have started: `pids[i]` is worker i's process (its guard; the worker and
   // its children descend from it), with global rank first_rank + i and local rank
   // first_local_rank + i. `job_longest_interval`: the job's longest heartbeat interval so far.
+  // `processes[i]`, where known (else -1), is worker i itself: a request from it is traced to
+  // it even after it has ended (a request written just before it exits is read after).
   void StartRound(std::vector<pid_t> pids, int32_t first_rank, int32_t first_local_rank,
-                  Micros job_longest_interval);
+                  Micros job_longest_interval, std::vector<pid_t> processes = {});
+  // Who is told of workers' requests; none: they wait for TakeRequests.
+  void OnRequest(OnRankRequest on_request) { on_request_ = std::move(on_request); }
+  // Reads what the FIFO holds, then hands over the requests not yet taken (at most
+  // kMaxPendingRequests; later ones wait for the next call). Called before a worker's end is
+  // judged, so that what it wrote just before it exited counts.
+  std::vector<RankAsk> TakeRequests();
   // The round's workers are being stopped: no more hangs are reported.
   void StopRound();
   // Worker `worker` has ended.
@@ -80,10 +97,14 @@ class WatchdogFifo {
   std::string partial_;
   bool discarding_ = false;  // inside a line longer than kMaxWatchdogLine
   const OnHang on_hang_;
+  OnRankRequest on_request_;
+  static constexpr size_t kMaxPendingRequests = 64;
+  std::vector<RankAsk> requests_;
   HangWatchdog watchdog_;
   asio::steady_timer poll_timer_;
   bool round_live_ = false;
   std::vector<pid_t> pids_;
+  std::vector<pid_t> processes_;
   int32_t first_rank_ = 0;
   int32_t first_local_rank_ = 0;
   absl::flat_hash_map<int64_t, int32_t> owner_cache_;  // pid -> worker, this round

@@ -50,6 +50,7 @@ absl::Status WorkerGroup::Start(const std::vector<std::string>& command,
       break;
     }
     w->pid = spawned->pid;
+    w->process = spawned->worker;
     w->output = *std::move(output);
     w->output->Start(spawned->stdout_fd, spawned->stderr_fd, [this, worker = w.get()] {
       if (worker->held_end) ReleaseHeld(*worker);
@@ -145,6 +146,12 @@ std::vector<pid_t> WorkerGroup::pids() const {
   std::vector<pid_t> pids;
   for (const auto& w : workers_) pids.push_back(w->pid);
   return pids;
+}
+
+std::vector<pid_t> WorkerGroup::processes() const {
+  std::vector<pid_t> processes;
+  for (const auto& w : workers_) processes.push_back(w->process);
+  return processes;
 }
 
 void WorkerGroup::ArmKillTimer() {

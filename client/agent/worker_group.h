@@ -74,6 +74,8 @@ class WorkerGroup {
   // The process of each worker of the latest Start, in launch order (its guard: the worker and
   // its children descend from it).
   std::vector<pid_t> pids() const;
+  // The worker processes themselves, in the same order (-1 where the launcher does not say).
+  std::vector<pid_t> processes() const;
 
   // Passes `sig` to every running worker; returns how many.
   int Signal(int sig);
@@ -82,6 +84,7 @@ class WorkerGroup {
   struct Worker {
     WorkerLaunch launch;
     pid_t pid = -1;
+    pid_t process = -1;  // behind the guard `pid`
     std::optional<ProcessExit> exit;
     std::unique_ptr<WorkerOutput> output;
     bool aborting = false;

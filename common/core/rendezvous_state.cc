@@ -273,8 +273,9 @@ absl::Status ValidateJoinSpec(const JoinSpec& spec) {
   }
   if (spec.unhealthy) {
     const auto kind = static_cast<int32_t>(spec.unhealthy->kind);
-    if (kind < 1 || kind >= static_cast<int32_t>(ExclusionKind::kNodeLeftOut)) {
-      return OutOfRange("the health check's kind", kind, "1 to 5");
+    if (kind < 1 || kind > kMaxExclusionKind ||
+        spec.unhealthy->kind == ExclusionKind::kNodeLeftOut) {
+      return OutOfRange("the health check's kind", kind, "1 to 5 or 7");
     }
     if (spec.unhealthy->detail.size() > kMaxUnhealthyDetailBytes) {
       return OutOfRange("the health check's line (bytes)",

@@ -45,6 +45,8 @@ const char* ExclusionKindName(ExclusionKind kind) {
       return "address";
     case ExclusionKind::kNodeLeftOut:
       return "node_left_out";
+    case ExclusionKind::kRankRequested:
+      return "rank_requested";
   }
   return "unspecified";
 }
@@ -65,6 +67,8 @@ const char* ExclusionWords(ExclusionKind kind) {
       return "no reachable address";
     case ExclusionKind::kNodeLeftOut:
       return "another agent of this node was left out";
+    case ExclusionKind::kRankRequested:
+      return "a rank asked for it";
     case ExclusionKind::kUnspecified:
       break;
   }
@@ -124,7 +128,19 @@ std::string DescribeFailure(const FailureInfo& f) {
                            f.exit_code);
   }
   if (message) return absl::StrFormat("%s could not start: %s", who, f.error_message);
-  return absl::StrFormat("%s exited with code %d", who, f.exit_code);
+  std::string line = absl::StrFormat("%s exited with code %d", who, f.exit_code);
+  const std::string words = f.request_reason.empty() ? "" : absl::StrCat(": ", f.request_reason);
+  switch (f.request) {
+    case RankRequest::kExcludeNode:
+      absl::StrAppend(&line, "; it asked for its node to be left out", words);
+      break;
+    case RankRequest::kNoRestart:
+      absl::StrAppend(&line, "; it asked that the job not restart", words);
+      break;
+    case RankRequest::kNone:
+      break;
+  }
+  return line;
 }
 
 AbortEvent AbortFor(const FailureInfo& failure) {

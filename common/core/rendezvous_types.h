@@ -44,8 +44,9 @@ enum class ExclusionKind : int32_t {
   kRunDir = 4,               // the run directory is not writable or has no room
   kAddress = 5,              // the node has no address other nodes could reach
   kNodeLeftOut = 6,          // another agent of the same node was left out
+  kRankRequested = 7,        // a rank of the node asked for it (kWorkerExitExcludeNode)
 };
-inline constexpr int32_t kMaxExclusionKind = 6;
+inline constexpr int32_t kMaxExclusionKind = 7;
 
 // A stable lower-case name ("health_check"), for logs, metrics and JSON.
 const char* ExclusionKindName(ExclusionKind kind);
@@ -150,6 +151,21 @@ inline constexpr int32_t kMaxAbortCause = 7;
 // that ended for it.
 inline constexpr int kExitNodeUnhealthy = 83;
 
+// What a rank can ask of the job as it fails: by its exit code, or by a line on the watchdog
+// FIFO before it ends (then with its own words).
+enum class RankRequest : int32_t {
+  kNone = 0,
+  kExcludeNode = 1,  // "this node is bad": the restarted job goes on without it
+  kNoRestart = 2,    // "the error is mine": the job ends, whatever --max-restarts allows
+};
+inline constexpr int32_t kMaxRankRequest = 2;
+// The exit codes that ask it. A worker exiting 83 says what an agent exiting 83 says: the node
+// is unfit for the job.
+inline constexpr int kWorkerExitExcludeNode = 83;
+inline constexpr int kWorkerExitNoRestart = 84;
+// The rank's own words for its request, at most.
+inline constexpr size_t kMaxRankRequestReasonBytes = 512;
+
 // A stable lower-case name ("worker_failed"), for logs, metrics and JSON.
 const char* AbortCauseName(AbortCause cause);
 
@@ -171,6 +187,10 @@ struct FailureInfo {
   // kWorkerHung: how the hang showed, e.g. `timer "train.py#12" expired 0.1s ago (pid 4242)`;
   // time_us is then when the worker became overdue (its deadline), not when it was found.
   std::string hang_detail;
+  // kWorkerFailed: what the rank asked of the job, and its words (empty when it asked by its
+  // exit code alone).
+  RankRequest request = RankRequest::kNone;
+  std::string request_reason;
 
   bool operator==(const FailureInfo&) const = default;
 };

@@ -280,7 +280,43 @@ AgentActions AgentLifecycle::WorkersStartFailed(const absl::Status& status, int6
   return Fail(f);
 }
 
+AgentActions AgentLifecycle::RankAsked(int32_t rank, RankRequest request,
+                                       const std::string& reason) {
+  const int32_t first = assignment_.slot.rank_offset;
+  if (request == RankRequest::kNone || rank < first || rank >= first + options_.nproc ||
+      (phase_ != Phase::kRunning && phase_ != Phase::kStopping)) {
+    return {};
+  }
+  asked_[rank] = {request, reason};
+  const std::string words = reason.empty() ? "" : absl::StrCat(": ", reason);
+  if (request == RankRequest::kNoRestart) {
+    return {Warn(absl::StrFormat("job %s: rank %d asks that the job not restart when it fails%s",
+                                 options_.job_id, rank, words))};
+  }
+  NoteLeaveNode(absl::StrFormat("rank %d%s", rank, words));
+  return {Warn(absl::StrFormat(
+      "job %s: rank %d asks that %s be left out of the job%s; it leaves at the next restart",
+      options_.job_id, rank, options_.host, words))};
+}
+
+void AgentLifecycle::NoteLeaveNode(std::string detail) {
+  if (leave_node_) return;
+  if (detail.size() > kMaxUnhealthyDetailBytes) detail.resize(kMaxUnhealthyDetailBytes);
+  leave_node_ = Unhealthy{ExclusionKind::kRankRequested, std::move(detail)};
+}
+
 AgentActions AgentLifecycle::WorkerEnded(const WorkerEnd& end, int64_t now_us) {
+  // What the rank asked: on the FIFO, else by its exit code.
+  RankRequest request = RankRequest::kNone;
+  std::string reason;
+  if (auto it = asked_.find(end.rank); it != asked_.end()) {
+    std::tie(request, reason) = it->second;
+  } else if (end.exit.signal == 0 && end.exit.exit_status == kWorkerExitExcludeNode) {
+    request = RankRequest::kExcludeNode;
+    NoteLeaveNode(absl::StrFormat("rank %d exited with code %d", end.rank, kWorkerExitExcludeNode));
+  } else if (end.exit.signal == 0 && end.exit.exit_status == kWorkerExitNoRestart) {
+    request = RankRequest::kNoRestart;
+  }
   if (own_hang_ && end.rank == own_hang_->rank) {
     // The hung worker has printed its stack and ended: tell the job, whose abort then shows it.
     FailureInfo f = *std::exchange(own_hang_, std::nullopt);
@@ -301,6 +337,8 @@ AgentActions AgentLifecycle::WorkerEnded(const WorkerEnd& end, int64_t now_us) {
   f.signal = end.exit.signal;
   f.stderr_tail = end.stderr_tail;
   f.error_message = end.error_message;
+  f.request = request;
+  f.request_reason = reason;
   return Fail(f);
 }
 
@@ -462,6 +500,11 @@ AgentActions AgentLifecycle::MaybeFinish() {
 
 bool AgentLifecycle::MayRestart(const AbortEvent& abort) const {
   if (assignment_.restart_count >= options_.max_restarts) return false;
+  // The failed rank said the error is its own: a restart would fail the same way.
+  if (abort.first_failure && abort.first_failure->cause == AbortCause::kWorkerFailed &&
+      abort.first_failure->request == RankRequest::kNoRestart) {
+    return false;
+  }
   // A worker's failure, or (with --nnodes MIN:MAX) a lost node the others can go on without.
   // A stop request (a signal to an agent) ends the job.
   switch (abort.cause) {
@@ -484,7 +527,17 @@ AgentActions AgentLifecycle::Restart() {
   awaiting_stack_ = false;
   awaiting_earlier_hang_ = false;
   server_silent_ = false;
+  asked_.clear();
   restart_count_ = assignment_.restart_count + 1;
+  if (leave_node_) {
+    // A rank asked for this node to go: it reports itself left out instead of rejoining, as a
+    // node that failed its health check does.
+    ++generation_;
+    resuming_ = false;
+    phase_ = Phase::kChecking;
+    Append(actions, HealthChecked(generation_, leave_node_));
+    return actions;
+  }
   Append(actions, JoinRound(std::nullopt));
   return actions;
 }

@@ -23,9 +23,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -194,6 +196,10 @@ class AgentLifecycle {
   AgentActions AllWorkersDone();
   // The watchdog found a worker hung (its timer expired, or its heartbeats stopped).
   AgentActions WorkerHung(const WorkerHang& hang);
+  // Worker `rank` asked something of the job on the watchdog FIFO, in its own words: it holds
+  // for that rank's failure (kNoRestart), or for this node from now on (kExcludeNode: the node
+  // leaves the job at its next restart).
+  AgentActions RankAsked(int32_t rank, RankRequest request, const std::string& reason);
   // The wait of AwaitStack is over.
   AgentActions StackWaitOver();
   // The wait of AwaitEarlierHang is over.
@@ -224,6 +230,8 @@ class AgentLifecycle {
   AgentActions Finish();
   AgentActions JoinRound(std::optional<AssignmentEvent> resume);
   bool MayRestart(const AbortEvent& abort) const;
+  // Keeps the first reason a rank gave for this node to leave the job.
+  void NoteLeaveNode(std::string detail);
   FailureInfo NewFailure(int64_t now_us) const;
   std::string RootCause(const AbortEvent& abort) const;
 
@@ -245,6 +253,11 @@ class AgentLifecycle {
   bool unhealthy_ = false;
   // Nodes left out of the job that this agent has already logged (a few).
   std::vector<ExcludedNode> excluded_seen_;
+  // What this round's ranks asked on the watchdog FIFO, by rank (one per rank of this agent).
+  absl::flat_hash_map<int32_t, std::pair<RankRequest, std::string>> asked_;
+  // A rank asked for this node to be left out: at the next restart it reports itself so
+  // instead of rejoining.
+  std::optional<Unhealthy> leave_node_;
   // A failure report found the server silent (no answer, or unreachable): no Leave follows,
   // which would wait for it again.
   bool server_silent_ = false;

@@ -49,6 +49,8 @@ std::optional<std::string> HangWatchdog::Apply(int32_t worker, const WatchdogReq
       }
       w.last_beat = now;
       break;
+    case WatchdogRequest::Kind::kRankRequest:
+      break;  // the agent's, not the watchdog's
   }
   return std::nullopt;
 }

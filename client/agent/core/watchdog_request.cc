@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <utility>
 #include <variant>
 
 #include "absl/strings/ascii.h"
@@ -229,6 +230,25 @@ absl::StatusOr<WatchdogRequest> ParseWatchdogLine(absl::string_view line) {
     const bool* on = std::get_if<bool>(&hb->second);
     if (on == nullptr || !*on) return absl::InvalidArgumentError("\"heartbeat\" must be true");
     r.kind = WatchdogRequest::Kind::kHeartbeat;
+    return r;
+  }
+
+  for (const auto& [key, request] : {std::pair{"exclude_node", RankRequest::kExcludeNode},
+                                     std::pair{"no_restart", RankRequest::kNoRestart}}) {
+    auto it = f.find(key);
+    if (it == f.end()) continue;
+    const std::string* words = std::get_if<std::string>(&it->second);
+    if (words == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat("\"%s\" must be a string", key));
+    }
+    r.kind = WatchdogRequest::Kind::kRankRequest;
+    r.request = request;
+    // Shown on every node's terminal: one printable line.
+    for (const char c : *words) {
+      if (r.reason.size() >= kMaxRankRequestReasonBytes) break;
+      const auto u = static_cast<unsigned char>(c);
+      r.reason.push_back(u < 0x20 || u == 0x7f ? ' ' : c);
+    }
     return r;
   }
 

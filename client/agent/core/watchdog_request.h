@@ -7,6 +7,10 @@
 //     a negative expiration_time releases the timer of that pid and scope;
 //   rdzv's heartbeat, for code that uses no timers:
 //     {"version": 1, "pid": 4242, "heartbeat": true}
+//   a rank's request of the job, for when it fails (the same as exit codes 83 and 84, with the
+//   rank's own words):
+//     {"version": 1, "pid": 4242, "exclude_node": "ECC errors on GPU 3"}
+//     {"version": 1, "pid": 4242, "no_restart": "the config names no dataset"}
 //
 // Parsing is pure: a line in, a request or the reason it is malformed out. Lines are one flat
 // JSON object (strings, numbers, true, false, null); anything else is malformed.
@@ -28,12 +32,15 @@ namespace rdzv {
 inline constexpr size_t kMaxWatchdogLine = 4096;
 
 struct WatchdogRequest {
-  enum class Kind { kAcquire, kRelease, kHeartbeat };
+  enum class Kind { kAcquire, kRelease, kHeartbeat, kRankRequest };
   Kind kind = Kind::kHeartbeat;
   int64_t pid = 0;
   std::string scope;         // the timer's scope_id; empty for a heartbeat
   Micros expiration_us = 0;  // kAcquire: the deadline, wall time since the Unix epoch
   int32_t signal = 0;        // the signal torch's own server would send; recorded, not used
+  // kRankRequest: what is asked, and why (printable, at most kMaxRankRequestReasonBytes).
+  RankRequest request = RankRequest::kNone;
+  std::string reason;
 };
 
 // Parses one line (without its newline). InvalidArgument says what is wrong with it.
