@@ -94,6 +94,28 @@ class AgentTest : public testing::ProcessTest {
     return absl::StrCat("(exec -a ", marker_, "-sleep sleep 120) & wait");
   }
 
+  // The agent of node `node` (host nN) of a 3-node job with --nnodes 2:3 and a long
+  // --last-call: the job forms early only when a node is left out. Its options, to add to.
+  std::vector<std::string> ElasticAgent(const std::string& job, int node) const {
+    return {RDZV_AGENT_BIN,
+            "--rdzv-endpoint",
+            endpoint_,
+            "--rdzv-id",
+            job,
+            "--nnodes",
+            "2:3",
+            "--join-timeout",
+            "60",
+            "--auth",
+            "none",
+            "--last-call",
+            "60s",
+            "--node-rank",
+            absl::StrCat(node),
+            "--host-name",
+            absl::StrCat("n", node)};
+  }
+
   // What worker `rank` wrote, or an empty map.
   WorkerEnv ReadWorker(int rank) const {
     WorkerEnv env;
@@ -573,23 +595,7 @@ TEST_F(AgentTest, AnElasticJobFormsWithoutTheNodeThatFailedItsHealthCheck) {
   // because time passed.
   std::vector<Subprocess*> agents;
   for (int node = 0; node < 3; ++node) {
-    std::vector<std::string> argv = {RDZV_AGENT_BIN,
-                                     "--rdzv-endpoint",
-                                     endpoint_,
-                                     "--rdzv-id",
-                                     "elastic-sick",
-                                     "--nnodes",
-                                     "2:3",
-                                     "--join-timeout",
-                                     "60",
-                                     "--auth",
-                                     "none",
-                                     "--last-call",
-                                     "60s",
-                                     "--node-rank",
-                                     absl::StrCat(node),
-                                     "--host-name",
-                                     absl::StrCat("n", node)};
+    std::vector<std::string> argv = ElasticAgent("elastic-sick", node);
     if (node == 1) {
       argv.insert(argv.end(), {"--health-check", "echo 'ECC errors on GPU 2'; false"});
     }
@@ -640,26 +646,8 @@ TEST_F(AgentTest, ARankThatAsksItsNodeOutRestartsTheJobWithoutIt) {
       "\"ECC errors on GPU 0\"}\\n' $$ > \"$TORCHELASTIC_TIMER_FILE\"; exit 1; fi; ",
       SleepForever(), "; fi");
   for (int node = 0; node < 3; ++node) {
-    std::vector<std::string> argv = {RDZV_AGENT_BIN,
-                                     "--rdzv-endpoint",
-                                     endpoint_,
-                                     "--rdzv-id",
-                                     "asked-out",
-                                     "--nnodes",
-                                     "2:3",
-                                     "--join-timeout",
-                                     "60",
-                                     "--auth",
-                                     "none",
-                                     "--last-call",
-                                     "60s",
-                                     "--max-restarts",
-                                     "1",
-                                     "--node-rank",
-                                     absl::StrCat(node),
-                                     "--host-name",
-                                     absl::StrCat("n", node),
-                                     "--"};
+    std::vector<std::string> argv = ElasticAgent("asked-out", node);
+    argv.insert(argv.end(), {"--max-restarts", "1", "--"});
     for (std::string& a : WorkerCommand(round0)) argv.push_back(std::move(a));
     agents.push_back(&Start(std::move(argv), {{"TEST_AGENT", absl::StrCat("n", node)}}));
   }
