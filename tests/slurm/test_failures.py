@@ -209,6 +209,57 @@ class HealthCheckTest(FailureCase):
         self.left_out("n1", ["n2", "n3"])
 
 
+class RankRequestTest(FailureCase):
+
+    def asked_out(self, bad, ran):
+        """BAD's rank finds its node bad, says so on the watchdog FIFO and fails: the job restarts
+        at once on the nodes RAN and completes; BAD's agent exits 83."""
+        out_dir = self.out_dir()
+        script = (
+            'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then '
+            f'  if [ "$SLURMD_NODENAME" = {bad} ]; then '
+            '    printf \'{"version": 1, "pid": %d, "exclude_node": "ECC errors on GPU 0"}\\n\' $$ '
+            '      > "$TORCHELASTIC_TIMER_FILE"; exit 1; fi; '
+            '  exec sleep 60; fi; '
+            f'touch {out_dir}/ready-$RANK; echo "rank $RANK of $WORLD_SIZE on $SLURMD_NODENAME"')
+        proc = self.start_srun(["-N3", "--ntasks-per-node=1"], ["/bin/sh", "-c", script],
+                               env=self.env(),
+                               agent_args=["--nnodes", "2:3", "--last-call", "120s",
+                                           "--max-restarts", "1"])
+        code, out, err, seconds = self.finish(proc, 90)
+        output = out + err
+        self.assertEqual(code, 83, output)
+        self.assertLess(seconds, 60, f"the restart waited for --last-call\n{output}")
+        self.assertEqual(sorted(os.listdir(out_dir)), ["ready-0", "ready-1"], output)
+        self.assertIn(f"rank 0 of 2 on {ran[0]}", output)
+        self.assertIn(f"rank 1 of 2 on {ran[1]}", output)
+        self.assertRegex(output, f"this node is left out of the job: {bad}: a rank asked for it: "
+                                 "rank \\d: ECC errors on GPU 0")
+        self.assertEqual(len(re.findall(f"{bad} is left out of the job: {bad} \\(node \\d\\): a "
+                                        "rank asked for it: rank \\d: ECC errors on GPU 0",
+                                        output)),
+                         2, output)
+        self.assert_nothing_left(5)
+
+    def test_a_rank_asks_for_its_node_to_be_left_out(self):
+        self.asked_out("n2", ["n1", "n3"])
+
+    def test_the_first_node_may_be_asked_out_though_it_hosts_the_rendezvous(self):
+        self.asked_out("n1", ["n2", "n3"])
+
+    def test_a_rank_that_exits_84_ends_the_job_despite_its_restarts(self):
+        script = 'if [ "$RANK" = 1 ]; then echo "no dataset in the config" >&2; exit 84; fi; exec sleep 60'
+        proc = self.start_srun(["-N3", "--ntasks-per-node=1"], ["/bin/sh", "-c", script],
+                               env=self.env(), agent_args=["--max-restarts", "3"])
+        code, out, err, seconds = self.finish(proc, 90)
+        output = out + err
+        self.assertEqual(code, 84, output)
+        self.assertLess(seconds, 30, output)
+        self.assertIn("exited with code 84; it asked that the job not restart", output)
+        self.assertNotIn("restarting the workers", output)
+        self.assert_nothing_left(5)
+
+
 class CancelTest(FailureCase):
 
     def test_scancel_of_a_batch_job_leaves_nothing(self):
