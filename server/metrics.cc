@@ -310,7 +310,7 @@ Metrics::Metrics(absl::string_view version) {
       "(--health-check exited non-zero), health_check_timeout, gpus (a GPU the worker count "
       "relies on is missing), run_dir (not writable or full), address (the node has no address "
       "other nodes could reach), rank_requested (a rank exited with code 83, or asked on the "
-      "watchdog FIFO).",
+      "watchdog FIFO), workers_stuck (the last run's workers did not end).",
       "reason");
   for (int32_t kind = 1; kind <= kMaxExclusionKind; ++kind) {
     if (static_cast<ExclusionKind>(kind) == ExclusionKind::kNodeLeftOut) continue;

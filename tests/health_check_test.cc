@@ -3,6 +3,7 @@
 #include "client/agent/health_check.h"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -147,6 +148,44 @@ TEST(HealthCheckTest, WhatACommandStartsInASessionOfItsOwnGoesWithIt) {
   ASSERT_TRUE(v.has_value());
   EXPECT_EQ(v->kind, ExclusionKind::kHealthCheckTimedOut);
   ExpectGone(timed_out);
+}
+
+pid_t StartSleep(const char* seconds) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sleep", "sleep", seconds, static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+TEST(HealthCheckTest, ARestartWaitsForTheLastRunsWorkersToBeGone) {
+  ScopedTempDir dir;
+  // One that ends during the wait (a zombie until reaped: its devices are closed) passes.
+  HealthCheckTarget t = Target(dir);
+  const pid_t ending = StartSleep("0.3");
+  t.previous_workers = {ending};
+  t.previous_wait = absl::Seconds(20);
+  const absl::Time start = absl::Now();
+  EXPECT_FALSE(RunToEnd(HealthCheckOptions{}, t).has_value());
+  const absl::Duration waited = absl::Now() - start;
+  EXPECT_GE(waited, absl::Milliseconds(250));
+  EXPECT_LT(waited, absl::Seconds(10));
+  waitpid(ending, nullptr, 0);
+
+  // One that does not end within the bound leaves the node out, naming it.
+  const pid_t stuck = StartSleep("60");
+  t.previous_workers = {ending, stuck};
+  t.previous_wait = absl::Milliseconds(200);
+  const std::optional<Unhealthy> v = RunToEnd(HealthCheckOptions{}, t);
+  kill(stuck, SIGKILL);
+  waitpid(stuck, nullptr, 0);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->kind, ExclusionKind::kWorkersStuck);
+  EXPECT_EQ(v->detail, absl::StrCat("1 of its processes (pid ", stuck,
+                                    ") still there 200ms after the run ended"));
+  // Gone: the next check passes at once.
+  EXPECT_FALSE(RunToEnd(HealthCheckOptions{}, t).has_value());
 }
 
 TEST(HealthCheckTest, ACancelledCheckStopsAndSaysNothing) {

@@ -268,6 +268,8 @@ void Agent::Impl::Do(const agent_action::CheckHealth& check) {
   target.addresses = spec_.addresses;
   const char* tmp = std::getenv("TMPDIR");
   target.run_parent = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+  // Before a restart: the last run's workers, should one still be stuck after SIGKILL.
+  target.previous_workers = workers_->processes();
   if (!config_.health.command.empty()) {
     spdlog::info("checking this node's health: {}", config_.health.command);
   }

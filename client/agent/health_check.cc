@@ -11,12 +11,14 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/agent/process_launcher.h"
 #include "common/core/rendezvous_types.h"
@@ -132,8 +134,43 @@ HealthCheck::~HealthCheck() {
 
 void HealthCheck::Cancel() { cancelled_ = true; }
 
+namespace {
+
+// Whether `pid` is still a process that holds what it opened: alive, or stopped, or stuck in
+// the kernel; not a zombie (whose descriptors are closed) nor gone.
+bool Holds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat;
+  if (!std::getline(in, stat)) return false;
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z' &&
+         stat[close + 2] != 'X';
+}
+
+}  // namespace
+
+std::optional<Unhealthy> HealthCheck::AwaitPreviousWorkers() {
+  const absl::Time deadline = absl::Now() + target_.previous_wait;
+  for (;;) {
+    std::vector<pid_t> holding;
+    for (const pid_t pid : target_.previous_workers) {
+      if (pid > 0 && Holds(pid)) holding.push_back(pid);
+    }
+    if (holding.empty() || cancelled_) return std::nullopt;
+    if (absl::Now() >= deadline) {
+      return Unhealthy{
+          ExclusionKind::kWorkersStuck,
+          absl::StrFormat("%d of its processes (pid %s) still there %s after the run ended",
+                          holding.size(), absl::StrJoin(holding, ", pid "),
+                          absl::FormatDuration(target_.previous_wait))};
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
 void HealthCheck::Run() {
-  std::optional<Unhealthy> verdict = BuiltInHealthChecks(options_, target_);
+  std::optional<Unhealthy> verdict = AwaitPreviousWorkers();
+  if (!verdict && !cancelled_) verdict = BuiltInHealthChecks(options_, target_);
   if (!verdict && !options_.command.empty() && !cancelled_) verdict = RunCommand();
   if (!cancelled_) done_(std::move(verdict));
 }

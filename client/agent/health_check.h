@@ -3,7 +3,9 @@
 //
 //   HealthCheck check(options, target, [&](std::optional<Unhealthy> verdict) { ... });
 //
-// The checks run on a thread of the object's own; `done` is called there once, unless Cancel
+// Before them, the checks wait (bounded) for the job's last run's workers on this node to be
+// gone, so that no restart begins while one still holds a GPU. The checks run on a thread of
+// the object's own; `done` is called there once, unless Cancel
 // came first. The command runs as `/bin/sh -c COMMAND` behind the guard the workers run behind
 // (process_launcher.h), with the agent's environment, stdin from /dev/null and stdout and stderr
 // read by the check; its whole group, and what it started that left the group, are killed when
@@ -34,6 +36,10 @@ struct HealthCheckTarget {
   std::vector<std::string> addresses;  // this node's, as it would give them for MASTER_ADDR
   std::string run_parent;              // where the run directory goes ($TMPDIR, else /tmp)
   std::string dev_dir = "/dev";        // where the GPUs' device files are
+  // The job's last run's worker processes on this node: the checks wait for them to be gone
+  // (with them, their GPUs' device handles), at most previous_wait.
+  std::vector<pid_t> previous_workers;
+  absl::Duration previous_wait = absl::Seconds(30);
 };
 
 // The free space the run directory's file system must have.
@@ -61,6 +67,8 @@ class HealthCheck {
 
  private:
   void Run();
+  // Waits for target_.previous_workers to be gone; why not, past previous_wait.
+  std::optional<Unhealthy> AwaitPreviousWorkers();
   std::optional<Unhealthy> RunCommand();
 
   const HealthCheckOptions options_;

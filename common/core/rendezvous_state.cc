@@ -275,7 +275,7 @@ absl::Status ValidateJoinSpec(const JoinSpec& spec) {
     const auto kind = static_cast<int32_t>(spec.unhealthy->kind);
     if (kind < 1 || kind > kMaxExclusionKind ||
         spec.unhealthy->kind == ExclusionKind::kNodeLeftOut) {
-      return OutOfRange("the health check's kind", kind, "1 to 5 or 7");
+      return OutOfRange("the health check's kind", kind, "1 to 8 but 6");
     }
     if (spec.unhealthy->detail.size() > kMaxUnhealthyDetailBytes) {
       return OutOfRange("the health check's line (bytes)",

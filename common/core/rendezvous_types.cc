@@ -47,6 +47,8 @@ const char* ExclusionKindName(ExclusionKind kind) {
       return "node_left_out";
     case ExclusionKind::kRankRequested:
       return "rank_requested";
+    case ExclusionKind::kWorkersStuck:
+      return "workers_stuck";
   }
   return "unspecified";
 }
@@ -69,6 +71,8 @@ const char* ExclusionWords(ExclusionKind kind) {
       return "another agent of this node was left out";
     case ExclusionKind::kRankRequested:
       return "a rank asked for it";
+    case ExclusionKind::kWorkersStuck:
+      return "the last run's workers did not end";
     case ExclusionKind::kUnspecified:
       break;
   }

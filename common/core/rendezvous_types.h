@@ -45,8 +45,9 @@ enum class ExclusionKind : int32_t {
   kAddress = 5,              // the node has no address other nodes could reach
   kNodeLeftOut = 6,          // another agent of the same node was left out
   kRankRequested = 7,        // a rank of the node asked for it (kWorkerExitExcludeNode)
+  kWorkersStuck = 8,         // the last run's workers did not end (stuck in the GPU driver)
 };
-inline constexpr int32_t kMaxExclusionKind = 7;
+inline constexpr int32_t kMaxExclusionKind = 8;
 
 // A stable lower-case name ("health_check"), for logs, metrics and JSON.
 const char* ExclusionKindName(ExclusionKind kind);
