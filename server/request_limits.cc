@@ -45,18 +45,33 @@ absl::Status First(std::initializer_list<absl::Status> checks) {
   return absl::OkStatus();
 }
 
-// Keeps the last `max` bytes of `text` after a marker saying how much was cut.
+// Text a worker wrote and every node prints: bounded elsewhere, but never able to move a
+// terminal's cursor or colour what follows.
+absl::Status CheckPrintable(const std::string& value, const char* field) {
+  for (const char c : value) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f) continue;
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s contains the control character \\x%02x; send one line of printable text", field, u));
+  }
+  return absl::OkStatus();
+}
+
+// Keeps the last `max` bytes of `text` (or a few fewer, not to split a UTF-8 character) after
+// a marker saying how much was cut.
 void KeepEnd(std::string* text, size_t max) {
   if (text->size() <= max) return;
-  const size_t cut = text->size() - max;
+  size_t cut = text->size() - max;
+  while (cut < text->size() && (static_cast<unsigned char>((*text)[cut]) & 0xC0) == 0x80) ++cut;
   *text = absl::StrFormat("[... %d bytes cut]\n", cut) + text->substr(cut);
 }
 
 // Keeps the first `max` bytes of `text` and a marker saying how much was cut.
 void KeepStart(std::string* text, size_t max) {
   if (text->size() <= max) return;
-  const size_t cut = text->size() - max;
-  text->resize(max);
+  const size_t keep = Utf8Cut(*text, max);
+  const size_t cut = text->size() - keep;
+  text->resize(keep);
   *text += absl::StrFormat(" [... %d bytes cut]", cut);
 }
 
@@ -118,7 +133,8 @@ absl::Status CheckReportExitRequest(const v1::ReportExitRequest& r) {
                 CheckRange(f.signal(), "the failure's signal", 0, 64),
                 CheckRange(f.rank(), "the failed worker's rank", 0, kMaxRank),
                 CheckRange(f.local_rank(), "the failed worker's local rank", 0, kMaxRank),
-                CheckRange(f.group_rank(), "the failure's node", 0, kMaxRank)});
+                CheckRange(f.group_rank(), "the failure's node", 0, kMaxRank),
+                CheckPrintable(f.request_reason(), "the rank's request (request_reason)")});
 }
 
 absl::Status CheckLeaveRequest(const v1::LeaveRequest& r) {

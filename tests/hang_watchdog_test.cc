@@ -108,6 +108,14 @@ TEST(ParseWatchdogLineTest, RankRequestsCarryTheRanksWordsPrintable) {
       absl::StrCat(R"({"version": 1, "pid": 9, "no_restart": ")", std::string(3000, 'w'), R"("})"));
   ASSERT_TRUE(long_words.ok());
   EXPECT_EQ(long_words->reason.size(), kMaxRankRequestReasonBytes);
+  // Cut before a character that would straddle the limit, never inside it: "x" then 2-byte
+  // characters puts byte 512 in the middle of one.
+  std::string accented = "x";
+  for (int i = 0; i < 1000; ++i) accented += "\xc3\xa9";
+  absl::StatusOr<WatchdogRequest> accents = ParseWatchdogLine(
+      absl::StrCat(R"({"version": 1, "pid": 9, "exclude_node": ")", accented, R"("})"));
+  ASSERT_TRUE(accents.ok()) << accents.status();
+  EXPECT_EQ(accents->reason, accented.substr(0, kMaxRankRequestReasonBytes - 1));
   EXPECT_FALSE(ParseWatchdogLine(R"({"version": 1, "pid": 9, "no_restart": true})").ok());
   EXPECT_FALSE(ParseWatchdogLine(R"({"version": 1, "exclude_node": "x"})").ok());
 }

@@ -242,6 +242,14 @@ TEST_F(ServerWireTest, FailureReportNumbersAreRangeCheckedAndTheJobRunsOn) {
        "the failed worker's local rank is -2147483648; expected 0 to 2147483646"},
       {[](v1::WorkerFailure& f) { f.set_group_rank(-1); },
        "the failure's node is -1; expected 0 to 2147483646"},
+      // A rank's own words are shown on every node's terminal: one printable line.
+      {[](v1::WorkerFailure& f) {
+         f.set_request(v1::RANK_REQUEST_EXCLUDE_NODE);
+         f.set_request_reason("ECC\x1b[2J errors");
+       },
+       R"(the rank's request (request_reason) contains the control character \x1b; send one line of printable text)"},
+      {[](v1::WorkerFailure& f) { f.set_request_reason("bad\nrdzvd I fake line"); },
+       R"(the rank's request (request_reason) contains the control character \x0a; send one line of printable text)"},
   };
   for (const Case& c : cases) {
     v1::ReportExitRequest report;
@@ -269,11 +277,20 @@ TEST_F(ServerWireTest, FailureReportNumbersAreRangeCheckedAndTheJobRunsOn) {
   report.mutable_failure()->set_exit_code(255);
   report.mutable_failure()->set_signal(64);
   report.mutable_failure()->set_cause(v1::ABORT_CAUSE_WORKER_FAILED);
+  // Long words are cut, not refused, and never inside a character: 2-byte "é" from byte 1 on
+  // puts byte 512 in the middle of one.
+  report.mutable_failure()->set_request(v1::RANK_REQUEST_NO_RESTART);
+  std::string words = "x";
+  for (int i = 0; i < 1500; ++i) words += "\xc3\xa9";
+  report.mutable_failure()->set_request_reason(words);
   v1::ReportExitResponse response;
   grpc::ClientContext ctx;
   ASSERT_TRUE(a.stub->ReportExit(&ctx, report, &response).ok());
   ASSERT_TRUE(ReadUntil(b, v1::JoinEvent::kAbort, &event));
   EXPECT_EQ(event.abort().exit_code(), 255);
+  const std::string& heard = event.abort().first_failure().request_reason();
+  EXPECT_EQ(heard.substr(0, 511), words.substr(0, 511));
+  EXPECT_TRUE(absl::StrContains(heard, "[... 2490 bytes cut]")) << heard.substr(500);
   for (Joined* j : {&a, &b}) {
     j->context->TryCancel();
     End(*j);

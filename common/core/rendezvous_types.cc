@@ -29,6 +29,14 @@ const char* AbortCauseName(AbortCause cause) {
   return "unspecified";
 }
 
+size_t Utf8Cut(const std::string& text, size_t max) {
+  if (text.size() <= max) return text.size();
+  size_t cut = max;
+  // Back over continuation bytes (10xxxxxx) to the start of the character that straddles `max`.
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return cut;
+}
+
 const char* ExclusionKindName(ExclusionKind kind) {
   switch (kind) {
     case ExclusionKind::kUnspecified:

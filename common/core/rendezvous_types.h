@@ -170,6 +170,10 @@ inline constexpr size_t kMaxRankRequestReasonBytes = 512;
 // A stable lower-case name ("worker_failed"), for logs, metrics and JSON.
 const char* AbortCauseName(AbortCause cause);
 
+// How many of the first `max` bytes of `text` to keep so that no UTF-8 character is cut in two:
+// `max`, or less by the bytes of a character it would split.
+size_t Utf8Cut(const std::string& text, size_t max);
+
 // What an agent reports when its part of the job fails: a worker's end (kWorkerFailed, with
 // the worker's ranks), a hung worker (kWorkerHung, likewise), or a stop request the agent
 // received (kAgentSignalled).

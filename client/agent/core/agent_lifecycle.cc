@@ -301,7 +301,7 @@ AgentActions AgentLifecycle::RankAsked(int32_t rank, RankRequest request,
 
 void AgentLifecycle::NoteLeaveNode(std::string detail) {
   if (leave_node_) return;
-  if (detail.size() > kMaxUnhealthyDetailBytes) detail.resize(kMaxUnhealthyDetailBytes);
+  detail.resize(Utf8Cut(detail, kMaxUnhealthyDetailBytes));
   leave_node_ = Unhealthy{ExclusionKind::kRankRequested, std::move(detail)};
 }
 

@@ -245,10 +245,11 @@ absl::StatusOr<WatchdogRequest> ParseWatchdogLine(absl::string_view line) {
     r.request = request;
     // Shown on every node's terminal: one printable line.
     for (const char c : *words) {
-      if (r.reason.size() >= kMaxRankRequestReasonBytes) break;
+      if (r.reason.size() > kMaxRankRequestReasonBytes) break;
       const auto u = static_cast<unsigned char>(c);
       r.reason.push_back(u < 0x20 || u == 0x7f ? ' ' : c);
     }
+    r.reason.resize(Utf8Cut(r.reason, kMaxRankRequestReasonBytes));
     return r;
   }
 
