@@ -64,7 +64,11 @@ v1::JoinRequest ToProto(const JoinSpec& spec) {
   r.set_restart_count(spec.restart_count);
   // The oldest revision that knows every field set: an older server refuses what it would
   // misread (a resume taken for a fresh join, an unhealthy node taken in).
-  r.set_protocol_version(spec.unhealthy ? kUnhealthyJoinProtocolVersion : spec.resume ? 2 : 1);
+  r.set_protocol_version(spec.spare_nodes > 0 ? kSpareJoinProtocolVersion
+                         : spec.unhealthy     ? kUnhealthyJoinProtocolVersion
+                         : spec.resume        ? 2
+                                              : 1);
+  r.set_spare_nodes(spec.spare_nodes);
   if (spec.unhealthy) {
     r.mutable_unhealthy()->set_kind(static_cast<v1::ExclusionKind>(spec.unhealthy->kind));
     r.mutable_unhealthy()->set_detail(spec.unhealthy->detail);
@@ -96,6 +100,7 @@ JoinSpec FromProto(const v1::JoinRequest& r) {
   if (r.has_max_restarts()) spec.max_restarts = r.max_restarts();
   spec.longest_heartbeat_interval = MicrosFromMillis(r.longest_heartbeat_interval_ms());
   spec.node_list = r.node_list();
+  spec.spare_nodes = r.spare_nodes();
   if (r.has_unhealthy()) {
     spec.unhealthy = Unhealthy{KindFromProto(r.unhealthy().kind()), r.unhealthy().detail()};
   }
@@ -231,6 +236,7 @@ AssignmentEvent FromProto(const v1::Assignment& p) {
   a.agents = p.agents();
   a.longest_heartbeat_interval = MicrosFromMillis(p.longest_heartbeat_interval_ms());
   a.workers_per_node = p.workers_per_node();
+  a.spare = p.spare();
   return a;
 }
 
@@ -249,6 +255,7 @@ v1::Assignment ToProto(const AssignmentEvent& e) {
   a.set_agents(e.agents);
   a.set_longest_heartbeat_interval_ms(e.longest_heartbeat_interval / 1000);
   a.set_workers_per_node(e.workers_per_node);
+  a.set_spare(e.spare);
   return a;
 }
 

@@ -9,10 +9,12 @@
 namespace rdzv {
 
 // The protocol revision this build speaks; a server refuses requests newer than itself. A
-// request states the lowest revision it needs: 4 for an unhealthy node's join
-// (JoinRequest.unhealthy), 3 for a group join (JoinRequest.members), 2 for a resume, else 1, so
-// that joins still work against an older server.
-inline constexpr int32_t kProtocolVersion = 4;
+// request states the lowest revision it needs: 5 for a join with hot spares
+// (JoinRequest.spare_nodes), 4 for an unhealthy node's join (JoinRequest.unhealthy), 3 for a group
+// join (JoinRequest.members), 2 for a resume, else 1, so that joins still work against an older
+// server.
+inline constexpr int32_t kProtocolVersion = 5;
+inline constexpr int32_t kSpareJoinProtocolVersion = 5;
 inline constexpr int32_t kUnhealthyJoinProtocolVersion = 4;
 inline constexpr int32_t kGroupJoinProtocolVersion = 3;
 

@@ -313,7 +313,9 @@ Metrics::Metrics(absl::string_view version) {
       "watchdog FIFO), workers_stuck (the last run's workers did not end).",
       "reason");
   for (int32_t kind = 1; kind <= kMaxExclusionKind; ++kind) {
-    if (static_cast<ExclusionKind>(kind) == ExclusionKind::kNodeLeftOut) continue;
+    // Reported by agents only: the server's own (a node left out with another, a lost one)
+    // show in the aborts and in rdzvctl status.
+    if (!AgentMayReport(static_cast<ExclusionKind>(kind))) continue;
     unhealthy_nodes_->WithLabel(ExclusionKindName(static_cast<ExclusionKind>(kind)));
   }
   refused_calls_ = &AddCounterFamily(

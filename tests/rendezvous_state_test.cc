@@ -1705,3 +1705,209 @@ TEST_F(RendezvousStateTest, AnUnhealthyReportIsRangeChecked) {
 
 }  // namespace
 }  // namespace rdzv
+
+// ---- Hot spares, and nodes lost while the job runs ----
+
+namespace rdzv {
+namespace {
+
+JoinSpec WithSpares(JoinSpec spec, int32_t spares, int32_t restart_count = 0) {
+  spec.spare_nodes = spares;
+  spec.restart_count = restart_count;
+  spec.max_restarts = 3;
+  return spec;
+}
+
+// Nodes n0..n{count-1} of 2 workers each, with `spares` of them spare.
+std::vector<JoinSpec> SpareJob(int32_t count, int32_t spares, int32_t restart_count = 0) {
+  std::vector<JoinSpec> specs;
+  for (int32_t i = 0; i < count; ++i) {
+    specs.push_back(
+        WithSpares(Spec("j", absl::StrCat("n", i), i, count, 2), spares, restart_count));
+  }
+  return specs;
+}
+
+std::string Ranks(const AssignmentEvent& a) {
+  if (a.spare) return "spare";
+  return absl::StrCat("node ", a.slot.group_rank, "/", a.group_world_size, " ranks ",
+                      a.slot.rank_offset, "-", a.slot.rank_offset + 1, "/", a.world_size);
+}
+
+TEST_F(RendezvousStateTest, ASpareWaitsThenTakesALostNodesPlaceAndTheOthersKeepTheirRanks) {
+  const Decisions first = JoinAll(0, 1, SpareJob(4, 1));
+  std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(first);
+  ASSERT_EQ(got.size(), 4u) << Summary(first);
+  EXPECT_EQ(Ranks(got.at(1)), "node 0/3 ranks 0-1/6");
+  EXPECT_EQ(Ranks(got.at(2)), "node 1/3 ranks 2-3/6");
+  EXPECT_EQ(Ranks(got.at(3)), "node 2/3 ranks 4-5/6");
+  EXPECT_EQ(Ranks(got.at(4)), "spare");
+  EXPECT_EQ(got.at(1).agents, 3);
+  std::vector<JobStatusView> status = state_.Status("j");
+  ASSERT_EQ(status.size(), 1u);
+  EXPECT_EQ(status[0].world_size, 6);
+  ASSERT_EQ(status[0].agents.size(), 4u);
+  EXPECT_EQ(status[0].agents[0].host, "n3");  // no ranks: sorted first
+  EXPECT_EQ(status[0].agents[0].state, "spare");
+  EXPECT_EQ(status[0].agents[0].rank_offset, -1);
+
+  // n1's agent is lost (SIGKILL, a dead node): everyone attached hears it, the spare too.
+  const Decisions lost = Closed(kSecond, 2);
+  const std::map<StreamId, AbortEvent> aborts = EventsOf<AbortEvent>(lost);
+  ASSERT_EQ(aborts.size(), 3u) << Summary(lost);
+  EXPECT_EQ(aborts.at(4).cause, AbortCause::kAgentLost);
+  status = state_.Status("j");
+  ASSERT_EQ(status[0].excluded.size(), 1u);
+  EXPECT_EQ(DescribeExcluded(status[0].excluded[0]), "n1 (node 1): lost while the job ran");
+
+  // The restart forms as soon as the three that are left are back (the spare first): n1's ranks
+  // go to the spare, n0 and n2 keep theirs.
+  const std::vector<JoinSpec> again = SpareJob(4, 1, 1);
+  EXPECT_TRUE(EventsOf<AssignmentEvent>(Join(2 * kSecond, 14, again[3])).empty());
+  // Each agent back hears which node the job lost.
+  const Decisions second = Join(2 * kSecond, 13, again[2]);
+  ASSERT_EQ(EventsOf<ProgressEvent>(second).count(13), 1u) << Summary(second);
+  const ProgressEvent heard = EventsOf<ProgressEvent>(second).at(13);
+  ASSERT_EQ(heard.excluded.size(), 1u);
+  EXPECT_EQ(heard.excluded[0].why.kind, ExclusionKind::kNodeLost);
+  EXPECT_EQ(heard.expected, 3);
+  const Decisions restarted = Join(2 * kSecond, 11, again[0]);
+  got = EventsOf<AssignmentEvent>(restarted);
+  ASSERT_EQ(got.size(), 3u) << Summary(restarted);
+  EXPECT_EQ(Ranks(got.at(11)), "node 0/3 ranks 0-1/6");
+  EXPECT_EQ(Ranks(got.at(14)), "node 1/3 ranks 2-3/6");
+  EXPECT_EQ(Ranks(got.at(13)), "node 2/3 ranks 4-5/6");
+  EXPECT_EQ(got.at(11).restart_count, 1);
+
+  // n1's agent, started again, is not taken back.
+  JoinSpec back = again[1];
+  back.agent.agent_id = "n1/agent-2";
+  const absl::Status refused = RefusalOf(Join(3 * kSecond, 12, back), 12);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "lost while the job ran")) << refused;
+}
+
+TEST_F(RendezvousStateTest, SparesAreLetGoWhenTheJobCompletes) {
+  JoinAll(0, 1, SpareJob(3, 1));
+  Leave(kSecond, "j", "n0/agent");
+  const Decisions last = Leave(kSecond, "j", "n1/agent");
+  const std::map<StreamId, absl::Status> closes = ClosesOf(last);
+  // n1's own stream, and the spare's: cleanly, with no abort.
+  ASSERT_EQ(closes.size(), 2u) << Summary(last);
+  EXPECT_TRUE(closes.at(3).ok()) << closes.at(3);
+  EXPECT_TRUE(last.sends.empty()) << Summary(last);
+  // Everyone is gone: the job is forgotten.
+  EXPECT_TRUE(state_.Status("j").empty());
+}
+
+TEST_F(RendezvousStateTest, ALostSpareLeavesTheJobRunningOneSpareShort) {
+  JoinAll(0, 1, SpareJob(4, 2));
+  const Decisions lost = Closed(kSecond, 4);  // n3, a spare
+  EXPECT_TRUE(IsEmpty(lost)) << Summary(lost);
+  std::vector<JobStatusView> status = state_.Status("j");
+  EXPECT_EQ(status[0].state, "running");
+  ASSERT_EQ(status[0].excluded.size(), 1u);
+  EXPECT_EQ(status[0].excluded[0].host, "n3");
+
+  // n0 is lost next: n2, the spare that is left, takes its place.
+  Closed(2 * kSecond, 1);
+  const std::vector<JoinSpec> again = SpareJob(4, 2, 1);
+  Join(3 * kSecond, 12, again[1]);
+  const Decisions restarted = Join(3 * kSecond, 13, again[2]);
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(restarted);
+  ASSERT_EQ(got.size(), 2u) << Summary(restarted);
+  EXPECT_EQ(Ranks(got.at(13)), "node 0/2 ranks 0-1/4");
+  EXPECT_EQ(Ranks(got.at(12)), "node 1/2 ranks 2-3/4");
+}
+
+TEST_F(RendezvousStateTest, WithNoSpareLeftAJobTooSmallEndsNamingEveryLostNode) {
+  JoinAll(0, 1, SpareJob(3, 1));
+  Closed(kSecond, 2);  // n1: the spare n2 takes its place
+  const std::vector<JoinSpec> again = SpareJob(3, 1, 1);
+  Join(2 * kSecond, 11, again[0]);
+  ASSERT_EQ(EventsOf<AssignmentEvent>(Join(2 * kSecond, 13, again[2])).size(), 2u);
+  Closed(3 * kSecond, 11);  // n0: no spare left, and the job runs on 2 nodes
+  const std::vector<JoinSpec> third = SpareJob(3, 1, 2);
+  const Decisions d = Join(4 * kSecond, 23, third[2]);
+  const std::map<StreamId, AbortEvent> aborts = EventsOf<AbortEvent>(d);
+  ASSERT_EQ(aborts.count(23), 1u) << Summary(d);
+  EXPECT_EQ(aborts.at(23).cause, AbortCause::kNodeUnhealthy);
+  EXPECT_EQ(aborts.at(23).exit_code, kExitNodeUnhealthy);
+  EXPECT_TRUE(absl::StrContains(aborts.at(23).reason, "needs 2 agents and can now have at most 1"))
+      << aborts.at(23).reason;
+  EXPECT_TRUE(absl::StrContains(aborts.at(23).reason, "sbatch --exclude=n1,n0"))
+      << aborts.at(23).reason;
+  EXPECT_TRUE(ClosesOf(d).at(23).ok());
+}
+
+TEST_F(RendezvousStateTest, AnElasticJobRestartsAtOnceWithoutANodeItLost) {
+  std::vector<JoinSpec> specs;
+  for (int i = 0; i < 3; ++i) {
+    JoinSpec s = Elastic(Spec("j", absl::StrCat("n", i), i, 3), 2);
+    s.last_call = 60 * kSecond;
+    specs.push_back(s);
+  }
+  JoinAll(0, 1, specs);
+  Closed(kSecond, 2);
+  for (JoinSpec& s : specs) s.restart_count = 1;
+  EXPECT_TRUE(EventsOf<AssignmentEvent>(Join(2 * kSecond, 11, specs[0])).empty());
+  // No wait for --last-call: the lost node is not coming back to this job.
+  const Decisions d = Join(2 * kSecond, 13, specs[2]);
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(d);
+  ASSERT_EQ(got.size(), 2u) << Summary(d);
+  EXPECT_EQ(got.at(13).world_size, 2);
+}
+
+TEST_F(RendezvousStateTest, ARequeuedJobForgetsTheNodesItsLastRunLost) {
+  std::vector<JoinSpec> specs = {Spec("j", "n0", 0, 2), Spec("j", "n1", 1, 2)};
+  JoinAll(0, 1, specs);
+  Closed(kSecond, 2);  // the job ends
+  Closed(kSecond, 1);
+  // The same job id starts over (new agents, restart count 0): n1 is welcome again.
+  for (JoinSpec& s : specs) s.agent.agent_id += "-requeued";
+  EXPECT_TRUE(IsEmpty(Join(2 * kSecond, 11, specs[1])));
+  EXPECT_EQ(EventsOf<AssignmentEvent>(Join(2 * kSecond, 12, specs[0])).size(), 2u);
+  EXPECT_TRUE(state_.Status("j").at(0).excluded.empty());
+}
+
+TEST_F(RendezvousStateTest, SparesAreRangeCheckedAndTheSameForEveryAgent) {
+  JoinSpec all = WithSpares(Spec("j", "n0", 0, 3), 3);
+  EXPECT_EQ(ValidateJoinSpec(all).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateJoinSpec(WithSpares(Spec("j", "n0", 0, 3), -1)).code(),
+            absl::StatusCode::kInvalidArgument);
+  JoinSpec unranked = WithSpares(Spec("j", "n0", -1, 3), 1);
+  EXPECT_TRUE(absl::StrContains(ValidateJoinSpec(unranked).message(), "--node-rank"));
+  JoinSpec per_task = WithSpares(Spec("j", "n0", 0, 3), 1);
+  per_task.agent.order = 0;
+  EXPECT_EQ(ValidateJoinSpec(per_task).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ValidateJoinSpec(WithSpares(Spec("j", "n0", 0, 3), 2)).ok());
+
+  // A spare's assignment has no ranks to resume.
+  JoinSpec resume = WithSpares(Spec("j", "n2", 2, 3), 1);
+  AssignmentEvent held;
+  held.round = 1;
+  held.agents = 2;
+  held.group_world_size = 2;
+  held.world_size = 2;
+  held.slot.local_world_size = 1;
+  held.spare = true;
+  resume.resume = held;
+  EXPECT_EQ(ValidateJoinSpec(resume).code(), absl::StatusCode::kInvalidArgument);
+
+  EXPECT_TRUE(IsEmpty(Join(0, 1, WithSpares(Spec("j", "n0", 0, 3), 1))));
+  const absl::Status other = RefusalOf(Join(0, 2, WithSpares(Spec("j", "n1", 1, 3), 0)), 2);
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(other.message(), "--spare-nodes 0")) << other;
+  // A spare takes a lost node's ranks one for one: every node runs as many workers.
+  JoinSpec wider = WithSpares(Spec("j", "n2", 2, 3, 4), 1);
+  const absl::Status uneven = RefusalOf(Join(0, 3, wider), 3);
+  EXPECT_EQ(uneven.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(uneven.message(), "every node runs the same --nproc-per-node"))
+      << uneven;
+  // Only the server says a node was lost.
+  EXPECT_EQ(ValidateJoinSpec(Unwell(Spec("j", "n0", 0, 2), "x", ExclusionKind::kNodeLost)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace rdzv

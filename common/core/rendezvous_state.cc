@@ -30,6 +30,7 @@ struct RendezvousState::Member {
   std::string peer_address;  // where it connected from, as the server saw it
   StreamId stream = 0;       // 0: not attached
   bool left = false;
+  bool spare = false;  // a hot spare of the running round: no ranks
   Slot slot;
 
   void Take(const JoinSpec& spec) {
@@ -50,6 +51,7 @@ struct RendezvousState::Job {
   std::optional<int32_t> max_restarts;  // the first member's that stated one
   int32_t min_agents = 1;
   int32_t max_agents = 1;
+  int32_t spare_nodes = 0;
   Micros last_call = 0;
   Micros last_join = 0;
   Micros last_progress = 0;
@@ -89,8 +91,20 @@ struct RendezvousState::Job {
   absl::flat_hash_set<int64_t> excluded_node_indices;
   absl::flat_hash_set<std::string> excluded_hosts;  // of nodes without an index
 
+  // The seat (node rank) each node held in the last round that ranked it, by node index: with
+  // spares, a node keeps its seat over restarts and a spare takes a lost node's.
+  absl::flat_hash_map<int64_t, int32_t> seats;
+  // The running round's spares, and how many of them have left (released or lost).
+  int32_t spares = 0;
+  int32_t spares_left = 0;
+
   // The most agents this round can still have.
   int32_t Expected() const { return std::max(0, max_agents - excluded_agents); }
+  // The fewest agents a round may start with: --nnodes MIN, and with spares no more than the
+  // nodes that run the job.
+  int32_t Needed() const {
+    return spare_nodes > 0 ? std::min(min_agents, max_agents - spare_nodes) : min_agents;
+  }
   // Whether `agent` runs on a node left out of the job.
   bool Excludes(const AgentSpec& agent) const {
     return agent.node_index >= 0 ? excluded_node_indices.contains(agent.node_index)
@@ -178,6 +192,7 @@ int64_t ClaimKey(const AgentSpec& a) { return a.order >= 0 ? a.order : a.node_in
 std::string ImpossibleResume(const JoinSpec& spec) {
   const AssignmentEvent& r = *spec.resume;
   const Slot& slot = r.slot;
+  if (r.spare) return "a spare's, which has no ranks to keep";
   const int64_t last_rank = int64_t{slot.rank_offset} + spec.agent.nproc - 1;
   const int64_t last_local = int64_t{slot.local_rank_offset} + spec.agent.nproc - 1;
   if (r.round < 1) return absl::StrFormat("round %d", r.round);
@@ -271,10 +286,19 @@ absl::Status ValidateJoinSpec(const JoinSpec& spec) {
         absl::StrFormat("the longest heartbeat interval is %s; expected 0 to 365 days",
                         Span(spec.longest_heartbeat_interval)));
   }
+  if (spec.spare_nodes < 0 || spec.spare_nodes >= spec.max_agents) {
+    return OutOfRange("--spare-nodes", spec.spare_nodes,
+                      absl::StrFormat("0 to %d (fewer than the job's %d nodes)",
+                                      spec.max_agents - 1, spec.max_agents));
+  }
+  if (spec.spare_nodes > 0 && (agent.node_index < 0 || agent.order >= 0)) {
+    return absl::InvalidArgumentError(
+        "--spare-nodes needs one agent per node with its node rank: launch one task per node "
+        "(srun --ntasks-per-node=1), or pass --node-rank to every agent");
+  }
   if (spec.unhealthy) {
     const auto kind = static_cast<int32_t>(spec.unhealthy->kind);
-    if (kind < 1 || kind > kMaxExclusionKind ||
-        spec.unhealthy->kind == ExclusionKind::kNodeLeftOut) {
+    if (!AgentMayReport(spec.unhealthy->kind)) {
       return OutOfRange("the health check's kind", kind, "1 to 8 but 6");
     }
     if (spec.unhealthy->detail.size() > kMaxUnhealthyDetailBytes) {
@@ -402,18 +426,34 @@ void RendezvousState::Detach(Job& job, Member& member) {
   --job.attached;
 }
 
-void RendezvousState::OpenRound(Job& job, const JoinSpec& spec) {
+void RendezvousState::OpenRound(Job& job, const JoinSpec& spec, bool fresh) {
   for (auto& [id, member] : job.members) Detach(job, member);
   job.members.clear();
   job.ClearOverrides();
   job.left = 0;
   job.claims.clear();
+  job.spares = 0;
+  job.spares_left = 0;
+  if (fresh) {
+    // The same job id starting over (a requeued job, maybe on other nodes): what its last run
+    // left out or seated is not this run's.
+    excluded_agents_ -= job.excluded_agents;
+    job.excluded.clear();
+    job.excluded_agents = 0;
+    job.excluded_positions.clear();
+    job.excluded_node_indices.clear();
+    job.excluded_hosts.clear();
+    job.excluded_news = false;
+    job.excluded_told.reset();
+    job.seats.clear();
+  }
   job.phase = Phase::kFilling;
   job.round += 1;
   job.restart_count = spec.restart_count;
   job.max_restarts = spec.max_restarts;
   job.min_agents = spec.min_agents;
   job.max_agents = spec.max_agents;
+  job.spare_nodes = spec.spare_nodes;
   job.last_call = spec.last_call;
   job.world_size = 0;
   job.abort.reset();
@@ -441,6 +481,7 @@ void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec,
     job->restart_count = held.restart_count;
     job->min_agents = spec.min_agents;
     job->max_agents = spec.max_agents;
+    job->spare_nodes = spec.spare_nodes;
     job->last_call = spec.last_call;
     job->world_size = held.world_size;
     job->assignment = held;
@@ -499,6 +540,7 @@ void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec,
     it->second.Take(spec);
     it->second.peer_address = caller.peer_address;
     it->second.slot = held.slot;
+    if (spec.agent.node_index >= 0) job->seats[spec.agent.node_index] = held.slot.group_rank;
     if (static_cast<int32_t>(job->members.size()) >= job->assignment.agents) {
       job->resume_deadline = 0;  // everyone is back
     }
@@ -530,7 +572,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
     job = created.get();
     job->id = spec.job_id;
     jobs_.emplace(spec.job_id, std::move(created));
-    OpenRound(*job, spec);
+    OpenRound(*job, spec, /*fresh=*/true);
     job->last_progress = now;
   }
 
@@ -573,8 +615,22 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
         out.closes.push_back({member.stream, absl::AbortedError("a new round started")});
       }
     }
-    OpenRound(*job, spec);
+    OpenRound(*job, spec, /*fresh=*/!next_round);
     job->last_progress = now;
+    if (job->Expected() < job->Needed()) {
+      // Nodes left out while the last run ran (lost, or asked out) leave too few for this one.
+      EndJob(*job, now, TooFewLeft(*job, nullptr), out);
+      out.sends.push_back({stream, *job->abort});
+      out.closes.push_back({stream, absl::OkStatus()});
+      job->last_detach = now;
+      return;
+    }
+  } else if (job->spare_nodes != spec.spare_nodes) {
+    out.closes.push_back({stream, absl::FailedPreconditionError(absl::StrFormat(
+                                      "this agent has --spare-nodes %d but job %s was started "
+                                      "with --spare-nodes %d; give every agent the same",
+                                      spec.spare_nodes, job->id, job->spare_nodes))});
+    return;
   } else if (job->min_agents != spec.min_agents || job->max_agents != spec.max_agents) {
     out.closes.push_back(
         {stream, absl::FailedPreconditionError(absl::StrFormat(
@@ -636,6 +692,15 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
     const AgentSpec& other = job->members.begin()->second.agent;
     if (absl::Status s = SameRanking(job->id, other, spec.agent); !s.ok()) {
       out.closes.push_back({stream, std::move(s)});
+      return;
+    }
+    if (job->spare_nodes > 0 && other.nproc != spec.agent.nproc) {
+      // A spare takes a lost node's ranks one for one, so the nodes after it keep theirs.
+      out.closes.push_back(
+          {stream, absl::FailedPreconditionError(absl::StrFormat(
+                       "the agent on %s runs %d workers but the agent on %s, already in job %s, "
+                       "runs %d; with --spare-nodes every node runs the same --nproc-per-node",
+                       spec.agent.host, spec.agent.nproc, other.host, job->id, other.nproc))});
       return;
     }
   }
@@ -711,15 +776,53 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
   }
 }
 
-void RendezvousState::Exclude(Job& job, Micros now, StreamId stream, const AgentSpec& agent,
-                              const Unhealthy& why, Decisions& out) {
+AbortEvent RendezvousState::TooFewLeft(const Job& job, const ExcludedNode* latest) const {
+  if (latest == nullptr && !job.excluded.empty()) latest = &job.excluded.back();
+  std::vector<std::string> hosts;
+  for (const ExcludedNode& e : job.excluded) {
+    if (std::find(hosts.begin(), hosts.end(), e.host) == hosts.end()) hosts.push_back(e.host);
+  }
+  if (latest != nullptr && std::find(hosts.begin(), hosts.end(), latest->host) == hosts.end()) {
+    hosts.push_back(latest->host);
+  }
+  return NodeUnhealthyAbort(absl::StrFormat(
+      "%s; job %s needs %d agents and can now have at most %d: leave the node%s out (sbatch "
+      "--exclude=%s), or lower --nnodes",
+      latest != nullptr ? DescribeExcluded(*latest)
+                        : absl::StrFormat("%d agents were left out", job.excluded_agents),
+      job.id, job.Needed(), job.Expected(), hosts.size() == 1 ? "" : "s",
+      absl::StrJoin(hosts, ",")));
+}
+
+bool RendezvousState::NoteExcluded(Job& job, const AgentSpec& agent, const ExcludedNode& node) {
   // Each agent position counts once, however often its agent says so; past max_agents nothing
   // more can change (the job already cannot run), so nothing more is kept.
   const int64_t position = ClaimKey(agent);
   const bool counted = position >= 0 ? job.excluded_positions.contains(position)
                                      : job.excluded_hosts.contains(agent.host);
-  const bool newly =
-      !counted && job.excluded_agents < job.max_agents && job.excluded_agents < kMaxExcludedAgents;
+  if (counted || job.excluded_agents >= job.max_agents ||
+      job.excluded_agents >= kMaxExcludedAgents) {
+    return false;
+  }
+  ++job.excluded_agents;
+  ++excluded_agents_;
+  if (position >= 0) job.excluded_positions.insert(position);
+  if (agent.node_index >= 0) {
+    job.excluded_node_indices.insert(agent.node_index);
+  } else {
+    job.excluded_hosts.insert(agent.host);
+  }
+  if (job.excluded.size() < kKeptExcluded && node.why.kind != ExclusionKind::kNodeLeftOut) {
+    job.excluded.push_back(node);
+  }
+  return true;
+}
+
+void RendezvousState::Exclude(Job& job, Micros now, StreamId stream, const AgentSpec& agent,
+                              const Unhealthy& why, Decisions& out) {
+  const int64_t position = ClaimKey(agent);
+  const bool counted = position >= 0 ? job.excluded_positions.contains(position)
+                                     : job.excluded_hosts.contains(agent.host);
   if (!counted && job.excluded_agents == kMaxExcludedAgents && job.phase == Phase::kFilling) {
     // So many nodes failing points at the check or the cluster, not at the nodes: the round
     // ends rather than keep records without end. A running job keeps running; the node is
@@ -744,32 +847,15 @@ void RendezvousState::Exclude(Job& job, Micros now, StreamId stream, const Agent
       }
     }
   }
-  if (newly) {
-    ++job.excluded_agents;
-    ++excluded_agents_;
-    if (position >= 0) job.excluded_positions.insert(position);
-    if (agent.node_index >= 0) {
-      job.excluded_node_indices.insert(agent.node_index);
-    } else {
-      job.excluded_hosts.insert(agent.host);
-    }
-    if (job.excluded.size() < kKeptExcluded && why.kind != ExclusionKind::kNodeLeftOut) {
-      job.excluded.push_back(node);
-    }
-  }
+  const bool newly = NoteExcluded(job, agent, node);
   job.last_detach = now;
   out.closes.push_back({stream, absl::FailedPreconditionError(
                                     absl::StrFormat("%s is left out of job %s for good: %s",
                                                     agent.host, job.id, DescribeExcluded(node)))});
   if (!newly || job.phase != Phase::kFilling) return;
 
-  if (job.Expected() < job.min_agents) {
-    EndJob(job, now,
-           NodeUnhealthyAbort(absl::StrFormat(
-               "%s; job %s needs %d agents and can now have at most %d: leave the node out "
-               "(sbatch --exclude=%s), or lower --nnodes",
-               DescribeExcluded(node), job.id, job.min_agents, job.Expected(), agent.host)),
-           out);
+  if (job.Expected() < job.Needed()) {
+    EndJob(job, now, TooFewLeft(job, &node), out);
     return;
   }
   job.excluded_news = true;
@@ -809,10 +895,27 @@ void RendezvousState::CompleteRound(Job& job, Micros now, Decisions& out) {
     members.push_back(&member);
     specs.push_back(member.agent);
   }
+  std::vector<const Member*> spares;
+  if (job.spare_nodes > 0) {
+    // Ranks go to the seated nodes, by seat; the rest wait as spares.
+    std::vector<bool> spare = SeatNodes(job, specs);
+    std::vector<const Member*> seated;
+    std::vector<AgentSpec> seated_specs;
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (spare[i]) {
+        spares.push_back(members[i]);
+      } else {
+        seated.push_back(members[i]);
+        seated_specs.push_back(std::move(specs[i]));
+      }
+    }
+    members = std::move(seated);
+    specs = std::move(seated_specs);
+  }
   absl::StatusOr<RankTable> table = AssignRanks(specs);
   if (!table.ok()) {
-    for (const Member* m : members) {
-      if (m->stream != 0) out.closes.push_back({m->stream, table.status()});
+    for (const auto& [id, m] : job.members) {
+      if (m.stream != 0) out.closes.push_back({m.stream, table.status()});
     }
     // Nobody can use this round: forget it so that corrected agents can start over.
     for (auto& [id, member] : job.members) Detach(job, member);
@@ -852,11 +955,69 @@ void RendezvousState::CompleteRound(Job& job, Micros now, Decisions& out) {
   for (size_t i = 0; i < members.size(); ++i) {
     Member& m = job.members.at(members[i]->agent.agent_id);
     m.slot = table->slots[i];
+    m.spare = false;
     if (m.stream == 0) continue;
     AssignmentEvent a = shared;
     a.slot = m.slot;
     out.sends.push_back({m.stream, std::move(a)});
   }
+  job.spares = static_cast<int32_t>(spares.size());
+  job.spares_left = 0;
+  for (const Member* spare : spares) {
+    Member& m = job.members.at(spare->agent.agent_id);
+    m.slot = Slot{};
+    m.spare = true;
+    if (m.stream == 0) continue;
+    AssignmentEvent a = shared;
+    a.spare = true;
+    out.sends.push_back({m.stream, std::move(a)});
+  }
+}
+
+std::vector<bool> RendezvousState::SeatNodes(Job& job, std::vector<AgentSpec>& specs) {
+  const auto seats = static_cast<size_t>(std::max(0, job.max_agents - job.spare_nodes));
+  std::vector<size_t> by_node(specs.size());
+  for (size_t i = 0; i < by_node.size(); ++i) by_node[i] = i;
+  std::sort(by_node.begin(), by_node.end(),
+            [&](size_t l, size_t r) { return specs[l].node_index < specs[r].node_index; });
+  // A node that held a seat in the last round keeps it; the free seats go to the others in node
+  // order: in the first round the lowest node ranks, after a loss the lowest spare.
+  std::vector<int64_t> holder(seats, -1);
+  std::vector<int64_t> seat_of(specs.size(), -1);
+  for (size_t i : by_node) {
+    auto held = job.seats.find(specs[i].node_index);
+    if (held == job.seats.end() || held->second < 0 || static_cast<size_t>(held->second) >= seats ||
+        holder[held->second] >= 0) {
+      continue;
+    }
+    holder[held->second] = specs[i].node_index;
+    seat_of[i] = held->second;
+  }
+  size_t free = 0;
+  for (size_t i : by_node) {
+    if (seat_of[i] >= 0) continue;
+    while (free < seats && holder[free] >= 0) ++free;
+    if (free == seats) break;
+    holder[free] = specs[i].node_index;
+    seat_of[i] = static_cast<int64_t>(free);
+  }
+  // Fewer nodes than seats (no spare left): the empty seats close up, so that node ranks stay
+  // 0..G-1; the nodes after a gap move down.
+  std::vector<int64_t> dense(seats, -1);
+  int64_t next = 0;
+  for (size_t seat = 0; seat < seats; ++seat) {
+    if (holder[seat] >= 0) dense[seat] = next++;
+  }
+  job.seats.clear();
+  std::vector<bool> spare(specs.size(), true);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (seat_of[i] < 0) continue;
+    spare[i] = false;
+    const int64_t seat = dense[seat_of[i]];
+    job.seats[specs[i].node_index] = static_cast<int32_t>(seat);
+    specs[i].node_index = seat;
+  }
+  return spare;
 }
 
 void RendezvousState::EndJob(Job& job, Micros now, AbortEvent abort, Decisions& out) {
@@ -906,12 +1067,22 @@ void RendezvousState::StreamClosed(Micros now, StreamId stream, Decisions& out) 
       job->members.erase(member_it);
       break;
     case Phase::kRunning:
-      if (!member.left) {
-        EndJob(*job, now,
-               AbortForLostAgent(member.agent.host, member.slot.group_rank, member.slot.rank_offset,
-                                 member.slot.rank_offset + member.agent.nproc - 1),
-               out);
+      if (member.left) break;
+      // A node lost while the job runs does not come back to it, even if its agent does.
+      NoteExcluded(*job, member.agent,
+                   ExcludedNode{member.agent.host, member.agent.node_index,
+                                Unhealthy{ExclusionKind::kNodeLost, ""}});
+      if (member.spare) {
+        // The job runs on without it, one spare short.
+        member.left = true;
+        ++job->left;
+        ++job->spares_left;
+        break;
       }
+      EndJob(*job, now,
+             AbortForLostAgent(member.agent.host, member.slot.group_rank, member.slot.rank_offset,
+                               member.slot.rank_offset + member.agent.nproc - 1),
+             out);
       break;
     case Phase::kEnded:
       break;
@@ -965,6 +1136,19 @@ absl::Status RendezvousState::Leave(Micros now, const std::string& job_id,
   } else if (!member.left) {
     member.left = true;
     ++job->left;
+    if (member.spare) ++job->spares_left;
+    if (job->phase == Phase::kRunning && job->spares > job->spares_left &&
+        job->left - job->spares_left == job->members.size() - static_cast<size_t>(job->spares)) {
+      // Every node that ran the job is done with it: so are its spares, which were not needed.
+      for (auto& [id, m] : job->members) {
+        if (!m.spare || m.left) continue;
+        if (m.stream != 0) out.closes.push_back({m.stream, absl::OkStatus()});
+        Detach(*job, m);
+        m.left = true;
+        ++job->left;
+        ++job->spares_left;
+      }
+    }
   }
   EraseIfDone(job_id);
   return absl::OkStatus();
@@ -1032,7 +1216,7 @@ void RendezvousState::Tick(Micros now, Decisions& out) {
         if (job.attached == 0 && now - job.last_detach >= options_.ended_job_ttl) {
           expired.push_back(id);
         }
-      } else if (joined >= job.min_agents && now - job.last_join >= job.last_call) {
+      } else if (joined >= job.Needed() && now - job.last_join >= job.last_call) {
         CompleteRound(job, now, out);
         if (job.members.empty()) expired.push_back(id);  // the round could not be ranked
       } else if (now - job.last_progress >= options_.progress_interval) {
@@ -1093,8 +1277,8 @@ std::vector<JobStatusView> RendezvousState::Status(const std::string& job_id) co
       a.host = m.agent.host;
       a.node_index = m.agent.node_index;
       a.nproc = m.agent.nproc;
-      a.rank_offset = job.phase == Phase::kFilling ? -1 : m.slot.rank_offset;
-      a.state = m.left ? "left" : (m.stream != 0 ? "attached" : "detached");
+      a.rank_offset = job.phase == Phase::kFilling || m.spare ? -1 : m.slot.rank_offset;
+      a.state = m.left ? "left" : m.spare ? "spare" : (m.stream != 0 ? "attached" : "detached");
       v.agents.push_back(std::move(a));
     }
     std::sort(v.agents.begin(), v.agents.end(),

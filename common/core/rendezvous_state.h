@@ -140,7 +140,19 @@ class RendezvousState {
   Job* FindJob(const std::string& job_id);
   void CompleteRound(Job& job, Micros now, Decisions& out);
   void EndJob(Job& job, Micros now, AbortEvent abort, Decisions& out);
-  void OpenRound(Job& job, const JoinSpec& spec);
+  // Opens the job's next round for `spec`; `fresh`: the job id starts over (a requeue), not
+  // restarts, and forgets the nodes its last run left out.
+  void OpenRound(Job& job, const JoinSpec& spec, bool fresh);
+  // With spares: gives each node of the round (`specs`, one agent per node) its seat, which it
+  // keeps over restarts, and renumbers the seated agents' node indices to their seats. Returns,
+  // per agent, whether it is a spare.
+  std::vector<bool> SeatNodes(Job& job, std::vector<AgentSpec>& specs);
+  // Records the node of `agent` as left out of `job` (as `node`); false when it was already, or
+  // when the job keeps no more such records.
+  bool NoteExcluded(Job& job, const AgentSpec& agent, const ExcludedNode& node);
+  // How a job ends that its left-out nodes leave short of the agents it needs; names `latest`
+  // (else the last one recorded) and every recorded node for sbatch --exclude.
+  AbortEvent TooFewLeft(const Job& job, const ExcludedNode* latest) const;
   void Resume(Micros now, StreamId stream, const JoinSpec& spec, const CallerInfo& caller,
               Decisions& out);
   // Makes `stream` the member's (detaching any earlier one).

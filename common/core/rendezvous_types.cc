@@ -57,6 +57,8 @@ const char* ExclusionKindName(ExclusionKind kind) {
       return "rank_requested";
     case ExclusionKind::kWorkersStuck:
       return "workers_stuck";
+    case ExclusionKind::kNodeLost:
+      return "lost";
   }
   return "unspecified";
 }
@@ -81,6 +83,8 @@ const char* ExclusionWords(ExclusionKind kind) {
       return "a rank asked for it";
     case ExclusionKind::kWorkersStuck:
       return "the last run's workers did not end";
+    case ExclusionKind::kNodeLost:
+      return "lost while the job ran";
     case ExclusionKind::kUnspecified:
       break;
   }

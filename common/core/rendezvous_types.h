@@ -46,8 +46,15 @@ enum class ExclusionKind : int32_t {
   kNodeLeftOut = 6,          // another agent of the same node was left out
   kRankRequested = 7,        // a rank of the node asked for it (kWorkerExitExcludeNode)
   kWorkersStuck = 8,         // the last run's workers did not end (stuck in the GPU driver)
+  kNodeLost = 9,             // the server lost the node's agent while the job ran
 };
-inline constexpr int32_t kMaxExclusionKind = 8;
+inline constexpr int32_t kMaxExclusionKind = 9;
+// Whether an agent may report `kind` of its own node; the others only the server decides.
+inline bool AgentMayReport(ExclusionKind kind) {
+  const auto k = static_cast<int32_t>(kind);
+  return k >= 1 && k <= kMaxExclusionKind && kind != ExclusionKind::kNodeLeftOut &&
+         kind != ExclusionKind::kNodeLost;
+}
 
 // A stable lower-case name ("health_check"), for logs, metrics and JSON.
 const char* ExclusionKindName(ExclusionKind kind);
@@ -102,6 +109,9 @@ struct AssignmentEvent {
   // SLURM_TASKS_PER_NODE syntax ("2(x3),1"): every agent of a round gets it, and the syntax keeps
   // it a few bytes for the usual job whose nodes run the same count. Empty when not known.
   std::string workers_per_node;
+  // This agent is a hot spare of the round (JoinSpec::spare_nodes): it has no ranks (`slot` is
+  // all zero) and starts no workers; it waits to take a lost node's place in the next round.
+  bool spare = false;
 };
 
 // What an agent asks for when it joins a job.
@@ -128,6 +138,11 @@ struct JoinSpec {
   std::string node_list;
   // Set when this node failed its health check: the agent asks not to join but to be left out.
   std::optional<Unhealthy> unhealthy;
+  // Hot spares (--spare-nodes): of the job's max_agents nodes, this many get no ranks and wait;
+  // a node lost from a running job restarts it with a spare in its place, every other node
+  // keeping its node rank and ranks. Needs node indices and one agent per node; every agent of
+  // the job must give the same.
+  int32_t spare_nodes = 0;
 };
 
 // The longest node list a join carries; rdzvd refuses a longer one, and an agent whose list
