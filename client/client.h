@@ -122,6 +122,10 @@ struct Handlers {
   // After the assignment: the event stream ended without Leave (server stopped or
   // unreachable). Called on a gRPC thread; must not block.
   std::function<void(const absl::Status&)> on_lost;
+  // After the assignment: the server ended the event stream cleanly without Leave. It does so to
+  // a hot spare (AssignmentEvent::spare) whose job completed without it. Called on a gRPC
+  // thread; must not block.
+  std::function<void()> on_released;
 };
 
 // What a server's gRPC health service (grpc.health.v1) says of it.

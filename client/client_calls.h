@@ -247,13 +247,16 @@ class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
   void OnDone(const grpc::Status& status) override {
     std::shared_ptr<JoinCall> keep = std::move(self_);
     bool report_lost;
+    bool released;
     {
       absl::MutexLock lock(&mu_);
       done_ = true;
       status_ = FromGrpcStatus(status);
       report_lost = assignment_.has_value() && !leaving_ && !status.ok();
+      released = assignment_.has_value() && !leaving_ && status.ok();
     }
     if (report_lost && handlers_.on_lost) handlers_.on_lost(FromGrpcStatus(status));
+    if (released && handlers_.on_released) handlers_.on_released();
   }
 
   // Waits until the assignment arrives, the stream ends, or `deadline`.

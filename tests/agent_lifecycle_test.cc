@@ -735,3 +735,78 @@ TEST(AgentLifecycleTest, ANodeARankAskedOutLeavesEvenWhenAnotherFailedFirst) {
 
 }  // namespace
 }  // namespace rdzv
+
+// ---- Hot spares ----
+
+namespace rdzv {
+namespace {
+
+AssignmentEvent SpareAssignment() {
+  AssignmentEvent a = Assignment(0);
+  a.slot = Slot{};
+  a.spare = true;
+  return a;
+}
+
+TEST(AgentLifecycleTest, ASpareStartsNoWorkersAndTakesItsPlaceInTheRestart) {
+  LifecycleOptions o = Options();
+  o.max_restarts = 1;
+  o.spares = true;
+  AgentLifecycle life(o);
+  const int32_t generation = One<act::Join>(life.Start())->generation;
+  const AgentActions joined = life.Joined(generation, SpareAssignment());
+  EXPECT_EQ(Kinds(joined), "");
+  EXPECT_TRUE(absl::StrContains(Logs(joined), "n1 is a spare; it starts no workers"))
+      << Logs(joined);
+  EXPECT_EQ(life.phase(), AgentLifecycle::Phase::kRunning);
+  // Another node is lost: the spare rejoins at once (it has no workers to stop).
+  const AgentActions lost = life.Aborted(generation, AbortForLostAgent("n2", 1, 2, 3));
+  ASSERT_EQ(Kinds(lost), "Join") << Logs(lost);
+  const act::Join again = *One<act::Join>(lost);
+  EXPECT_EQ(again.restart_count, 1);
+  const AgentActions seated = life.Joined(again.generation, Assignment(1, 1, 2));
+  ASSERT_EQ(Kinds(seated), "StartWorkers");
+  EXPECT_EQ(One<act::StartWorkers>(seated)->assignment.slot.rank_offset, 2);
+}
+
+TEST(AgentLifecycleTest, ASpareTheJobDidNotNeedExitsZeroWhenLetGo) {
+  LifecycleOptions o = Options();
+  o.spares = true;
+  AgentLifecycle life(o);
+  const int32_t generation = One<act::Join>(life.Start())->generation;
+  life.Joined(generation, SpareAssignment());
+  const AgentActions released = life.Released(generation);
+  ASSERT_EQ(Kinds(released), "Exit");
+  EXPECT_EQ(One<act::Exit>(released)->code, 0);
+  EXPECT_TRUE(absl::StrContains(Logs(released), "done without needing n1, a spare"));
+}
+
+TEST(AgentLifecycleTest, ASpareThatLosesItsServerLeavesTheJobQuietly) {
+  LifecycleOptions o = Options();
+  o.spares = true;
+  o.reconnect_timeout = absl::Seconds(30);
+  AgentLifecycle life(o);
+  const int32_t generation = One<act::Join>(life.Start())->generation;
+  life.Joined(generation, SpareAssignment());
+  const AgentActions lost = life.ServerLost(generation, absl::UnavailableError("gone"));
+  ASSERT_EQ(Kinds(lost), "Exit");
+  EXPECT_EQ(One<act::Exit>(lost)->code, 0);
+  EXPECT_TRUE(absl::StrContains(Logs(lost), "n1 was a spare and leaves the job")) << Logs(lost);
+}
+
+TEST(AgentLifecycleTest, WithSparesALostNodeRestartsTheJobAndAStreamLetGoIsALostServer) {
+  LifecycleOptions o = Options();
+  o.max_restarts = 1;
+  o.spares = true;
+  {
+    Running r(o);
+    ASSERT_EQ(Kinds(r.life.Aborted(r.generation, AbortForLostAgent("n2", 1, 2, 3))), "StopWorkers");
+    EXPECT_EQ(Kinds(r.life.AllWorkersDone()), "Join");
+  }
+  // A node with ranks is never let go: a clean end of its stream is its server lost.
+  Running r(o);
+  EXPECT_EQ(Kinds(r.life.Released(r.generation)), "StopWorkers");
+}
+
+}  // namespace
+}  // namespace rdzv

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -677,6 +678,106 @@ TEST_F(AgentTest, ARankThatAsksItsNodeOutRestartsTheJobWithoutIt) {
                          "asked for it: rank 1: ECC errors on GPU 0"))
         << agents[node]->Stderr();
   }
+  EXPECT_TRUE(testing::NoProcessLeft(marker_));
+}
+
+// Four nodes, one of them a spare: n1's agent dies (SIGKILL) while the job runs, and the spare
+// takes n1's node rank and ranks in the restart; n0 and n2 keep theirs.
+TEST_F(AgentTest, ASpareTakesALostNodesRanksAndTheOthersKeepTheirs) {
+  StartRdzvd();
+  std::vector<Subprocess*> agents;
+  // Each worker keeps a copy of what it saw in each run; the first run's sleep until stopped.
+  const std::string then =
+      absl::StrCat("cp $f.env $f.run$TORCHELASTIC_RESTART_COUNT; ",
+                   "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then ", SleepForever(), "; fi");
+  for (int node = 0; node < 4; ++node) {
+    std::vector<std::string> argv = {RDZV_AGENT_BIN,
+                                     "--rdzv-endpoint",
+                                     endpoint_,
+                                     "--rdzv-id",
+                                     "spared",
+                                     "--nnodes",
+                                     "4",
+                                     "--nproc-per-node",
+                                     "2",
+                                     "--spare-nodes",
+                                     "1",
+                                     "--max-restarts",
+                                     "1",
+                                     "--join-timeout",
+                                     "60",
+                                     "--auth",
+                                     "none",
+                                     "--node-rank",
+                                     absl::StrCat(node),
+                                     "--host-name",
+                                     absl::StrCat("n", node),
+                                     "--"};
+    for (std::string& a : WorkerCommand(then)) argv.push_back(std::move(a));
+    agents.push_back(&Start(std::move(argv), {{"TEST_AGENT", absl::StrCat("n", node)}}));
+  }
+  const auto run_file = [&](int rank, int run) {
+    return dir_.File(absl::StrCat("rank-", rank, ".run", run));
+  };
+  const auto all_started = [&](int run) {
+    for (int rank = 0; rank < 6; ++rank) {
+      if (testing::ReadFileOrEmpty(run_file(rank, run)).empty()) return false;
+    }
+    return true;
+  };
+  absl::Time deadline = absl::Now() + kLongWait;
+  while (!all_started(0) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_TRUE(all_started(0)) << agents[0]->Stderr();
+  EXPECT_TRUE(agents[3]->WaitForOutput("n3 is a spare", kLongWait)) << agents[3]->Stderr();
+  EXPECT_TRUE(testing::ReadFileOrEmpty(run_file(6, 0)).empty()) << "the spare ran a worker";
+  const std::map<int, std::string> first_run = {{0, "n0"}, {1, "n0"}, {2, "n1"},
+                                                {3, "n1"}, {4, "n2"}, {5, "n2"}};
+  for (const auto& [rank, host] : first_run) {
+    EXPECT_TRUE(Contains(testing::ReadFileOrEmpty(run_file(rank, 0)), "TEST_AGENT=" + host))
+        << "rank " << rank;
+  }
+
+  const absl::Time killed = absl::Now();
+  agents[1]->Signal(SIGKILL);
+  EXPECT_EQ(agents[1]->Wait(kLongWait), 128 + SIGKILL);
+  deadline = absl::Now() + kLongWait;
+  while (!all_started(1) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  const absl::Duration healed = absl::Now() - killed;
+  ASSERT_TRUE(all_started(1)) << agents[0]->Stderr() << agents[3]->Stderr();
+  for (int node : {0, 2, 3}) WaitOk(*agents[node]);
+  std::cout << "[ figure ] agent SIGKILL to every worker of the healed job started: "
+            << absl::FormatDuration(healed) << "\n";
+
+  // The healed job: the spare n3 runs node 1 with ranks 2-3; n0 and n2 keep their places.
+  const std::map<int, std::pair<std::string, std::string>> healed_run = {
+      {0, {"n0", "0"}}, {1, {"n0", "0"}}, {2, {"n3", "1"}},
+      {3, {"n3", "1"}}, {4, {"n2", "2"}}, {5, {"n2", "2"}}};
+  for (const auto& [rank, where] : healed_run) {
+    const std::string env = testing::ReadFileOrEmpty(run_file(rank, 1));
+    EXPECT_TRUE(Contains(env, "TEST_AGENT=" + where.first)) << "rank " << rank << ": " << env;
+    EXPECT_TRUE(Contains(env, "GROUP_RANK=" + where.second)) << "rank " << rank << ": " << env;
+    EXPECT_TRUE(Contains(env, "WORLD_SIZE=6")) << "rank " << rank << ": " << env;
+    EXPECT_TRUE(Contains(env, "TORCHELASTIC_RESTART_COUNT=1")) << "rank " << rank;
+  }
+  EXPECT_TRUE(Contains(agents[0]->Stderr(), "lost contact with the agent on n1"))
+      << agents[0]->Stderr();
+  EXPECT_TRUE(testing::NoProcessLeft(marker_));
+}
+
+// A spare that is not needed ends with the job, successfully.
+TEST_F(AgentTest, AnUnneededSpareEndsWithTheJob) {
+  StartRdzvd();
+  std::vector<Subprocess*> agents;
+  for (int node = 0; node < 3; ++node) {
+    agents.push_back(&StartAgent(absl::StrCat("n", node), "spare-idle", 3,
+                                 {"--spare-nodes", "1", "--max-restarts", "1", "--node-rank",
+                                  absl::StrCat(node), "--host-name", absl::StrCat("n", node)}));
+  }
+  for (Subprocess* agent : agents) WaitOk(*agent);
+  EXPECT_TRUE(Contains(agents[2]->Stderr(), "done without needing n2, a spare"))
+      << agents[2]->Stderr();
+  const std::vector<WorkerEnv> table = ReadRankTable(2);
+  EXPECT_EQ(table[1].at("TEST_AGENT"), "n1");
   EXPECT_TRUE(testing::NoProcessLeft(marker_));
 }
 

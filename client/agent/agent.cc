@@ -315,6 +315,7 @@ void Agent::Impl::Do(const agent_action::Join& join) {
   events.on_lost = [this, generation](const absl::Status& s) {
     Handle(lifecycle_->ServerLost(generation, s));
   };
+  events.on_released = [this, generation] { Handle(lifecycle_->Released(generation)); };
   rendezvous_->Join(spec, join.timeout, std::move(events),
                     [this, generation](absl::StatusOr<AssignmentEvent> result) {
                       Handle(lifecycle_->Joined(generation, result));

@@ -45,7 +45,8 @@ class RemoteRendezvous final : public AgentRendezvous {
     // The client calls them on gRPC threads; the agent hears them on its loop.
     const Handlers handlers = {.on_progress = Posted(std::move(events.on_progress)),
                                .on_abort = Posted(std::move(events.on_abort)),
-                               .on_lost = Posted(std::move(events.on_lost))};
+                               .on_lost = Posted(std::move(events.on_lost)),
+                               .on_released = PostedCall(std::move(events.on_released))};
     {
       std::lock_guard<std::mutex> lock(mu_);
       joins_.push_back([this, spec, timeout, handlers, done = std::move(done)] {
@@ -84,6 +85,10 @@ class RemoteRendezvous final : public AgentRendezvous {
   std::function<void(const Arg&)> Posted(std::function<void(const Arg&)> f) const {
     if (!f) return nullptr;
     return [post = post_, f = std::move(f)](const Arg& arg) { post([f, arg] { f(arg); }); };
+  }
+  std::function<void()> PostedCall(std::function<void()> f) const {
+    if (!f) return nullptr;
+    return [post = post_, f = std::move(f)] { post(f); };
   }
 
   // Client::Join blocks until the round completes: joins run here, one after another, and

@@ -142,6 +142,16 @@ std::string FormatStatusTable(const std::vector<JobStatusView>& jobs,
     }
     absl::StrAppend(&out, line, "\n");
   }
+  // Hot spares: in the job, with no ranks, ready to take a lost node's place.
+  for (const JobStatusView& job : jobs) {
+    std::vector<std::string> spares;
+    for (const AgentStatusView& agent : job.agents) {
+      if (agent.state == "spare") spares.push_back(agent.host);
+    }
+    if (spares.empty()) continue;
+    std::sort(spares.begin(), spares.end());
+    absl::StrAppend(&out, "job ", job.job_id, " spares: ", CompressHostlist(spares), "\n");
+  }
   // Nodes left out for good, and the line that keeps them out of the next run.
   for (const JobStatusView& job : jobs) {
     if (job.excluded.empty()) continue;

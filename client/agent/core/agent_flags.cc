@@ -96,6 +96,12 @@ FlagParser MakeParser(AgentFlags& f) {
   p.Add({"max-restarts", "RDZV_MAX_RESTARTS", "N",
          "how often the job may restart its workers after a failure (default 0)",
          IntSetter(&f.max_restarts, 0, 1'000'000)});
+  p.Add({"spare-nodes", "RDZV_SPARE_NODES", "K",
+         "keep K of the job's nodes as hot spares: they run no workers, and one takes the place\n"
+         "of a node lost while the job runs (its agent gone, its health check failed, or a rank\n"
+         "asked it out); the job restarts (within --max-restarts) and every other node keeps\n"
+         "its node rank and ranks (default 0)",
+         IntSetter(&f.spare_nodes, 0, 1'000'000)});
   p.Add({"master-addr", "RDZV_MASTER_ADDR", "ADDR",
          "override MASTER_ADDR (default: an address of the rank-0 node that the others reach)",
          StringSetter(&f.master_addr)});

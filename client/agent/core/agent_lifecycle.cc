@@ -68,6 +68,7 @@ LifecycleOptions LifecycleOptionsFor(const AgentConfig& config, bool hosts_serve
   o.nproc = join.agent.nproc;
   o.max_restarts = join.max_restarts.value_or(0);
   o.elastic = join.min_agents < join.max_agents;
+  o.spares = join.spare_nodes > 0;
   o.per_task = join.agent.order >= 0;
   o.hosts_server = hosts_server;
   o.agents = join.max_agents;
@@ -174,6 +175,15 @@ AgentActions AgentLifecycle::Joined(int32_t generation,
   assignment_ = *result;
   restart_count_ = assignment_.restart_count;
   const AssignmentEvent& a = assignment_;
+  if (a.spare) {
+    AgentActions actions = {Info(absl::StrFormat(
+        "job %s round %d: %s is a spare; it starts no workers and takes the place of a node the "
+        "job loses (%d nodes run it, ranks 0-%d)",
+        options_.job_id, a.round, options_.host, a.group_world_size, a.world_size - 1))};
+    phase_ = outcome_ ? Phase::kStopping : Phase::kRunning;
+    if (outcome_) Append(actions, MaybeFinish());
+    return actions;
+  }
   AgentActions actions = {Info(absl::StrFormat(
       "job %s round %d: node %d of %d, ranks %d-%d of %d, master %s:%d", options_.job_id, a.round,
       a.slot.group_rank, a.group_world_size, a.slot.rank_offset,
@@ -237,8 +247,28 @@ AgentActions AgentLifecycle::Aborted(int32_t generation, const AbortEvent& abort
   return actions;
 }
 
+AgentActions AgentLifecycle::Released(int32_t generation) {
+  if (generation != generation_ || phase_ != Phase::kRunning) return {};
+  if (!assignment_.spare) {
+    return ServerLost(generation, absl::UnavailableError("the server ended this agent's stream"));
+  }
+  phase_ = Phase::kDone;
+  return {Info(absl::StrFormat("job %s: done without needing %s, a spare", options_.job_id,
+                               options_.host)),
+          agent_action::Exit{0, false}};
+}
+
 AgentActions AgentLifecycle::ServerLost(int32_t generation, const absl::Status& status) {
   if (generation != generation_ || phase_ != Phase::kRunning) return {};
+  if (assignment_.spare) {
+    // Nothing runs here to keep going, and a spare has no ranks to resume: it leaves the job,
+    // which goes on without it.
+    phase_ = Phase::kDone;
+    return {Warn(absl::StrFormat(
+                "job %s: lost the rendezvous server at %s (%s); %s was a spare and leaves the job",
+                options_.job_id, options_.endpoint, status.message(), options_.host)),
+            agent_action::Exit{0, false}};
+  }
   if (options_.reconnect_timeout <= absl::ZeroDuration()) {
     return EndForLostServer(absl::StrFormat("lost the rendezvous server at %s (%s)",
                                             options_.endpoint, status.message()));
@@ -512,7 +542,7 @@ bool AgentLifecycle::MayRestart(const AbortEvent& abort) const {
     case AbortCause::kWorkerHung:
       return true;
     case AbortCause::kAgentLost:
-      return options_.elastic;
+      return options_.elastic || options_.spares;
     default:
       return false;
   }

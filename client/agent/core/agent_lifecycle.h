@@ -45,6 +45,8 @@ struct LifecycleOptions {
   int32_t max_restarts = 0;
   // --nnodes MIN:MAX with MIN < MAX: a lost node is a restart, not the end.
   bool elastic = false;
+  // The job keeps hot spares (--spare-nodes): a lost node is a restart, with a spare in its place.
+  bool spares = false;
   // Agents are tasks, not nodes (per-task mode), in messages.
   bool per_task = false;
   // This agent hosts the server the others use: it waits for them before it exits.
@@ -184,6 +186,9 @@ class AgentLifecycle {
                        const std::optional<WorkerHang>& overdue = std::nullopt);
   // The stream of `generation` to the server ended without Leave.
   AgentActions ServerLost(int32_t generation, const absl::Status& status);
+  // The server ended the stream of `generation` cleanly without Leave: the job completed without
+  // this agent, a spare.
+  AgentActions Released(int32_t generation);
   // The server answered the failure report of `generation` with the job's first failure.
   AgentActions FailureAnswered(int32_t generation, const absl::StatusOr<AbortEvent>& first);
 

@@ -252,6 +252,7 @@ absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& en
       !flags.host_name.empty() ? flags.host_name : env("SLURMD_NODENAME").value_or(self.hostname);
   c.join.agent.node_index = flags.node_rank.value_or(-1);
   c.join.max_restarts = flags.max_restarts;
+  c.join.spare_nodes = flags.spare_nodes;
   c.join.master_addr_override = flags.master_addr;
   c.join.master_port_override = flags.master_port;
   c.join.last_call = absl::ToInt64Microseconds(flags.last_call);
@@ -428,6 +429,12 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
         "(launcher slurm), idr_torch and any script reading SLURM_PROCID see duplicate ranks and "
         "hang or fail; drop --slurm-env keep (RDZV_SLURM_ENV) unless no code reads them",
         c->join.agent.nproc));
+  }
+  if (c->join.spare_nodes > 0 && c->join.max_restarts.value_or(0) == 0) {
+    c->warnings.push_back(absl::StrFormat(
+        "--spare-nodes %d with --max-restarts 0: a lost node ends the job instead of a spare "
+        "taking its place; pass --max-restarts N",
+        c->join.spare_nodes));
   }
   if (absl::Status s = CheckHostName(c->join.agent.host, flags); !s.ok()) return s;
   // What no rendezvous accepts (a world past 32-bit ranks, say) is refused now, with the

@@ -44,6 +44,7 @@ struct AgentFlags {
   bool node_relay = true;      // --node-relay
   int fan_in = kDefaultFanIn;  // --fan-in; 0: every node joins the server itself
   int32_t max_restarts = 0;
+  int32_t spare_nodes = 0;  // --spare-nodes
   std::string master_addr;
   int32_t master_port = 0;
   absl::Duration join_timeout = absl::Minutes(10);
