@@ -541,6 +541,54 @@ TEST(AgentOptionsTest, HealthCheckTimeoutIsADurationAsEveryOther) {
   }
 }
 
+TEST(AgentOptionsTest, SpareNodesNeedOneAgentPerNodeAndRoomToRun) {
+  // Four nodes under srun, one agent each: three run the job, one waits.
+  const auto step = [](const std::string& tasks_per_node, const std::string& tasks) {
+    return EnvList{{"SLURM_JOB_ID", "7"},
+                   {"SLURM_STEP_ID", "0"},
+                   {"SLURM_PROCID", "1"},
+                   {"SLURM_NODEID", "1"},
+                   {"SLURM_LOCALID", "0"},
+                   {"SLURM_STEP_NUM_NODES", "4"},
+                   {"SLURM_STEP_NUM_TASKS", tasks},
+                   {"SLURM_STEP_TASKS_PER_NODE", tasks_per_node},
+                   {"SLURM_STEP_NODELIST", "n[1-4]"}};
+  };
+  absl::StatusOr<AgentConfig> c =
+      Resolve({"--spare-nodes", "1", "--max-restarts", "2", "--", "./run"}, step("1(x4)", "4"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->join.spare_nodes, 1);
+  EXPECT_EQ(c->join.max_agents, 4);
+  EXPECT_TRUE(c->warnings.empty());
+  c = Resolve({"--", "./run"}, [&] {
+    EnvList env = step("1(x4)", "4");
+    env.push_back({"RDZV_SPARE_NODES", "2"});
+    return env;
+  }());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->join.spare_nodes, 2);
+  // Without restarts a spare can take no place: said at once.
+  ASSERT_EQ(c->warnings.size(), 1u);
+  EXPECT_TRUE(absl::StrContains(c->warnings[0], "pass --max-restarts N")) << c->warnings[0];
+
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"--spare-nodes", "4", "--", "./run"}, "--spare-nodes is 4; expected 0 to 3"},
+      {{"--spare-nodes", "-1", "--", "./run"}, "--spare-nodes"},
+      {{"--standalone", "--spare-nodes", "1", "--", "./run"}, "--spare-nodes is 1"},
+  };
+  for (const auto& [args, message] : bad) {
+    absl::StatusOr<AgentConfig> r = Resolve(args, step("1(x4)", "4"));
+    ASSERT_FALSE(r.ok()) << absl::StrJoin(args, " ");
+    EXPECT_TRUE(absl::StrContains(r.status().message(), message)) << r.status();
+  }
+  // One agent per task: a spare would be part of a node.
+  absl::StatusOr<AgentConfig> per_task =
+      Resolve({"--spare-nodes", "1", "--", "./run"}, step("2(x4)", "8"));
+  ASSERT_FALSE(per_task.ok());
+  EXPECT_TRUE(absl::StrContains(per_task.status().message(), "srun --ntasks-per-node=1"))
+      << per_task.status();
+}
+
 TEST(AgentOptionsTest, HelpAndVersionParseWithoutACommand) {
   absl::StatusOr<AgentFlags> help = ParseAgentFlags({"--help"}, EnvFromList({}));
   ASSERT_TRUE(help.ok()) << help.status();

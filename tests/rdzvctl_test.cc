@@ -173,6 +173,19 @@ TEST(StatusFormatTest, NodesLeftOutAreNamedWithWhyAndTheExcludeLine) {
   EXPECT_EQ(MissingNodes(job, {}), "[2]");
 }
 
+TEST(StatusFormatTest, SparesAndLostNodesAreNamed) {
+  JobStatusView job = Job("train", "running", 4, {{"n1", 0}, {"n3", 2}, {"n4", 3}});
+  job.agents[2].state = "spare";
+  job.agents[2].rank_offset = -1;
+  job.excluded = {ExcludedNode{"n2", 1, Unhealthy{ExclusionKind::kNodeLost, ""}}};
+  const std::string table = FormatStatusTable({job}, {});
+  EXPECT_THAT(table, HasSubstr("job train spares: n4\n"));
+  EXPECT_THAT(table, HasSubstr("job train left out n2 (node 1): lost while the job ran\n"));
+  EXPECT_THAT(table, HasSubstr("  next time: sbatch --exclude=n2\n"));
+  job.agents[2].state = "left";
+  EXPECT_THAT(FormatStatusTable({job}, {}), Not(HasSubstr("spares")));
+}
+
 // A reply rdzvd trimmed to its size says what it left out, so an operator knows the view is
 // partial and how to see the rest.
 TEST(StatusFormatTest, TableSaysWhatTheServerLeftOut) {
