@@ -769,6 +769,26 @@ TEST(AgentLifecycleTest, ASpareStartsNoWorkersAndTakesItsPlaceInTheRestart) {
   EXPECT_EQ(One<act::StartWorkers>(seated)->assignment.slot.rank_offset, 2);
 }
 
+TEST(AgentLifecycleTest, TheEndNamesTheNodesTheJobLeftOutAndTheExcludeLine) {
+  AgentLifecycle life(Options());
+  const int32_t generation = One<act::Join>(life.Start())->generation;
+  ProgressEvent p;
+  p.joined = 1;
+  p.expected = 2;
+  p.excluded = {ExcludedNode{"n7", 1, Unhealthy{ExclusionKind::kNodeLost, ""}},
+                ExcludedNode{"n5", 2, Unhealthy{ExclusionKind::kHealthCheckFailed, "no IB"}}};
+  life.Progress(generation, p);
+  life.Joined(generation, Assignment(0));
+  life.WorkerEnded(Ended(0, 0), kT0);
+  life.WorkerEnded(Ended(1, 0), kT0);
+  const AgentActions done = life.AllWorkersDone();
+  EXPECT_TRUE(absl::StrContains(Logs(done),
+                                "job job1 left out n7 (node 1): lost while the job ran; n5 (node "
+                                "2): health check failed: no IB; next time: sbatch "
+                                "--exclude=n[5,7]"))
+      << Logs(done);
+}
+
 TEST(AgentLifecycleTest, ASpareTheJobDidNotNeedExitsZeroWhenLetGo) {
   LifecycleOptions o = Options();
   o.spares = true;

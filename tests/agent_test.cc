@@ -761,6 +761,12 @@ TEST_F(AgentTest, ASpareTakesALostNodesRanksAndTheOthersKeepTheirs) {
   }
   EXPECT_TRUE(Contains(agents[0]->Stderr(), "lost contact with the agent on n1"))
       << agents[0]->Stderr();
+  for (int node : {0, 2, 3}) {
+    EXPECT_TRUE(Contains(agents[node]->Stderr(),
+                         "job spared left out n1 (node 1): lost while the job ran; next time: "
+                         "sbatch --exclude=n1"))
+        << agents[node]->Stderr();
+  }
   EXPECT_TRUE(testing::NoProcessLeft(marker_));
 }
 

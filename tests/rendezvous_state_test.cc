@@ -1787,6 +1787,25 @@ TEST_F(RendezvousStateTest, ASpareWaitsThenTakesALostNodesPlaceAndTheOthersKeepT
   EXPECT_TRUE(absl::StrContains(refused.message(), "lost while the job ran")) << refused;
 }
 
+TEST_F(RendezvousStateTest, ASpareTakesThePlaceOfANodeARankAskedOut) {
+  JoinAll(0, 1, SpareJob(4, 1));
+  Decisions d;
+  ASSERT_TRUE(
+      state_.Abort(kSecond, "j", AbortEvent{AbortCause::kWorkerFailed, {}, "boom", 1}, d).ok());
+  std::vector<JoinSpec> again = SpareJob(4, 1, 1);
+  // n1 does not rejoin: a rank asked it out (or its health check failed).
+  again[1].unhealthy = Unhealthy{ExclusionKind::kRankRequested, "rank 2: ECC errors"};
+  Join(2 * kSecond, 11, again[0]);
+  Join(2 * kSecond, 12, again[1]);
+  Join(2 * kSecond, 14, again[3]);
+  const Decisions restarted = Join(2 * kSecond, 13, again[2]);
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(restarted);
+  ASSERT_EQ(got.size(), 3u) << Summary(restarted);
+  EXPECT_EQ(Ranks(got.at(11)), "node 0/3 ranks 0-1/6");
+  EXPECT_EQ(Ranks(got.at(14)), "node 1/3 ranks 2-3/6");
+  EXPECT_EQ(Ranks(got.at(13)), "node 2/3 ranks 4-5/6");
+}
+
 TEST_F(RendezvousStateTest, SparesAreLetGoWhenTheJobCompletes) {
   JoinAll(0, 1, SpareJob(3, 1));
   Leave(kSecond, "j", "n0/agent");

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/core/hostlist.h"
 
 namespace rdzv {
 namespace {
@@ -517,6 +518,20 @@ AgentActions AgentLifecycle::MaybeFinish() {
   } else {
     actions.push_back(Info(absl::StrFormat("job %s: all %d workers on %s succeeded",
                                            options_.job_id, options_.nproc, options_.host)));
+  }
+  if (!excluded_seen_.empty()) {
+    // The nodes this job left out, once more at its end: the line to keep them out of the next.
+    std::vector<std::string> hosts;
+    std::vector<std::string> why;
+    for (const ExcludedNode& node : excluded_seen_) {
+      hosts.push_back(node.host);
+      why.push_back(DescribeExcluded(node));
+    }
+    std::sort(hosts.begin(), hosts.end());
+    hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
+    actions.push_back(
+        Warn(absl::StrFormat("job %s left out %s; next time: sbatch --exclude=%s", options_.job_id,
+                             absl::StrJoin(why, "; "), CompressHostlist(hosts))));
   }
   if ((outcome_ && outcome_->cause == AbortCause::kServerLost) || server_silent_) {
     // Nothing to leave, and a frozen server would hold the exit for a whole call deadline.
