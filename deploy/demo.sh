@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The demo, from a fresh Debian 12 machine (as root): installs what it needs, builds rdzv,
-# starts a real 3-node Slurm cluster on this machine, and runs real PyTorch DDP (gloo) on it
+# starts a real 4-node Slurm cluster on this machine, and runs real PyTorch DDP (gloo) on it
 # with one line and no configuration:
 #
 #   srun -N3 --ntasks-per-node=1 rdzv-agent --nproc-per-node 2 -- python3 train_ddp.py

@@ -5,6 +5,10 @@ SIGKILL to a worker, to an agent or to rdzvd, SIGSTOP to a worker (which hangs t
 agent's watchdog finds it), SIGSTOP to an agent or to rdzvd (SIGCONT once the others are done),
 or SIGKILL to an agent that still waits for the rest of its job.
 
+In a flat job with a hot spare (--spare-nodes 1, --max-restarts 1, a fourth agent), SIGKILL goes
+to an agent that runs ranks, or to the spare: the spare takes a lost node's place and the healed
+job completes; a lost spare changes nothing until another fault restarts the job without it.
+
 Each fault is done in a flat job (every agent on its own stream to rdzvd) and in a tree: a Slurm
 step (its environment, without Slurm) on 127.0.0.1-3 with --fan-in 2, where nodes 0 and 1 join
 through the relay node 0's agent hosts, and node 2 joins directly. There the faults to an agent
@@ -60,6 +64,8 @@ FAULTS = ("kill-worker", "stop-worker", "kill-agent", "kill-rdzvd", "stop-agent"
 # stop-rdzvd waits out the agents' keepalive: it is done once per kind of job, the others at
 # random.
 CHEAP_FAULTS = FAULTS[:-1]
+# Faults to a flat job with one hot spare, each done once.
+SPARE_FAULTS = ("kill-agent-spared", "kill-spare")
 
 # A heartbeat to the agent's watchdog FIFO, as rdzv's heartbeat() writes it. The first is sent
 # before the worker counts as started: only a worker that has sent one can be found hung.
@@ -68,6 +74,9 @@ HEARTBEAT = ('echo "{\\"version\\": 1, \\"pid\\": $$, \\"heartbeat\\": true}" '
 WORKER = (HEARTBEAT + ' && echo $$ > "$CHAOS_PIDS/$RANK.tmp" && '
           'mv "$CHAOS_PIDS/$RANK.tmp" "$CHAOS_PIDS/$RANK" && '
           'while sleep %g; do %s; done' % (HEARTBEAT_S, HEARTBEAT))
+# In a job with a spare, a restarted worker notes where it runs and is done: the healed job ends.
+HEALED_WORKER = ('if [ "$TORCHELASTIC_RESTART_COUNT" = 1 ]; then '
+                 'echo "$GROUP_RANK $TEST_NODE" > "$CHAOS_PIDS/healed-$RANK"; exit 0; fi; ' + WORKER)
 
 
 def die_with_parent():
@@ -152,8 +161,9 @@ class Round:
         self.agents = []
         self.sessions = set()
 
-    def start(self, nodes=NODES, join_timeout_s=30):
-        """rdzvd, and the agents of the first `nodes` of the job's NODES nodes."""
+    def start(self, nodes=NODES, join_timeout_s=30, spares=0):
+        """rdzvd, and the agents of the first `nodes` of the job's NODES nodes; with `spares`,
+        that many more agents, the job's hot spares."""
         log = os.path.join(self.dir, "rdzvd.err")
         with open(log, "wb") as err:
             self.rdzvd = subprocess.Popen(
@@ -170,7 +180,7 @@ class Round:
         if not isinstance(port, re.Match):
             raise AssertionError("rdzvd did not start: %s" % read_text(log))
         endpoint = "127.0.0.1:%s" % port.group(1)
-        for node in range(nodes):
+        for node in range(nodes + spares):
             argv = [AGENT, "--auth", "none", "--rdzv-endpoint", endpoint, "--rdzv-id", self.job,
                     "--host-name", "n%d" % node, "--nproc-per-node", str(NPROC),
                     "--join-timeout", "%gs" % join_timeout_s,
@@ -187,13 +197,17 @@ class Round:
                            SLURM_STEP_TASKS_PER_NODE="1(x%d)" % NODES,
                            SLURM_STEP_NODELIST="127.0.0.[1-%d]" % NODES,
                            SLURMD_NODENAME="127.0.0.%d" % (node + 1))
+            elif spares:
+                argv += ["--nnodes", str(NODES + spares), "--node-rank", str(node),
+                         "--spare-nodes", str(spares), "--max-restarts", "1"]
+                env["TEST_NODE"] = "n%d" % node
             else:
                 argv += ["--nnodes", str(NODES), "--node-rank", str(node)]
             out = open(os.path.join(self.dir, "agent-%d.out" % node), "wb")
             err = open(os.path.join(self.dir, "agent-%d.err" % node), "wb")
             with out, err:
                 agent = subprocess.Popen(
-                    argv + ["--", "/bin/sh", "-c", WORKER],
+                    argv + ["--", "/bin/sh", "-c", HEALED_WORKER if spares else WORKER],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
                     start_new_session=True, preexec_fn=die_with_parent)
             self.agents.append(agent)
@@ -206,6 +220,11 @@ class Round:
             if name.isdigit():
                 pids[int(name)] = int(read_text(os.path.join(self.pids, name)))
         return pids
+
+    def healed(self):
+        """rank -> "GROUP_RANK host" of the restarted workers of a job with spares."""
+        return {int(name[len("healed-"):]): read_text(os.path.join(self.pids, name)).strip()
+                for name in os.listdir(self.pids) if name.startswith("healed-")}
 
     def stderr(self, node):
         return read_text(os.path.join(self.dir, "agent-%d.err" % node))
@@ -248,6 +267,7 @@ class ChaosTest(unittest.TestCase):
         rng = random.Random(seed)
         # Every fault in a flat job and in a tree, then faults at random.
         faults = [(f, tree) for tree in (False, True) for f in FAULTS]
+        faults += [(f, False) for f in SPARE_FAULTS]
         faults += [(rng.choice(CHEAP_FAULTS), rng.random() < 0.5)
                    for _ in range(rounds - len(faults))]
         rng.shuffle(faults)
@@ -268,6 +288,9 @@ class ChaosTest(unittest.TestCase):
         try:
             if fault == "kill-joining-agent":
                 self.kill_joining_agent(r, rng)
+                return
+            if fault in SPARE_FAULTS:
+                self.kill_with_a_spare(r, fault, rng)
                 return
             r.start()
             running = wait_until(lambda: len(r.worker_pids()) == NODES * NPROC, 30)
@@ -334,6 +357,44 @@ class ChaosTest(unittest.TestCase):
         self.expect_failed(r, [n for n in range(NODES - 1) if n != node], JOIN_S + TERM_S,
                            "the rendezvous did not complete within 3s")
         self.expect_nothing_left(r, {})
+
+    def kill_with_a_spare(self, r, fault, rng):
+        """NODES nodes and a spare (node NODES). kill-agent-spared: SIGKILL to a node's agent;
+        the spare takes its node rank and ranks, the others keep theirs, and the healed job
+        completes. kill-spare: SIGKILL to the spare, which costs the job nothing; then a worker
+        is killed, and the job restarts on its own nodes and completes."""
+        r.start(spares=1)
+        running = wait_until(lambda: len(r.worker_pids()) == NODES * NPROC and
+                             "n%d is a spare" % NODES in r.stderr(NODES), 30)
+        self.assertTrue(running, "the job did not start with its spare\n" + r.describe())
+        workers = r.worker_pids()
+        if fault == "kill-agent-spared":
+            lost = rng.randrange(NODES)
+            r.agents[lost].send_signal(signal.SIGKILL)
+            self.assertEqual(r.agents[lost].wait(timeout=5), -signal.SIGKILL)
+            expect = {node: node for node in range(NODES)}
+            expect[lost] = NODES
+            survivors = [n for n in range(NODES + 1) if n != lost]
+        else:
+            r.agents[NODES].send_signal(signal.SIGKILL)
+            self.assertEqual(r.agents[NODES].wait(timeout=5), -signal.SIGKILL)
+            time.sleep(SERVER_KEEPALIVE_S * 2)
+            self.assertIsNone(r.agents[0].poll(), "a lost spare ended the job\n" + r.describe())
+            os.kill(workers[rng.randrange(NODES * NPROC)], signal.SIGKILL)
+            expect = {node: node for node in range(NODES)}
+            survivors = list(range(NODES))
+        limit = SERVER_KEEPALIVE_S * 2 + TERM_S + SLACK_S
+        for node in survivors:
+            try:
+                code = r.agents[node].wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                code = None
+            self.assertEqual(code, 0, "agent %d\n%s" % (node, r.describe()))
+        # Every rank ran again, each on the node that holds its node rank now.
+        want = {rank: "%d n%d" % (rank // NPROC, expect[rank // NPROC])
+                for rank in range(NODES * NPROC)}
+        self.assertEqual(r.healed(), want, r.describe())
+        self.expect_nothing_left(r, workers)
 
     def expect_nothing_left(self, r, workers):
         """rdzvd, where it still runs, has come through and stops cleanly; nothing of the job is

@@ -260,6 +260,47 @@ class RankRequestTest(FailureCase):
         self.assert_nothing_left(5)
 
 
+class SpareTest(FailureCase):
+
+    def test_a_spare_takes_the_place_of_a_node_whose_agent_is_killed(self):
+        """srun -N4 with --spare-nodes 1: n1-n3 run ranks 0-5 and n4 waits; n2's agent is
+        killed with SIGKILL, and the job restarts at once with n4 as node 1 (ranks 2-3) while
+        n1 and n3 keep theirs; it completes there."""
+        out_dir = self.out_dir()
+        script = (f'echo $SLURMD_NODENAME $GROUP_RANK > {out_dir}/run$TORCHELASTIC_RESTART_COUNT-$RANK; '
+                  'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exec sleep 60; fi; '
+                  'echo "rank $RANK of $WORLD_SIZE on $SLURMD_NODENAME"')
+        proc = self.start_srun(["-N4", "--ntasks-per-node=1"], ["/bin/sh", "-c", script],
+                               env=self.env(),
+                               agent_args=["--nproc-per-node", "2", "--spare-nodes", "1",
+                                           "--max-restarts", "1"])
+
+        def run(n):
+            return {name.split("-")[1]: read_text(os.path.join(out_dir, name)).strip()
+                    for name in os.listdir(out_dir) if name.startswith(f"run{n}-")}
+
+        self.wait_for(lambda: len(run(0)) == 6, 60, "six workers")
+        self.assertEqual(run(0), {"0": "n1 0", "1": "n1 0", "2": "n2 1", "3": "n2 1",
+                                  "4": "n3 2", "5": "n3 2"})
+        os.kill(self.agent_pid_on("n2"), signal.SIGKILL)
+        code, out, err, seconds = self.finish(proc, 90)
+        output = out + err
+        # srun returns the killed task's status; the others succeed.
+        self.assertNotEqual(code, 0, output)
+        self.assertLess(seconds, PROMPT, f"srun took {seconds:.1f}s to return\n{output}")
+        self.assertEqual(run(1), {"0": "n1 0", "1": "n1 0", "2": "n4 1", "3": "n4 1",
+                                  "4": "n3 2", "5": "n3 2"}, output)
+        self.assertIn("n4 is a spare", output)
+        self.assertEqual(len(re.findall(r"restarting the workers \(restart 1 of 1\) after: lost "
+                                        r"contact with the agent on n2\b", output)), 3, output)
+        for rank in range(6):
+            self.assertIn(f"rank {rank} of 6 on", output)
+        # Each node that ran the healed job names the node it lost, for next time.
+        self.assertEqual(len(re.findall(r"left out n2 \(node 1\): lost while the job ran; next "
+                                        r"time: sbatch --exclude=n2", output)), 3, output)
+        self.assert_nothing_left(5)
+
+
 class CancelTest(FailureCase):
 
     def test_scancel_of_a_batch_job_leaves_nothing(self):
