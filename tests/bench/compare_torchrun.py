@@ -29,9 +29,22 @@ not in the default --cases:
                TORCHELASTIC_ENABLE_FILE_TIMER=1 (its FileTimerServer), under plain srun and
                under --kill-on-bad-exit=1, like srun-failfast.
 
+  srun-spare   srun -N4 --ntasks-per-node=1, 2 workers per node, one spare node's worth: rdzv
+               with --spare-nodes 1 --max-restarts 1 (n1-n3 run, n4 waits), torchrun with
+               --nnodes 3:4 --max-restarts 1 (c10d hosted by node 0's agent, which torchrun's
+               is_host option pins). The workers are real torch processes: gloo
+               init_process_group, then all_reduce every 50 ms. Node 1's agent (n2) is killed
+               with SIGKILL ("agent" rows), or the agent and its workers at once ("node" rows:
+               the node dies). Measured from the kill: until every worker of the healed job has
+               started (its first line, before torch loads: the control plane and the spawn),
+               and until every one has formed its process group (rdzv also: until its last
+               agent logged its new place, rdzv's own part); also whether the surviving
+               nodes kept their ranks. A job that has not healed --spare-limit (60) s after the
+               kill is a row that says so.
+
 Usage: /usr/bin/python3 tests/bench/compare_torchrun.py --build-dir build/release [--reps 3]
        [--failfast-reps 1] [--nodes 8,32] [--csv FILE]
-       [--cases standalone,agents,failfast,srun-failfast,srun-hang] [--srun-sleep 60]
+       [--cases standalone,agents,failfast,srun-failfast,srun-hang,srun-spare] [--srun-sleep 60]
 
 Debian's torchrun 1.13 crashes under Python 3.11 in Std.from_str (iterating an IntFlag skips
 NONE), so torchrun runs as `python3 -c` with that one lookup replaced at run time; nothing on
@@ -44,6 +57,7 @@ import argparse
 import csv
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -366,6 +380,151 @@ def run_srun_failfast(tools, tool, rep, sleep_s, env, kill_on_bad_exit=False, ha
     return since_failure, srun_after, code, at_return, ok
 
 
+# The srun-spare worker. argv: STAMPS MARKER. Writes STAMPS/run<restart>-<rank> once its process
+# group has formed: when it started, when the group formed, its node, node rank and world size.
+# In the first run it then all-reduces every 50 ms until stopped; in a restart it is done.
+SPARE_WORKER = r"""
+import os, sys, time
+started = time.time()
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+formed = time.time()
+env = os.environ
+run = env["TORCHELASTIC_RESTART_COUNT"]
+path = os.path.join(sys.argv[1], "run%s-%s" % (run, env["RANK"]))
+with open(path + ".tmp", "w") as f:
+    f.write("%r %r %s %s %s" % (started, formed, env.get("SLURMD_NODENAME", "?"),
+                                env["GROUP_RANK"], env["WORLD_SIZE"]))
+os.rename(path + ".tmp", path)
+if run == "0":
+    t = torch.zeros(1)
+    while True:
+        dist.all_reduce(t)
+        time.sleep(0.05)
+"""
+
+
+def read_runs(stamps, run):
+    """rank -> (started, formed, node, node rank, world size) of the workers of `run`."""
+    out = {}
+    for name in os.listdir(stamps):
+        if name.startswith(f"run{run}-") and not name.endswith(".tmp"):
+            try:
+                with open(os.path.join(stamps, name)) as f:
+                    a, b, node, group, world = f.read().split()
+                out[int(name.split("-")[1])] = (float(a), float(b), node, int(group), int(world))
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+def task_on(marker, node):
+    """The pid of the srun task (the agent, or torchrun) on `node`, and every process of the
+    run there."""
+    mine = {}
+    for pid in processes_with(marker):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"SLURMD_NODENAME={node}".encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                mine[pid] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    tops = [pid for pid, parent in mine.items() if parent not in mine]
+    return (tops[0] if len(tops) == 1 else None), list(mine)
+
+
+def run_srun_spare(tools, tool, rep, env, whole_node, limit_s):
+    """One srun-spare run: (seconds to every healed worker started, to every one formed, to
+    every agent of the healed job assigned (rdzv: from their logs), whether the surviving nodes
+    kept their ranks, a note, ok)."""
+    marker = f"spare{random.randrange(10**6, 10**7)}"
+    variant = f"{tool}-{'node' if whole_node else 'agent'}-{rep}"
+    stamps = os.path.join(tools.logdir, f"spare-{variant}")
+    os.makedirs(stamps)
+    name = f"cmp-spare-{variant}-{os.getpid()}"
+    srun = ["srun", "--job-name", name, "-N4", "--ntasks-per-node=1"]
+    worker = [tools.python, "-c", SPARE_WORKER, stamps, marker]
+    if tool == "rdzv":
+        argv = srun + [tools.agent, "--nproc-per-node", "2", "--spare-nodes", "1",
+                       "--max-restarts", "1", "--"] + worker
+    else:
+        # Node 0's torchrun hosts the c10d store (all nodes are 127.0.0.1 here).
+        run = shlex.join(tools.torchrun(
+            "--nnodes", "3:4", "--nproc_per_node", "2", "--max_restarts", "1",
+            "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
+            "--rdzv_id", name, "--rdzv_conf", "is_host=IS_HOST", "--no_python", *worker))
+        run = run.replace("is_host=IS_HOST", 'is_host=$([ "$SLURM_NODEID" = 0 ] && echo 1 || '
+                                              'echo 0)')
+        argv = srun + ["sh", "-c", "exec " + run, marker]
+    _slurm_jobs.append((name, env))
+    _markers.append(marker)
+    p = start(argv, tools.log(f"srun-spare-{variant}.log"), env)
+    note = ""
+    assigned = float("nan")
+    try:
+        deadline = time.monotonic() + 120
+        first = {}
+        while time.monotonic() < deadline and p.poll() is None:
+            first = read_runs(stamps, 0)
+            if len(first) == (6 if tool == "rdzv" else 8):
+                break
+            time.sleep(0.05)
+        agent, node_pids = task_on(marker, "n2")
+        if agent is None or not first:
+            return float("nan"), float("nan"), assigned, False, "the job did not start", False
+        killed = time.time()
+        for pid in (node_pids if whole_node else [agent]):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        healed = {}
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            healed = read_runs(stamps, 1)
+            if len(healed) == 6:
+                break
+            time.sleep(0.02)
+        if len(healed) < 6:
+            left = len(processes_with(marker))
+            return (float("nan"), float("nan"), assigned, False,
+                    f"not healed {limit_s} s after the kill ({len(healed)} of 6 workers "
+                    f"restarted; {left} processes of the run alive)", True)
+        started = max(h[0] for h in healed.values()) - killed
+        formed = max(h[1] for h in healed.values()) - killed
+        # The nodes other than n2 (and the one that replaced it): same node rank, same ranks.
+        before = {r: (w[2], w[3]) for r, w in first.items() if w[2] != "n2"}
+        after = {r: (w[2], w[3]) for r, w in healed.items()}
+        kept = all(after.get(r) == v for r, v in before.items() if v[0] in
+                   {w[2] for w in healed.values()})
+        try:
+            code = p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            code = None
+        note = f"srun exit {code}; world {healed[0][4]}"
+        if tool == "rdzv":
+            # rdzv's own part: until the last agent of the healed job logged its place (the
+            # agents log local wall time to the millisecond).
+            with open(os.path.join(tools.logdir, f"srun-spare-{variant}.log"), "rb") as f:
+                log = f.read().decode(errors="replace")
+            stamps_s = [int(h) * 3600 + int(m) * 60 + float(sec) for h, m, sec in re.findall(
+                r"rdzv-agent I (\d\d):(\d\d):(\d\d\.\d+) job \S+ round 2: node \d+ of", log)]
+            t = time.localtime(killed)
+            kill_s = t.tm_hour * 3600 + t.tm_min * 60 + t.tm_sec + (killed % 1)
+            if len(stamps_s) == 3:
+                assigned = max(stamps_s) - kill_s
+        return started, formed, assigned, kept, note, True
+    finally:
+        scancel(name, env)
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        kill_marked(marker)
+
+
 def median(v):
     return statistics.median(v) if v else float("nan")
 
@@ -387,11 +546,14 @@ def main():
                     help="comma-separated; also srun-failfast and srun-hang, which need a Slurm "
                     "cluster "
                     "(default standalone,agents,failfast)")
+    ap.add_argument("--spare-limit", type=int, default=60,
+                    help="srun-spare: how long after the kill a job may take to heal (default 60)")
     ap.add_argument("--tools", default="rdzv,torchrun")
     ap.add_argument("--csv", help="also write one row per run to this file")
     args = ap.parse_args()
     cases = set(args.cases.split(","))
-    unknown = cases - {"standalone", "agents", "failfast", "srun-failfast", "srun-hang"}
+    unknown = cases - {"standalone", "agents", "failfast", "srun-failfast", "srun-hang",
+                       "srun-spare"}
     if unknown:
         ap.error(f"unknown --cases {','.join(sorted(unknown))}")
     # SIGTERM unwinds like Ctrl-C, so that everything started is still killed.
@@ -439,7 +601,7 @@ def main():
                     record(tool, "fail-fast: all gone", 2, rep, gone, ok)
                     record(tool, "fail-fast: after failure", 2, rep, since, ok)
         srun_env = None
-        if cases & {"srun-failfast", "srun-hang"}:
+        if cases & {"srun-failfast", "srun-hang", "srun-spare"}:
             srun_env = slurm_env(os.path.normpath(os.path.join(here, "..", "..")))
         if srun_env is not None:
             variants = [(h, t, kob) for h in (False, True)
@@ -457,6 +619,19 @@ def main():
                     print(f"  {'':9s} srun exit {code}, returned {srun_after:.3f} s after the "
                           f"failure; {alive} processes of the run alive then", flush=True)
                     srun_notes.append((label, rep, code, srun_after, alive))
+        if srun_env is not None and "srun-spare" in cases:
+            for whole_node in (False, True):
+                what = "node" if whole_node else "agent"
+                for tool in tool_list:
+                    for rep in range(args.reps if tool == "rdzv" else args.failfast_reps):
+                        started, formed, assigned, kept, note, ok = run_srun_spare(
+                            tools, tool, rep, srun_env, whole_node, args.spare_limit)
+                        if tool == "rdzv":
+                            record(tool, f"spare: {what} kill to assigned", 4, rep, assigned, ok)
+                        record(tool, f"spare: {what} kill to started", 4, rep, started, ok)
+                        record(tool, f"spare: {what} kill to formed", 4, rep, formed, ok)
+                        print(f"  {'':9s} survivors kept their ranks: {'yes' if kept else 'no'}"
+                              f"; {note}", flush=True)
     finally:
         cleanup()
 
