@@ -121,6 +121,9 @@ class Checker {
     spec.max_agents = spec.min_agents + in.Next(3);
     spec.last_call = int64_t{in.Next(4)} * 1'000'000;
     spec.restart_count = in.Next(3);
+    // Hot spares, now and then: valid only with node ranks, one agent per node and fewer spares
+    // than nodes; the others are refused.
+    if (in.Next(4) == 0) spec.spare_nodes = in.Next(3);
     spec.master_port = 29500;
     spec.addresses = {spec.agent.host};
     // An agent id names one agent process, whose host, node rank and worker count never change
@@ -157,6 +160,14 @@ class Checker {
       if (a == nullptr) continue;
       if (!s.rounds.insert(a->round).second) {
         return absl::StrCat("stream ", send.stream, " got two assignments for round ", a->round);
+      }
+      if (a->spare) {
+        // A spare has no ranks: nothing of it is in the round's tiling.
+        if (a->slot.rank_offset != 0 || a->slot.local_world_size != 0) {
+          return absl::StrCat("stream ", send.stream, ": a spare with ranks");
+        }
+        last_assignment_[{s.job_id, s.agent_id}] = *a;
+        continue;
       }
       rounds[{s.job_id, a->round}].emplace_back(send.stream, *a);
     }
