@@ -2,6 +2,7 @@
 // user's command as a real /bin/sh process.
 #include "client/agent/health_check.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -103,6 +104,25 @@ TEST(HealthCheckTest, TheCommandsExitAndLastLineAreTheVerdict) {
   v = RunToEnd(o, Target(dir));
   ASSERT_TRUE(v.has_value());
   EXPECT_EQ(v->detail, "killed by SIGKILL");
+}
+
+// A descriptor the agent opened without O_CLOEXEC (or that another thread's fork caught before
+// its FD_CLOEXEC) does not reach what the launcher starts: a worker or a check never holds the
+// agent's sockets. The descriptors the process started with (its launcher's) still do.
+TEST(HealthCheckTest, TheCommandGetsNoDescriptorTheAgentOpened) {
+  ScopedTempDir dir;
+  const int leaky = socket(AF_UNIX, SOCK_STREAM, 0);  // no SOCK_CLOEXEC
+  ASSERT_GE(leaky, 3);
+  const int also = dup(leaky);  // nor O_CLOEXEC
+  ASSERT_GT(also, leaky);
+  HealthCheckOptions o;
+  o.command = absl::StrCat("for fd in ", leaky, " ", also,
+                           "; do [ -e /proc/$$/fd/$fd ] && echo \"inherited $fd\"; done; exit 3");
+  std::optional<Unhealthy> v = RunToEnd(o, Target(dir));
+  close(leaky);
+  close(also);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->detail, "exit code 3");
 }
 
 // Whether the process whose pid `pid_file` holds is gone (or a zombie its new parent has yet to

@@ -1,14 +1,18 @@
 #include "client/agent/process_launcher.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 
@@ -143,6 +147,76 @@ constexpr int64_t kSameSignalNanos = 2'000'000'000;
   _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
 }
 
+// The descriptors this process had when it started, before main() and its threads: what its
+// launcher passed on (srun's PMI_FD, say), which a worker may inherit. Nothing the agent opened
+// since reaches a worker, even one opened without O_CLOEXEC, or caught by a fork between another
+// thread's socket() and its FD_CLOEXEC (gRPC makes its sockets so): a worker holding the agent's
+// connection to rdzvd could speak for the agent.
+struct StartFds {
+  static constexpr size_t kMax = 256;
+  int fds[kMax];
+  size_t count = 0;
+  bool known = false;  // false: /proc could not say; then nothing is closed by number
+
+  StartFds() {
+    DIR* dir = opendir("/proc/self/fd");
+    if (dir == nullptr) return;
+    const int own = dirfd(dir);
+    while (const dirent* entry = readdir(dir)) {
+      char* end = nullptr;
+      const long fd = std::strtol(entry->d_name, &end, 10);
+      if (end == entry->d_name || *end != '\0' || fd <= STDERR_FILENO || fd == own) continue;
+      if (count == kMax) {  // a launcher that passes hundreds: leave them all be
+        closedir(dir);
+        return;
+      }
+      fds[count++] = static_cast<int>(fd);
+    }
+    closedir(dir);
+    std::sort(fds, fds + count);
+    known = true;
+  }
+};
+const StartFds kStartFds;
+
+// Closes [from, to], with only async-signal-safe calls.
+void CloseRange(int from, int to) {
+  if (from > to) return;
+  if (syscall(SYS_close_range, static_cast<unsigned>(from), static_cast<unsigned>(to), 0U) == 0) {
+    return;
+  }
+  // A kernel before 5.9: one by one, up to the descriptor limit.
+  struct rlimit limit;
+  int last = to;
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+      static_cast<rlim_t>(last) >= limit.rlim_cur) {
+    last = static_cast<int>(limit.rlim_cur) - 1;
+  }
+  for (int fd = from; fd <= last; ++fd) close(fd);
+}
+
+// In the worker's process, just before exec: closes every descriptor above stderr but those the
+// agent started with and `keep`.
+void CloseAllButStartFds(int keep) {
+  if (!kStartFds.known) return;
+  int next = STDERR_FILENO + 1;
+  size_t i = 0;
+  bool kept = false;
+  while (i < kStartFds.count || !kept) {
+    int fd;
+    if (!kept && (i == kStartFds.count || keep < kStartFds.fds[i])) {
+      fd = keep;
+      kept = true;
+    } else {
+      fd = kStartFds.fds[i++];
+    }
+    if (fd < next) continue;
+    CloseRange(next, fd - 1);
+    next = fd + 1;
+  }
+  CloseRange(next, INT32_MAX);
+}
+
 // What the worker gets before exec besides its pipes: descriptors of the agent's that it must
 // not inherit, and the environment entry ("NAME=" and room for a pid) to hold its own pid.
 struct WorkerFixups {
@@ -199,6 +273,8 @@ void PutPid(char* out, pid_t pid) {
       // then to report a failed exec.
       if (fd > STDERR_FILENO && fd != status_fd) close(fd);
     }
+    // The status pipe closes at exec (O_CLOEXEC): until then it reports a failed one.
+    CloseAllButStartFds(status_fd);
     if (fixups.pid_entry != nullptr) PutPid(fixups.pid_entry + fixups.pid_at, getpid());
     execve(program, argv, envp);
     const int message[2] = {getpid(), errno};
