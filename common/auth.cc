@@ -127,6 +127,11 @@ std::string ServerProofPayload(absl::string_view method, absl::string_view job_i
   return absl::StrCat("rdzv.v1 server ", method, " ", job_id, " ", nonce, " ", caller);
 }
 
+std::string HoldsProofPayload(absl::string_view nonce, absl::string_view job_id,
+                              absl::string_view owner, bool holds) {
+  return absl::StrCat("rdzv.v1 holds ", nonce, " ", job_id, " ", owner, " ", holds ? 1 : 0);
+}
+
 std::string TokenProof(absl::string_view token, absl::string_view payload) {
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int len = 0;

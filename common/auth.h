@@ -69,6 +69,11 @@ bool IsNonce(absl::string_view nonce);
 std::string ServerProofPayload(absl::string_view method, absl::string_view job_id,
                                absl::string_view nonce, absl::string_view caller);
 
+// What an rdzvd's MUNGE credential in its answer to a peer's HoldsJob (rdzv.proto) holds: the
+// peer's nonce, the job, its owner and the answer.
+std::string HoldsProofPayload(absl::string_view nonce, absl::string_view job_id,
+                              absl::string_view owner, bool holds);
+
 // HMAC-SHA256 of `payload` under `token`, in hex: a token holder's proof.
 std::string TokenProof(absl::string_view token, absl::string_view payload);
 

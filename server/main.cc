@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/logging.h"
 #include "common/process_env.h"
@@ -52,6 +53,11 @@ int main(int argc, char** argv) {
     if (!tls.ok()) return Fail(tls.status().message());
     options.tls = *std::move(tls);
   }
+  if (!flags->peer_tls_ca.empty()) {
+    absl::StatusOr<std::string> ca = rdzv::LoadTlsCa(flags->peer_tls_ca, "--peer-tls-ca");
+    if (!ca.ok()) return Fail(ca.status().message());
+    options.service.peer_tls_ca_pem = *std::move(ca);
+  }
 
   // Block the stop signals in every thread so that only sigwait below sees them.
   sigset_t stop;
@@ -65,6 +71,9 @@ int main(int argc, char** argv) {
   if (!server.ok()) return Fail(server.status().message(), 1);
   spdlog::info("serving on {} (port {}), authentication: {}{}", options.listen, (*server)->port(),
                rdzv::AuthModeName(auth.mode), options.tls.cert_chain_pem.empty() ? "" : ", TLS");
+  if (!options.service.peers.empty()) {
+    spdlog::info("takes up no job that {} serves", absl::StrJoin(options.service.peers, " or "));
+  }
   if ((*server)->metrics_port() != 0) {
     spdlog::info("metrics on http://{}/metrics (port {})", options.metrics_listen,
                  (*server)->metrics_port());

@@ -289,6 +289,12 @@ Metrics::Metrics(absl::string_view version) {
       "Rendezvous rounds that reached an assignment (every agent of the round got its ranks).");
   restarts_ = &AddCounter("rdzv_restarts_total",
                           "Rounds started again after a failure, within --max-restarts.");
+  failovers_ = &AddCounter("rdzv_failovers_total",
+                           "Jobs this server took up from their resuming agents after the server "
+                           "that ran them (another of the list, or this one restarted) was lost.");
+  peer_refusals_ = &AddCounter(
+      "rdzv_peer_refusals_total",
+      "Joins refused because another rdzvd of the server list serves the job (--peers).");
   rendezvous_duration_ =
       &AddHistogram("rdzv_rendezvous_duration_seconds",
                     "Time from the first join of a round to its assignment, in seconds.",

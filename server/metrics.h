@@ -172,6 +172,11 @@ class Metrics {
   Counter& rounds_completed() { return *rounds_completed_; }
   // rdzv_restarts_total: rounds started again after a failure (--max-restarts).
   Counter& restarts() { return *restarts_; }
+  // rdzv_failovers_total: jobs this server took up from their resuming agents, after another
+  // server of the list (or this one, restarted) lost them.
+  Counter& failovers() { return *failovers_; }
+  // rdzv_peer_refusals_total: joins refused because another server of the list serves the job.
+  Counter& peer_refusals() { return *peer_refusals_; }
   // rdzv_rendezvous_duration_seconds: from a round's first join to its assignment.
   Histogram& rendezvous_duration() { return *rendezvous_duration_; }
   // rdzv_aborts_total{cause}: jobs ended by an abort, by AbortCauseName (every cause reads 0
@@ -231,6 +236,8 @@ class Metrics {
   Counter* joins_ = nullptr;
   Counter* rounds_completed_ = nullptr;
   Counter* restarts_ = nullptr;
+  Counter* failovers_ = nullptr;
+  Counter* peer_refusals_ = nullptr;
   Histogram* rendezvous_duration_ = nullptr;
   Family<Counter>* aborts_ = nullptr;
   Family<Counter>* refused_calls_ = nullptr;

@@ -227,9 +227,20 @@ RendezvousService::RendezvousService(Clock clock, ServiceOptions options)
     : clock_(std::move(clock)),
       options_(std::move(options)),
       auth_(WithPendingBound(options_.auth, options_.max_memory_per_user_bytes)),
-      writer_pool_(kWriterThreads) {}
+      writer_pool_(kWriterThreads) {
+  if (!options_.peers.empty()) {
+    absl::StatusOr<std::unique_ptr<PeerServers>> peers = PeerServers::Create(
+        {options_.peers, options_.auth.mode, options_.auth.munge_socket, options_.peer_tls_ca_pem});
+    if (peers.ok()) {
+      peers_ = *std::move(peers);
+    } else {
+      // rdzvd checks --peers before it starts; a library user learns it here.
+      spdlog::error("serving without peers: {}", peers.status().message());
+    }
+  }
+}
 
-RendezvousService::~RendezvousService() = default;
+RendezvousService::~RendezvousService() { peers_.reset(); }
 
 namespace {
 
@@ -286,6 +297,7 @@ grpc::ServerWriteReactor<v1::JoinEvent>* RendezvousService::Join(
     grpc::CallbackServerContext* context, const v1::JoinRequest* request) {
   std::vector<JoinStream*> writers;
   JoinStream* stream;
+  std::optional<PeerQuestion> ask;
   absl::StatusOr<Caller> caller =
       Authenticate(context, "Join", request->job_id(), CheckJoinRequest(*request));
   if (!caller.ok()) {
@@ -294,7 +306,7 @@ grpc::ServerWriteReactor<v1::JoinEvent>* RendezvousService::Join(
   } else {
     // Fields this server does not know are not kept, whatever a caller pads its join with.
     const_cast<v1::JoinRequest*>(request)->DiscardUnknownFields();
-    stream = JoinLocked(context, request, *caller, writers);
+    stream = JoinLocked(context, request, *caller, writers, ask);
     // The state keeps what it needs of the request; gRPC would keep the rest as long as the
     // stream is open.
     v1::JoinRequest().Swap(const_cast<v1::JoinRequest*>(request));
@@ -302,13 +314,15 @@ grpc::ServerWriteReactor<v1::JoinEvent>* RendezvousService::Join(
     stream->StartSendInitialMetadata();
   }
   StartWrites(std::move(writers));
+  if (ask) AskPeers(*ask);
   return stream;
 }
 
 RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServerContext* context,
                                                              const v1::JoinRequest* request,
                                                              const Caller& caller,
-                                                             std::vector<JoinStream*>& writers) {
+                                                             std::vector<JoinStream*>& writers,
+                                                             std::optional<PeerQuestion>& ask) {
   absl::MutexLock lock(&mu_);
   const StreamId id = next_stream_++;
   auto* stream = new JoinStream(this, id);
@@ -342,11 +356,9 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
     if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedLimit);
     return refuse(ToGrpcStatus(limit));
   }
-  JoinSpec spec;
   if (!group) {
-    spec = FromProto(*request);
     // Numbers out of range are refused before anything, the metrics included, counts them.
-    if (absl::Status invalid = ValidateJoinSpec(spec); !invalid.ok()) {
+    if (absl::Status invalid = ValidateJoinSpec(FromProto(*request)); !invalid.ok()) {
       if (options_.log_jobs) spdlog::info("refused a join: {}", EscapeControl(invalid.message()));
       if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedInvalid);
       return refuse(ToGrpcStatus(invalid));
@@ -358,21 +370,33 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
   std::shared_ptr<Usage>& usage = usage_[&state];
   if (usage == nullptr) usage = std::make_shared<Usage>();
   stream->Charge(usage, total_usage_, join_bytes, options_.max_queued_bytes_per_stream);
-  const Micros now = clock_();
-  Decisions decisions;
-  if (group) {
-    JoinMembersLocked(id, state, *request, context->peer(), decisions);
-  } else {
-    SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", EscapeControl(spec.job_id),
-                 EscapeControl(spec.agent.agent_id), EscapeControl(spec.agent.host),
-                 spec.agent.node_index, spec.agent.nproc);
-    if (options_.metrics != nullptr) options_.metrics->OnJoin(now, id, spec);
-    if (spec.unhealthy) LogUnhealthy(spec);
-    state.Join(now, id, spec, CallerInfo{PeerAddress(context->peer())}, decisions);
+  if (peers_ != nullptr && !state.has_job(request->job_id())) {
+    // Another server of the list may serve the job: it is asked first.
+    ParkLocked(id, state, caller, *request, context->peer(), ask);
+    return stream;
   }
+  Decisions decisions;
+  JoinStateLocked(id, state, *request, context->peer(), decisions);
   ChargeExcluded(state);
   Apply(decisions, writers);
   return stream;
+}
+
+void RendezvousService::JoinStateLocked(StreamId id, RendezvousState& state,
+                                        const v1::JoinRequest& request, const std::string& peer,
+                                        Decisions& decisions) {
+  if (request.members_size() > 0) {
+    JoinMembersLocked(id, state, request, peer, decisions);
+    return;
+  }
+  const Micros now = clock_();
+  const JoinSpec spec = FromProto(request);
+  SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", EscapeControl(spec.job_id),
+               EscapeControl(spec.agent.agent_id), EscapeControl(spec.agent.host),
+               spec.agent.node_index, spec.agent.nproc);
+  if (options_.metrics != nullptr) options_.metrics->OnJoin(now, id, spec);
+  if (spec.unhealthy) LogUnhealthy(spec);
+  state.Join(now, id, spec, CallerInfo{PeerAddress(peer)}, decisions);
 }
 
 void RendezvousService::ChargeExcluded(const RendezvousState& state) {
@@ -872,6 +896,7 @@ void RendezvousService::Shutdown() {
       if (entry.stream->PushClose(stopping)) writers.push_back(entry.stream);
     }
     streams_.clear();
+    parked_.clear();
   }
   StartWrites(std::move(writers));
 }

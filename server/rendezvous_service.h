@@ -17,7 +17,9 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -28,6 +30,7 @@
 #include "rdzv/v1/rdzv.grpc.pb.h"
 #include "server/authenticator.h"
 #include "server/connection_guard.h"
+#include "server/peer_servers.h"
 #include "server/service_metrics.h"
 
 namespace rdzv {
@@ -71,6 +74,12 @@ struct ServiceOptions {
   // Events queued on one stream whose agent does not read them: past this many bytes the
   // stream is ended with RESOURCE_EXHAUSTED (and that agent is lost to its job).
   int64_t max_queued_bytes_per_stream = int64_t{1} << 20;
+  // The other rdzvds of the agents' server list (rdzvd --peers), "host:port" each; empty: none.
+  // Before it takes up a job it does not know, the server asks them (job_takeover.cc): a job one
+  // of them serves is refused with NOT_FOUND naming it, so that its agents go back to it.
+  std::vector<std::string> peers;
+  // PEM of the CA that signed the peers' certificates, when they serve TLS.
+  std::string peer_tls_ca_pem;
 };
 
 // What one attached agent costs the server beyond its request and its queued events: measured
@@ -103,6 +112,10 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   grpc::ServerUnaryReactor* AbortJob(grpc::CallbackServerContext* context,
                                      const v1::AbortJobRequest* request,
                                      v1::AbortJobResponse* response) override;
+  // In job_takeover.cc.
+  grpc::ServerUnaryReactor* HoldsJob(grpc::CallbackServerContext* context,
+                                     const v1::HoldsJobRequest* request,
+                                     v1::HoldsJobResponse* response) override;
 
   // Advances the state's timers; the server shell calls it periodically.
   void Tick();
@@ -134,8 +147,38 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
  private:
   class JoinStream;
 
+  // A job the server must ask its peers about first: (job id, owner).
+  using PeerQuestion = std::pair<std::string, std::string>;
   JoinStream* JoinLocked(grpc::CallbackServerContext* context, const v1::JoinRequest* request,
-                         const Caller& caller, std::vector<JoinStream*>& writers);
+                         const Caller& caller, std::vector<JoinStream*>& writers,
+                         std::optional<PeerQuestion>& ask);
+  // ---- Taking up a job with peers (job_takeover.cc).
+  // A join of a job this server does not know, held while the peers are asked (ParkLocked); the
+  // peers' answer either joins it to the state or refuses it (PeersAnswered).
+  struct ParkedJoin {
+    StreamId id;
+    v1::JoinRequest request;
+    std::string peer;
+  };
+  struct Parked {
+    RendezvousState* state;
+    std::string owner;
+    std::string job_id;
+    std::vector<ParkedJoin> joins;
+  };
+  static std::string ParkKey(absl::string_view owner, absl::string_view job_id);
+  // Holds the join on stream `id`; sets `ask` when it is the job's first.
+  void ParkLocked(StreamId id, RendezvousState& state, const Caller& caller,
+                  const v1::JoinRequest& request, const std::string& peer,
+                  std::optional<PeerQuestion>& ask) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the peers about `ask` (without mu_).
+  void AskPeers(const PeerQuestion& ask) ABSL_LOCKS_EXCLUDED(mu_);
+  // The peers answered about the parked job `key`: `holder` serves it, or none ("").
+  void PeersAnswered(const std::string& key, const std::string& holder) ABSL_LOCKS_EXCLUDED(mu_);
+  // One join, taken from the parked or straight from the call, given to the state.
+  void JoinStateLocked(StreamId id, RendezvousState& state, const v1::JoinRequest& request,
+                       const std::string& peer, Decisions& decisions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The members of a group join (JoinRequest.members), each joined to the state as an agent of
   // its own on an id of its own, all answered on `id`'s stream.
   void JoinMembersLocked(StreamId id, RendezvousState& state, const v1::JoinRequest& request,
@@ -259,7 +302,13 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
                          std::vector<JobStatusView>& jobs,
                          std::vector<std::pair<size_t, AbortEvent>>& aborts)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::flat_hash_map<std::string, Parked> parked_ ABSL_GUARDED_BY(mu_);
+  // Jobs this server told a peer it does not serve, until when it will not take them up itself:
+  // the peer may be taking them up.
+  absl::flat_hash_map<std::string, Micros> conceded_ ABSL_GUARDED_BY(mu_);
   asio::thread_pool writer_pool_;
+  // Null without peers. Last: it goes first, waiting for the answers still due, which call back.
+  std::unique_ptr<PeerServers> peers_;
 };
 
 }  // namespace rdzv

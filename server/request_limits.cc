@@ -151,6 +151,12 @@ absl::Status CheckAbortJobRequest(const v1::AbortJobRequest& r) {
                 CheckSize(r.reason(), "the reason", kMaxReasonBytes)});
 }
 
+absl::Status CheckHoldsJobRequest(const v1::HoldsJobRequest& r) {
+  return First({CheckName(r.job_id(), "the job id", kMaxIdBytes),
+                CheckSize(r.owner(), "the owner", kMaxIdBytes),
+                CheckSize(r.nonce(), "the nonce", kMaxIdBytes)});
+}
+
 absl::Status UserCapError(UserCap cap, bool auth_none, absl::string_view user, int64_t held,
                           int64_t limit) {
   const bool jobs = cap == UserCap::kJobs;

@@ -50,6 +50,7 @@ absl::Status CheckReportExitRequest(const v1::ReportExitRequest& request);
 absl::Status CheckLeaveRequest(const v1::LeaveRequest& request);
 absl::Status CheckStatusRequest(const v1::StatusRequest& request);
 absl::Status CheckAbortJobRequest(const v1::AbortJobRequest& request);
+absl::Status CheckHoldsJobRequest(const v1::HoldsJobRequest& request);
 
 // The per-user caps on what one owner holds at once (ServiceOptions::max_jobs_per_user and
 // max_agents_per_user), and the RESOURCE_EXHAUSTED refusal of a join past one: `held` against

@@ -5,9 +5,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "common/core/flags.h"
+#include "common/core/host_port.h"
 #include "server/authenticator.h"
 
 namespace rdzv {
@@ -66,6 +69,20 @@ FlagParser MakeParser(ServerFlags& f, Converted& c) {
   p.Add({"tls-key", "RDZV_TLS_KEY", "FILE",
          "the private key of --tls-cert, PEM, readable by rdzvd's user only (chmod 600)",
          StringSetter(&f.tls_key)});
+  p.Add({"peers", "RDZV_PEERS", "HOST:PORT,...",
+         "the other rdzvds of the agents' server list (RDZV_ENDPOINT=a:29400,b:29400):\n"
+         "a job one of them serves is never taken up here (default: none)",
+         [&f](absl::string_view v) {
+           f.options.service.peers.clear();
+           for (absl::string_view e : absl::StrSplit(v, ',', absl::SkipWhitespace())) {
+             absl::StatusOr<HostPort> hp = ParseHostPort(absl::StripAsciiWhitespace(e), 29400);
+             if (!hp.ok()) return hp.status();
+             f.options.service.peers.push_back(FormatHostPort(hp->host, hp->port));
+           }
+           return absl::OkStatus();
+         }});
+  p.Add({"peer-tls-ca", "RDZV_PEER_TLS_CA", "FILE",
+         "the peers serve TLS: verify them with this CA (PEM)", StringSetter(&f.peer_tls_ca)});
   p.Add({"metrics-listen", "RDZV_METRICS_LISTEN", "HOST:PORT",
          "serve Prometheus metrics over HTTP at /metrics (default: off)",
          StringSetter(&o.metrics_listen)});
@@ -170,6 +187,11 @@ absl::StatusOr<ServerFlags> ParseServerFlags(const std::vector<std::string>& arg
     return absl::InvalidArgumentError(absl::StrCat(
         f.tls_cert.empty() ? "--tls-key without --tls-cert" : "--tls-cert without --tls-key",
         "; give both --tls-cert and --tls-key, or neither"));
+  }
+  if (!o.service.peers.empty() && o.service.auth.mode == AuthMode::kToken) {
+    return absl::InvalidArgumentError(
+        "--peers needs --auth munge (or none on loopback): the rdzvds of a list prove themselves "
+        "to each other with MUNGE");
   }
   return f;
 }

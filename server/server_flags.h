@@ -22,13 +22,17 @@ struct ServerFlags {
   // Both or neither (checked); LoadTlsServerIdentity reads them.
   std::string tls_cert;
   std::string tls_key;
+  // --peer-tls-ca: the CA of the peers' certificates (main() reads it into
+  // options.service.peer_tls_ca_pem).
+  std::string peer_tls_ca;
   bool help = false;  // nothing else is checked when set
 };
 
 // Parses `args` (without argv[0]) and the variables `env` finds; the command line wins.
 // InvalidArgument, one line naming the flag and the fix, for an unknown flag, a bad value, a
 // word after the flags, --keepalive-timeout-ms 0 with pings on, --auth none on an address that
-// is not loopback, or only one of --tls-cert and --tls-key.
+// is not loopback, only one of --tls-cert and --tls-key, a --peers endpoint that does not
+// parse, or --peers with --auth token.
 absl::StatusOr<ServerFlags> ParseServerFlags(const std::vector<std::string>& args,
                                              const EnvLookup& env);
 

@@ -90,6 +90,10 @@ void ServiceMetrics::OnStreamGone(Micros now, StreamId stream) {
 
 void ServiceMetrics::OnRefused(absl::string_view reason) { metrics_->refused_calls(reason).Inc(); }
 
+void ServiceMetrics::OnFailover() { metrics_->failovers().Inc(); }
+
+void ServiceMetrics::OnPeerRefusal() { metrics_->peer_refusals().Inc(); }
+
 void ServiceMetrics::DropStream(Micros now, StreamId stream) {
   const auto it = stream_jobs_.find(stream);
   if (it == stream_jobs_.end()) return;

@@ -1,0 +1,170 @@
+// Taking up a job with peers (rdzvd --peers): a join of a job this server does not know waits
+// while the other servers of the list are asked whether they serve it (PeerServers), and the
+// answers to the same question from them (HoldsJob).
+//
+// One job, one server: a server takes a job up only when no reachable peer serves it. Two servers
+// asked about the same job at once settle it between them: a server that is itself still asking
+// says it holds the job only to an asker of a higher instance number, and a server that said it
+// does not hold a job takes it up itself for none of its own joins for kConcedeFor, since the
+// asker may be taking it up (so both may refuse for that long, never both take it).
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/auth.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "server/metrics.h"
+#include "server/rendezvous_service.h"
+#include "server/request_limits.h"
+
+namespace rdzv {
+namespace {
+
+// How long a server that told a peer it does not serve a job refuses that job itself: longer
+// than the peer's question may take.
+constexpr Micros kConcedeFor = 3'000'000;
+static_assert(absl::Microseconds(kConcedeFor) > PeerServers::kAskTimeout);
+// How many such jobs are remembered at once; past it, the server says it holds the job (its
+// asker refuses its agents, which try again).
+constexpr size_t kMaxConceded = 65536;
+
+}  // namespace
+
+std::string RendezvousService::ParkKey(absl::string_view owner, absl::string_view job_id) {
+  return absl::StrCat(owner, "\n", job_id);
+}
+
+void RendezvousService::ParkLocked(StreamId id, RendezvousState& state, const Caller& caller,
+                                   const v1::JoinRequest& request, const std::string& peer,
+                                   std::optional<PeerQuestion>& ask) {
+  const std::string key = ParkKey(caller.owner, request.job_id());
+  auto [it, first] = parked_.try_emplace(key);
+  if (first) {
+    it->second.state = &state;
+    it->second.owner = caller.owner;
+    it->second.job_id = request.job_id();
+    ask = PeerQuestion{request.job_id(), caller.owner};
+  }
+  it->second.joins.push_back(ParkedJoin{id, request, peer});
+}
+
+void RendezvousService::AskPeers(const PeerQuestion& ask) {
+  const std::string key = ParkKey(ask.second, ask.first);
+  peers_->Ask(ask.first, ask.second,
+              [this, key](std::string holder) { PeersAnswered(key, holder); });
+}
+
+void RendezvousService::PeersAnswered(const std::string& key, const std::string& holder) {
+  std::vector<JoinStream*> writers;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = parked_.find(key);
+    if (it == parked_.end()) return;
+    Parked parked = std::move(it->second);
+    parked_.erase(it);
+    if (shut_down_) return;
+    const Micros now = clock_();
+    bool conceded = false;
+    if (auto c = conceded_.find(key); c != conceded_.end()) {
+      conceded = now < c->second;
+      if (!conceded) conceded_.erase(c);
+    }
+    const std::string job = EscapeControl(parked.job_id);
+    Decisions decisions;
+    if (!holder.empty() || conceded) {
+      const absl::Status elsewhere = absl::NotFoundError(
+          !holder.empty()
+              ? absl::StrFormat("job %s is served by the rdzvd at %s; its agents go back to it",
+                                parked.job_id, holder)
+              : absl::StrFormat("job %s is being taken up by another rdzvd of the list",
+                                parked.job_id));
+      for (const ParkedJoin& join : parked.joins) {
+        if (!streams_.contains(join.id)) continue;  // its agent went meanwhile
+        decisions.closes.push_back({join.id, elsewhere});
+        if (options_.metrics != nullptr) options_.metrics->OnPeerRefusal();
+      }
+    } else {
+      bool resumed = false;
+      for (const ParkedJoin& join : parked.joins) {
+        if (!streams_.contains(join.id)) continue;
+        resumed = resumed || join.request.has_resume() ||
+                  (join.request.members_size() > 0 && join.request.members(0).has_resume());
+        JoinStateLocked(join.id, *parked.state, join.request, join.peer, decisions);
+      }
+      if (resumed) {
+        if (options_.metrics != nullptr) options_.metrics->OnFailover();
+        spdlog::warn(
+            "job {}: taken up from its resuming agents; no other rdzvd of the list "
+            "serves it",
+            job);
+      }
+      ChargeExcluded(*parked.state);
+    }
+    // The closes above are the streams' end; the state saw none of them.
+    Apply(decisions, writers);
+  }
+  StartWrites(std::move(writers));
+}
+
+grpc::ServerUnaryReactor* RendezvousService::HoldsJob(grpc::CallbackServerContext* context,
+                                                      const v1::HoldsJobRequest* request,
+                                                      v1::HoldsJobResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<Caller> caller =
+      Authenticate(context, "HoldsJob", request->job_id(), CheckHoldsJobRequest(*request));
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
+  const uid_t self = geteuid();
+  if (options_.auth.mode != AuthMode::kNone && caller->owner != absl::StrCat("uid:", self) &&
+      caller->owner != "uid:0") {
+    CountRefused(Metrics::kRefusedPermissionDenied);
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        absl::StrFormat("HoldsJob is for the other rdzvds of a server list, which run as uid %d "
+                        "as this one does; %s may not ask it",
+                        self, caller->name)));
+    return reactor;
+  }
+  const std::string key = ParkKey(request->owner(), request->job_id());
+  bool holds = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto state = states_.find(request->owner());
+    holds = state != states_.end() && state->second->has_job(request->job_id());
+    if (!holds && parked_.contains(key) && peers_ != nullptr) {
+      // Both are asking: the lower instance number takes the job.
+      holds = peers_->instance() < request->asker();
+    }
+    if (!holds) {
+      const Micros now = clock_();
+      if (conceded_.size() >= kMaxConceded) {
+        absl::erase_if(conceded_, [now](const auto& c) { return c.second <= now; });
+      }
+      if (conceded_.size() < kMaxConceded) {
+        conceded_[key] = now + kConcedeFor;
+      } else {
+        holds = true;
+      }
+    }
+  }
+  response->set_holds(holds);
+  if (options_.auth.mode == AuthMode::kMunge) {
+    absl::StatusOr<std::string> proof =
+        MungeEncode(HoldsProofPayload(request->nonce(), request->job_id(), request->owner(), holds),
+                    options_.auth.munge_socket, absl::Now() + PeerServers::kAskTimeout);
+    if (!proof.ok()) {
+      reactor->Finish(ToGrpcStatus(proof.status()));
+      return reactor;
+    }
+    response->set_proof(*std::move(proof));
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace rdzv
