@@ -14,6 +14,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "client/client_calls.h"
@@ -157,7 +159,21 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   impl->options.auth = *std::move(auth);
   absl::StatusOr<ClientChannelSetup> setup = MakeClientChannelSetup(impl->options);
   if (!setup.ok()) return setup.status();
-  std::vector<std::string> names = {impl->options.endpoint};
+  std::vector<std::string> names;
+  if (absl::StartsWith(impl->options.endpoint, "unix:")) {
+    names.push_back(impl->options.endpoint);
+  } else {
+    // A server list: the primary first, its backups after it.
+    for (absl::string_view e : absl::StrSplit(impl->options.endpoint, ',')) {
+      e = absl::StripAsciiWhitespace(e);
+      if (e.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("the server list \"%s\" has an empty entry; give HOST:PORT,HOST:PORT",
+                            impl->options.endpoint));
+      }
+      names.emplace_back(e);
+    }
+  }
   names.insert(names.end(), impl->options.alternate_endpoints.begin(),
                impl->options.alternate_endpoints.end());
   for (const std::string& name : names) {
@@ -198,6 +214,8 @@ std::string Client::EndpointNames() const {
   }
   return absl::StrJoin(names, " or ");
 }
+
+std::string Client::endpoint() const { return impl_->endpoints[impl_->current].name; }
 
 Client::~Client() {
   Cancel();
@@ -248,6 +266,8 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
   absl::Status last = absl::UnavailableError("not tried");
   // Why a candidate that answered did not count: its proof was missing or wrong.
   std::string unproven;
+  // What a server of a list that proved itself said of the job being served by another.
+  std::string served_elsewhere;
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   const auto unreachable = [&] {
     if (!unproven.empty()) {
@@ -257,11 +277,15 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
           unproven, EndpointNames(), absl::FormatDuration(timeout)));
     }
     return absl::UnavailableError(
-        absl::StrFormat("cannot reach the rendezvous server at %s for %s (%s)", EndpointNames(),
-                        absl::FormatDuration(timeout), last.message()));
+        absl::StrFormat("cannot reach the rendezvous server at %s for %s (%s)%s", EndpointNames(),
+                        absl::FormatDuration(timeout), last.message(),
+                        served_elsewhere.empty() ? "" : absl::StrCat("; ", served_elsewhere)));
   };
   const bool several = impl_->endpoints.size() > 1;
   absl::Time credential_failing_since = absl::InfiniteFuture();
+  // A resume keeps to its server for failover_after from its first failure to answer.
+  const bool resuming = spec.resume.has_value();
+  absl::Time unreachable_since = absl::InfiniteFuture();
   for (int attempt = 0;; ++attempt) {
     auto call = std::make_shared<JoinCall>(handlers, impl_->live_calls);
     std::shared_ptr<JoinCall> previous;
@@ -355,6 +379,7 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
       return absl::AbortedError("the rendezvous server ended the join without an assignment");
     }
     const bool elsewhere = status->code() == absl::StatusCode::kNotFound;
+    if (elsewhere && proof.ok()) served_elsewhere = std::string(status->message());
     if (status->code() != absl::StatusCode::kUnavailable && !(elsewhere && several)) {
       return *status;
     }
@@ -363,20 +388,41 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
       return *tls;
     }
     last = *status;
-    // Try the next candidate at once; back off only after a round over all of them.
-    const size_t next = (impl_->current + 1) % impl_->endpoints.size();
-    impl_->current = next;
-    if (next != 0) {
-      --attempt;
-      continue;
+    const absl::Time now = absl::Now();
+    if (status->code() == absl::StatusCode::kUnavailable) {
+      unreachable_since = std::min(unreachable_since, now);
+    }
+    const bool keep_to_it = resuming && several && !elsewhere &&
+                            now - unreachable_since < impl_->options.failover_after;
+    if (!keep_to_it) {
+      // Try the next candidate at once; back off only after a round over all of them.
+      const size_t next = (impl_->current + 1) % impl_->endpoints.size();
+      if (resuming && several && next != impl_->current && !elsewhere) {
+        spdlog::info(
+            "the rendezvous server at {} has not answered for {}; trying {}", endpoint,
+            absl::FormatDuration(absl::Trunc(now - unreachable_since, absl::Milliseconds(100))),
+            impl_->endpoints[next].name);
+      }
+      impl_->current = next;
+      unreachable_since = absl::InfiniteFuture();
+      if (next != 0) {
+        --attempt;
+        continue;
+      }
     }
     // Keep trying until the deadline itself, then say why the last try failed.
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
       return unreachable();
     }
-    const absl::Duration delay =
+    absl::Duration delay =
         std::min(left, BackoffDelay(impl_->options.backoff, attempt, unit(impl_->rng)));
+    if (keep_to_it) {
+      // The move to the next server comes on time, whatever the backoff has grown to.
+      delay = std::max(
+          absl::ZeroDuration(),
+          std::min(delay, unreachable_since + impl_->options.failover_after - absl::Now()));
+    }
     absl::MutexLock lock(&impl_->mu);
     impl_->mu.AwaitWithTimeout(absl::Condition(&stopped), delay);
   }

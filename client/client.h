@@ -95,11 +95,18 @@ struct ClientTls {
 };
 
 struct ClientOptions {
-  std::string endpoint;  // "host:port" of rdzvd
-  // Where else the server may be (an embedded server that found its first port taken moved
-  // to the next). Join moves on to the next endpoint when one is unreachable or serves another
-  // job, and sticks to the one that answers.
+  // "host:port" of rdzvd, or an ordered list of them, "host1:port,host2:port": a primary rdzvd
+  // and its backups (rdzvd --peers). New jobs use the first that answers.
+  std::string endpoint;
+  // Where else the server may be (the backups of a list given apart, or the ports an embedded
+  // server that found its first port taken moved on to). Join moves on to the next endpoint when
+  // one is unreachable or serves another job (or, for a server list, when the job is served
+  // elsewhere), and sticks to the one that answers.
   std::vector<std::string> alternate_endpoints;
+  // A join that resumes a job (JoinSpec::resume) after its server was lost keeps trying that
+  // server this long before it moves on to the next one of the list: a server restarting in
+  // place keeps its jobs.
+  absl::Duration failover_after = absl::Seconds(3);
   absl::Duration join_timeout = absl::Minutes(10);  // how long Join may wait in total
   absl::Duration rpc_timeout = absl::Seconds(10);   // deadline of each unary call
   BackoffPolicy backoff;
@@ -136,8 +143,8 @@ inline constexpr absl::string_view kDidNotComplete = "the rendezvous did not com
 
 class Client {
  public:
-  // InvalidArgument for a malformed endpoint; a one-line error naming the file for a TLS CA file
-  // that cannot be read or holds no certificate. Connects lazily.
+  // InvalidArgument for a malformed endpoint (or an empty one in a list); a one-line error naming
+  // the file for a TLS CA file that cannot be read or holds no certificate. Connects lazily.
   static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
   ~Client();
   Client(const Client&) = delete;
@@ -192,6 +199,9 @@ class Client {
   // What the server's gRPC health service says of it. Sends no credential (the service asks for
   // none), so it shows that something serves there, not who.
   absl::StatusOr<ServingStatus> Health();
+
+  // The endpoint in use: the first, or the one the latest Join stuck to.
+  std::string endpoint() const;
 
   // Ends a Join in progress, if any (it returns Cancelled); later Joins work as usual. The event
   // stream of a Join that has returned stays open.

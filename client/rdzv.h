@@ -92,9 +92,11 @@ typedef enum rdzv_auth_mode {
 
 typedef struct rdzv_client rdzv_client;
 
-/* Makes a client of the rdzvd at `endpoint` ("host:port"; the port defaults to 29400). Joins
- * give up after `join_timeout_s` seconds (> 0). `token_file` (may be NULL) holds the job's token
- * for RDZV_AUTH_TOKEN/AUTO; `munge_socket` (may be NULL) names munged's socket when it is not the
+/* Makes a client of the rdzvd at `endpoint` ("host:port"; the port defaults to 29400), or of a
+ * server list "host1:port,host2:port" (a primary rdzvd and its backups, rdzvd --peers): a join
+ * uses the first server that answers, and the calls after it go to that one. Joins give up after
+ * `join_timeout_s` seconds (> 0). `token_file` (may be NULL) holds the job's token for
+ * RDZV_AUTH_TOKEN/AUTO; `munge_socket` (may be NULL) names munged's socket when it is not the
  * default. Sends nothing yet. On success *out is a client to free with rdzv_client_destroy.
  *
  * The server proves itself in its answer to rdzv_join and rdzv_status: with MUNGE, by a

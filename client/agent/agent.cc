@@ -318,6 +318,7 @@ void Agent::Impl::Do(const agent_action::Join& join) {
   events.on_released = [this, generation] { Handle(lifecycle_->Released(generation)); };
   rendezvous_->Join(spec, join.timeout, std::move(events),
                     [this, generation](absl::StatusOr<AssignmentEvent> result) {
+                      lifecycle_->ServerAt(rendezvous_->endpoint());
                       Handle(lifecycle_->Joined(generation, result));
                     });
 }

@@ -22,11 +22,8 @@ constexpr absl::Duration kWaitForRelay = absl::Seconds(10);
 
 class RemoteRendezvous final : public AgentRendezvous {
  public:
-  RemoteRendezvous(std::unique_ptr<Client> client, std::string endpoint, Post post)
-      : client_(std::move(client)),
-        endpoint_(std::move(endpoint)),
-        post_(std::move(post)),
-        joiner_([this] { RunJoins(); }) {}
+  RemoteRendezvous(std::unique_ptr<Client> client, Post post)
+      : client_(std::move(client)), post_(std::move(post)), joiner_([this] { RunJoins(); }) {}
 
   ~RemoteRendezvous() override {
     client_->Cancel();  // a join in progress returns at once
@@ -77,7 +74,8 @@ class RemoteRendezvous final : public AgentRendezvous {
     client_->AbandonCalls();
   }
 
-  std::string endpoint() const override { return endpoint_; }
+  // The server the client talks to now: the first of a list, or the one it moved to.
+  std::string endpoint() const override { return client_->endpoint(); }
 
  private:
   // `f`, run through post_; empty for an empty `f`.
@@ -108,7 +106,6 @@ class RemoteRendezvous final : public AgentRendezvous {
   }
 
   const std::unique_ptr<Client> client_;
-  const std::string endpoint_;
   const Post post_;
   std::mutex mu_;
   std::condition_variable wake_;
@@ -121,11 +118,9 @@ class RemoteRendezvous final : public AgentRendezvous {
 
 absl::StatusOr<std::unique_ptr<AgentRendezvous>> NewRemoteRendezvous(ClientOptions options,
                                                                      AgentRendezvous::Post post) {
-  std::string endpoint = options.endpoint;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(std::move(options));
   if (!client.ok()) return client.status();
-  return std::make_unique<RemoteRendezvous>(*std::move(client), std::move(endpoint),
-                                            std::move(post));
+  return std::make_unique<RemoteRendezvous>(*std::move(client), std::move(post));
 }
 
 namespace {
@@ -205,6 +200,7 @@ absl::StatusOr<ConnectedRendezvous> ConnectRendezvous(const AgentConfig& config,
   options.endpoint = endpoints.front();
   options.alternate_endpoints.assign(endpoints.begin() + 1, endpoints.end());
   options.join_timeout = config.join_timeout;
+  options.failover_after = config.failover_after;
   if (config.relay.tasks_on_node > 1) {
     const std::string socket = RelaySocketPath(getuid(), config.join.job_id, config.relay.node);
     if (config.relay.host) {

@@ -207,6 +207,8 @@ absl::StatusOr<ServerLocation> LocateServer(const AgentConfig& config, const Cli
     for (int port : config.rdzv_ports) {
       location.endpoints.push_back(FormatHostPort(location.server_host, port));
     }
+    location.endpoints.insert(location.endpoints.end(), config.backup_endpoints.begin(),
+                              config.backup_endpoints.end());
     return location;
   }
   // Listen only where the other nodes reach this one.

@@ -56,8 +56,9 @@ FlagParser MakeParser(AgentFlags& f) {
          "this node's index 0..nnodes-1; orders the nodes (default: SLURM_NODEID; without it\n"
          "nodes are ordered by host name)",
          IntSetter(&f.node_rank, 0, 1'000'000)});
-  p.Add({"rdzv-endpoint", "RDZV_ENDPOINT", "HOST:PORT",
-         "the rdzvd to meet at (default: none; under Slurm node 0 hosts one in-process)",
+  p.Add({"rdzv-endpoint", "RDZV_ENDPOINT", "HOST:PORT[,HOST:PORT...]",
+         "the rdzvd to meet at, or a primary and its backups in order (default: none; under\n"
+         "Slurm node 0 hosts one in-process)",
          StringSetter(&f.rdzv_endpoint)});
   p.Add({"rdzv-id", "RDZV_ID", "ID",
          "the job id shared by all agents of one job (default under Slurm: job and step id)",
@@ -145,6 +146,10 @@ FlagParser MakeParser(AgentFlags& f) {
            f.reconnect_timeout = d;
            return absl::OkStatus();
          }});
+  p.Add({"failover-timeout", "RDZV_FAILOVER_TIMEOUT", "DURATION",
+         "with a server list, how long a lost rdzvd is tried before the agent moves its job to\n"
+         "the next one of the list (default 3s)",
+         DurationSetter(&f.failover_timeout)});
   p.Add({"hang-timeout", "RDZV_HANG_TIMEOUT", "DURATION|auto",
          "a worker that has sent a heartbeat and then none for this long is hung: it is sent\n"
          "SIGABRT for its stack and the job fails (or restarts); auto learns the timeout from\n"

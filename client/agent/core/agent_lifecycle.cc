@@ -81,7 +81,8 @@ LifecycleOptions LifecycleOptionsFor(const AgentConfig& config, bool hosts_serve
   return o;
 }
 
-AgentLifecycle::AgentLifecycle(LifecycleOptions options) : options_(std::move(options)) {}
+AgentLifecycle::AgentLifecycle(LifecycleOptions options)
+    : options_(std::move(options)), endpoint_(options_.endpoint) {}
 
 AgentActions AgentLifecycle::Start() {
   if (phase_ != Phase::kIdle) return {};
@@ -135,10 +136,10 @@ AgentActions AgentLifecycle::Joined(int32_t generation,
     if (phase_ != Phase::kRunning) return {};
     if (result.ok()) {
       return {Info(absl::StrFormat("job %s: back in touch with the rendezvous server at %s",
-                                   options_.job_id, options_.endpoint))};
+                                   options_.job_id, endpoint_))};
     }
     return EndForLostServer(absl::StrFormat(
-        "lost the rendezvous server at %s and could not rejoin within %s (%s)", options_.endpoint,
+        "lost the rendezvous server at %s and could not rejoin within %s (%s)", endpoint_,
         absl::FormatDuration(options_.reconnect_timeout), result.status().message()));
   }
   if (phase_ != Phase::kJoining) {
@@ -267,17 +268,17 @@ AgentActions AgentLifecycle::ServerLost(int32_t generation, const absl::Status& 
     phase_ = Phase::kDone;
     return {Warn(absl::StrFormat(
                 "job %s: lost the rendezvous server at %s (%s); %s was a spare and leaves the job",
-                options_.job_id, options_.endpoint, status.message(), options_.host)),
+                options_.job_id, endpoint_, status.message(), options_.host)),
             agent_action::Exit{0, false}};
   }
   if (options_.reconnect_timeout <= absl::ZeroDuration()) {
-    return EndForLostServer(absl::StrFormat("lost the rendezvous server at %s (%s)",
-                                            options_.endpoint, status.message()));
+    return EndForLostServer(
+        absl::StrFormat("lost the rendezvous server at %s (%s)", endpoint_, status.message()));
   }
   AgentActions actions = {Warn(absl::StrFormat(
       "job %s: lost the rendezvous server at %s (%s); the workers go on while this agent "
       "reconnects, for up to %s",
-      options_.job_id, options_.endpoint, status.message(),
+      options_.job_id, endpoint_, status.message(),
       absl::FormatDuration(options_.reconnect_timeout)))};
   Append(actions, JoinRound(assignment_));
   return actions;

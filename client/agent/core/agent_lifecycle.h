@@ -173,6 +173,8 @@ class AgentLifecycle {
 
   // The health check of `generation` is over: nothing found, or why the node is unhealthy.
   AgentActions HealthChecked(int32_t generation, const std::optional<Unhealthy>& unhealthy);
+  // The server the agent talks to now, when a join moved to another of its list.
+  void ServerAt(std::string endpoint) { endpoint_ = std::move(endpoint); }
   // The join of `generation` ended: an assignment, or why not (Cancelled after CancelJoin).
   AgentActions Joined(int32_t generation, const absl::StatusOr<AssignmentEvent>& result);
   // The round of `generation` is still filling.
@@ -241,6 +243,7 @@ class AgentLifecycle {
   std::string RootCause(const AbortEvent& abort) const;
 
   const LifecycleOptions options_;
+  std::string endpoint_;  // the server in use: options_.endpoint, or where a join moved to
   Phase phase_ = Phase::kIdle;
   int32_t generation_ = 0;
   bool resuming_ = false;       // the current join rejoins the running round

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "client/agent/core/launcher_env.h"
 #include "common/core/flags.h"
 #include "common/core/host_port.h"
@@ -341,13 +342,29 @@ absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& en
   }
 
   if (!flags.rdzv_endpoint.empty()) {
-    absl::StatusOr<HostPort> hp = ParseHostPort(flags.rdzv_endpoint, 29400);
-    if (!hp.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--rdzv-endpoint: ", hp.status().message()));
+    // One rdzvd, or a list: the primary and its backups, in the order to try them.
+    const std::vector<absl::string_view> list = absl::StrSplit(flags.rdzv_endpoint, ',');
+    for (size_t i = 0; i < list.size(); ++i) {
+      absl::StatusOr<HostPort> hp = ParseHostPort(absl::StripAsciiWhitespace(list[i]), 29400);
+      if (!hp.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--rdzv-endpoint: ", hp.status().message(),
+                         list.size() > 1 ? " (in a list, HOST:PORT,HOST:PORT)" : ""));
+      }
+      if (i == 0) {
+        c.rdzv_host = hp->host;
+        c.rdzv_ports = {hp->port};
+      } else {
+        c.backup_endpoints.push_back(FormatHostPort(hp->host, hp->port));
+      }
     }
-    c.rdzv_host = hp->host;
-    c.rdzv_ports = {hp->port};
+    if (list.size() > kMaxServerList) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--rdzv-endpoint lists %d servers; give at most %d (a primary and its backups)",
+          list.size(), kMaxServerList));
+    }
   }
+  c.failover_after = flags.failover_timeout;
 
   // Inside an srun step Slurm says everything; in a batch script without a step and without an
   // endpoint, ResolveSlurm explains how to launch instead.

@@ -51,6 +51,8 @@ struct AgentFlags {
   absl::Duration last_call = absl::Seconds(1);
   absl::Duration term_timeout = absl::Seconds(3);
   std::optional<absl::Duration> reconnect_timeout;
+  // --failover-timeout: how long a lost server of a list is tried before the next one.
+  absl::Duration failover_timeout = absl::Seconds(3);
   std::string health_check;  // --health-check
   absl::Duration health_check_timeout = absl::Seconds(60);
   // --hang-timeout: a heartbeat timeout, or auto to learn it; zero for none.
@@ -114,6 +116,11 @@ struct AgentConfig {
   // address as the other nodes see it.
   std::string rdzv_host;
   std::vector<int> rdzv_ports;
+  // The backups of a server list (--rdzv-endpoint primary,backup,...), "host:port" each, tried
+  // after the primary (rdzv_host and rdzv_ports) in this order.
+  std::vector<std::string> backup_endpoints;
+  // How long a resuming agent keeps trying a lost server of the list before the next one.
+  absl::Duration failover_after = absl::Seconds(3);
   // This agent hosts the server in-process, listening on the first free port of
   // embedded_ports (0: any free port) on embedded_listen_host.
   bool embedded_server = false;
@@ -171,6 +178,9 @@ struct LocalProcess {
 
 // How many ports after the derived one an embedded server may move to.
 inline constexpr int kEmbeddedPortCandidates = 8;
+
+// The most servers one --rdzv-endpoint list names.
+inline constexpr size_t kMaxServerList = 8;
 
 // The first port an embedded server tries for a Slurm job step: 20000..29999, spread by job.
 int DerivedPort(absl::string_view job_id, absl::string_view step_id);
