@@ -179,6 +179,7 @@ v1::JobStatus ToProto(const JobStatusView& j) {
   p.set_omitted_agents(j.omitted_agents);
   if (j.abort) *p.mutable_abort() = ToProto(*j.abort);
   for (const ExcludedNode& e : j.excluded) ToProto(e, *p.add_excluded());
+  p.set_server(j.server);
   for (const AgentStatusView& a : j.agents) {
     v1::AgentStatus* ap = p.add_agents();
     ap->set_agent_id(a.agent_id);
@@ -204,6 +205,7 @@ JobStatusView FromProto(const v1::JobStatus& p) {
   j.omitted_agents = p.omitted_agents();
   if (p.has_abort()) j.abort = FromProto(p.abort());
   for (const v1::ExcludedNode& e : p.excluded()) j.excluded.push_back(FromProto(e));
+  j.server = p.server();
   for (const v1::AgentStatus& a : p.agents()) {
     j.agents.push_back(
         {a.agent_id(), a.host(), a.node_index(), a.nproc(), a.rank_offset(), a.state()});

@@ -156,6 +156,19 @@ TEST(StatusFormatTest, TableHasOneLinePerJobWithItsFailure) {
   EXPECT_EQ(FormatStatusTable({}, {}), "no jobs\n");
 }
 
+TEST(StatusFormatTest, AServerListNamesTheServerOfEachJob) {
+  std::vector<JobStatusView> jobs = {Job("old", "running", 2, {{"n0", 0}, {"n1", 1}}),
+                                     Job("new", "filling", 2, {{"n2", 0}})};
+  EXPECT_THAT(FormatStatusTable(jobs, {}), Not(HasSubstr("SERVER")));
+  jobs[0].server = "head2:29400";
+  jobs[1].server = "head:29400";
+  const std::string table = FormatStatusTable(jobs, {});
+  EXPECT_THAT(table, HasSubstr("JOB  SERVER       STATE    ROUND"));
+  EXPECT_THAT(table, HasSubstr("old  head2:29400  running  1"));
+  EXPECT_THAT(table, HasSubstr("new  head:29400   filling  1"));
+  EXPECT_THAT(StatusJson(jobs), HasSubstr("\"server\":\"head2:29400\""));
+}
+
 TEST(StatusFormatTest, NodesLeftOutAreNamedWithWhyAndTheExcludeLine) {
   JobStatusView job = Job("train", "filling", 4, {{"n1", 0}, {"n4", 3}});
   job.node_list = "n[1-4]";
@@ -210,7 +223,7 @@ TEST(StatusFormatTest, JsonIsTheProtocolsJsonMapping) {
             R"({"jobs":[{"job_id":"train","round":1,"state":"filling","joined":1,)"
             R"("min_agents":4,"max_agents":4,"world_size":0,"agents":[{"agent_id":"n0-1",)"
             R"("host":"n0","node_index":"0","nproc":2,"rank_offset":-1,"state":""}],)"
-            R"("node_list":"","omitted_agents":0,"excluded":[]}],"omitted_jobs":0})");
+            R"("node_list":"","omitted_agents":0,"excluded":[],"server":""}],"omitted_jobs":0})");
   EXPECT_EQ(StatusJson({}), R"({"jobs":[],"omitted_jobs":0})");
   EXPECT_THAT(StatusJson({}, 3), HasSubstr(R"("omitted_jobs":3)"));
 

@@ -35,7 +35,8 @@ absl::Status ParseSeconds(absl::string_view v, absl::Duration* out) {
 
 FlagParser MakeParser(CtlOptions& o) {
   FlagParser p("rdzvctl", kUsage);
-  p.Add({"rdzv-endpoint", "RDZV_ENDPOINT", "HOST:PORT", "the rdzvd to talk to",
+  p.Add({"rdzv-endpoint", "RDZV_ENDPOINT", "HOST:PORT[,HOST:PORT...]",
+         "the rdzvd to talk to, or every server of a list (status shows each job once)",
          StringSetter(&o.endpoint)});
   p.Add({"rdzv-token-file", "RDZV_TOKEN_FILE", "FILE",
          "the job's token, for an rdzvd with --auth token (default: MUNGE)",

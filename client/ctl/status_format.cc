@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -116,6 +117,10 @@ std::string FormatStatusTable(const std::vector<JobStatusView>& jobs,
   if (jobs.empty() && omitted_jobs == 0) return "no jobs\n";
   std::vector<std::vector<std::string>> rows = {
       {"JOB", "STATE", "ROUND", "AGENTS", "WORLD", "HOSTS", "MISSING", "FAILURE"}};
+  // Asked of a server list, each job names the server that holds it.
+  const bool servers =
+      absl::c_any_of(jobs, [](const JobStatusView& j) { return !j.server.empty(); });
+  if (servers) rows.front().insert(rows.front().begin() + 1, "SERVER");
   for (const JobStatusView& job : jobs) {
     const std::string missing = MissingNodes(job, nodelist);
     const std::string failure = Failure(job);
@@ -124,6 +129,7 @@ std::string FormatStatusTable(const std::vector<JobStatusView>& jobs,
                     job.world_size > 0 ? absl::StrCat(job.world_size) : "-",
                     JoinedHosts(job).empty() ? "-" : JoinedHosts(job),
                     missing.empty() ? "-" : missing, failure.empty() ? "-" : failure});
+    if (servers) rows.back().insert(rows.back().begin() + 1, job.server.empty() ? "-" : job.server);
   }
   std::vector<size_t> widths(rows.front().size(), 0);
   for (const auto& row : rows) {

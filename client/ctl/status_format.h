@@ -20,7 +20,8 @@ namespace rdzv {
 // (the round is complete or the job is past filling).
 std::string MissingNodes(const JobStatusView& job, const std::vector<std::string>& nodelist);
 
-// One line per job under a header: JOB STATE ROUND AGENTS WORLD HOSTS MISSING FAILURE. AGENTS is
+// One line per job under a header: JOB STATE ROUND AGENTS WORLD HOSTS MISSING FAILURE (and SERVER
+// after JOB when a job names the server that holds it, JobStatusView::server). AGENTS is
 // joined/expected ("3/4", or "3/2-4" for a range); HOSTS the joined agents' hosts as a hostlist;
 // FAILURE how the job ended. "no jobs" when there are none. A last line says what rdzvd left out
 // of a reply too large to send whole: `omitted_jobs`, and each job's omitted_agents.

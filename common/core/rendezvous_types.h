@@ -270,6 +270,8 @@ struct JobStatusView {
   int32_t omitted_agents = 0;
   // Nodes left out of the job for good, with their reasons.
   std::vector<ExcludedNode> excluded;
+  // The server that holds the job, where a client asked several ("" from rdzvd itself).
+  std::string server;
 };
 
 }  // namespace rdzv
