@@ -88,6 +88,27 @@ TEST(AgentOptionsTest, Endpoint) {
   EXPECT_EQ(c->command, (std::vector<std::string>{"python", "train.py", "--lr", "1e-3"}));
 }
 
+TEST(AgentOptionsTest, EndpointListNamesThePrimaryThenItsBackups) {
+  absl::StatusOr<AgentConfig> c =
+      Resolve({"--rdzv-endpoint", "head:29400, head2,[fd00::3]:29500", "--rdzv-id", "exp1",
+               "--nnodes", "2", "--failover-timeout", "10s", "--", "./run"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rdzv_host, "head");
+  EXPECT_EQ(c->rdzv_ports, std::vector<int>{29400});
+  EXPECT_EQ(c->backup_endpoints, (std::vector<std::string>{"head2:29400", "[fd00::3]:29500"}));
+  EXPECT_EQ(c->failover_after, absl::Seconds(10));
+  // The same from the environment (/etc/rdzv.conf), with the default bound.
+  c = Resolve({"--rdzv-id", "exp1", "--nnodes", "2", "--", "./run"},
+              {{"RDZV_ENDPOINT", "head:29400,head2:29400"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->backup_endpoints, std::vector<std::string>{"head2:29400"});
+  EXPECT_EQ(c->failover_after, absl::Seconds(3));
+  // One server: no backups.
+  c = Resolve({"--rdzv-endpoint", "head:29400", "--rdzv-id", "exp1", "--nnodes", "2", "--", "x"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->backup_endpoints.empty());
+}
+
 TEST(AgentOptionsTest, EndpointWithoutNodeRankLeavesOrderToHostNames) {
   absl::StatusOr<AgentConfig> c =
       Resolve({"--rdzv-endpoint=head:29400", "--rdzv-id=exp1", "--nnodes=2", "--", "./run"});
@@ -237,6 +258,13 @@ TEST_P(AgentOptionsErrorTest, SaysWhatToDo) {
 INSTANTIATE_TEST_SUITE_P(
     Cases, AgentOptionsErrorTest,
     testing::Values(
+        ErrorCase{"EndpointListWithAnEmptyEntry",
+                  {"--rdzv-endpoint", "head:29400,", "--rdzv-id", "x", "--nnodes", "2", "--", "x"},
+                  {"--rdzv-endpoint", "HOST:PORT,HOST:PORT"}},
+        ErrorCase{
+            "EndpointListTooLong",
+            {"--rdzv-endpoint", "a,b,c,d,e,f,g,h,i", "--rdzv-id", "x", "--nnodes", "2", "--", "x"},
+            {"lists 9 servers", "at most 8"}},
         ErrorCase{"EndpointWithoutNnodes",
                   {"--rdzv-endpoint", "head:29400", "--rdzv-id", "exp1", "--", "./run"},
                   {"--nnodes", "required", "--rdzv-endpoint"}},

@@ -309,6 +309,29 @@ int main(int argc, char** argv) {
     std::printf("OK left\n");
     return 0;
   }
+  if (action == "holds") {
+    // A peer's question (rdzvd --peers): whether the server serves root's job `job`.
+    const std::string nonce = rdzv::NewNonce();
+    rdzv::v1::HoldsJobRequest req;
+    req.set_job_id(job);
+    req.set_owner("uid:0");
+    req.set_asker(~uint64_t{0});
+    req.set_nonce(nonce);
+    rdzv::v1::HoldsJobResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline);
+    if (absl::Status s = Attach(cred, ctx, "HoldsJob", job); !s.ok()) return Fail(s);
+    grpc::Status s = stub->HoldsJob(&ctx, req, &resp);
+    if (!s.ok()) return Fail(s);
+    bool proven = false;
+    if (cred.munge) {
+      absl::StatusOr<rdzv::MungeIdentity> id = rdzv::MungeDecode(resp.proof(), cred.munge_socket);
+      proven = id.ok() && id->payload == rdzv::HoldsProofPayload(nonce, job, "uid:0", resp.holds());
+      if (id.ok()) std::printf("proof by uid %d\n", static_cast<int>(id->uid));
+    }
+    std::printf("OK holds=%d proven=%d\n", resp.holds() ? 1 : 0, proven ? 1 : 0);
+    return 0;
+  }
   if (action == "join") {
     rdzv::v1::JoinRequest req;
     req.set_job_id(job);

@@ -502,6 +502,48 @@ TEST_F(AuthTest, RdzvctlAndLibrdzvRefuseAServerOfAnotherUid) {
   rdzv_client_destroy(c);
 }
 
+// A primary rdzvd and its backup under MUNGE (both root here): the agents, told --server-uid 0,
+// move to the backup when the primary is killed and their job runs to its end there. The question
+// the servers ask each other is answered with a proof to root, and to another user not at all.
+TEST_F(AuthTest, APrimaryAndItsBackupProveThemselvesToTheAgentsAndToEachOther) {
+  const int primary_port = testing::FreeLoopbackPort();
+  const std::string primary = absl::StrCat("127.0.0.1:", primary_port);
+  StartRdzvd("munge", {"--peers", primary});
+  const std::string backup = endpoint_;
+  Subprocess first({.argv = {RDZVD_BIN, "--auth", "munge", "--munge-socket", socket_, "--listen",
+                             primary, "--peers", backup},
+                    .unset_env_prefixes = {"RDZV_", "SLURM_"}});
+  ASSERT_TRUE(testing::WaitForLoopbackPort(primary_port, kWait)) << first.Stderr();
+  endpoint_ = absl::StrCat(primary, ",", backup);
+  const std::vector<std::string> auth = {"--munge-socket",     socket_, "--server-uid", "0",
+                                         "--failover-timeout", "1s"};
+  Subprocess node0(Agent("ha", 0, auth, "sleep 8"));
+  Subprocess node1(Agent("ha", 1, auth, "sleep 8"));
+  ASSERT_TRUE(node0.WaitForOutput("ranks 0-0 of 2", kWait)) << node0.Stderr();
+  ASSERT_TRUE(node1.WaitForOutput("ranks 1-1 of 2", kWait)) << node1.Stderr();
+
+  first.Kill();
+  for (Subprocess* node : {&node0, &node1}) {
+    EXPECT_TRUE(node->WaitForOutput(
+        absl::StrCat("back in touch with the rendezvous server at ", backup), kWait))
+        << node->Stderr();
+  }
+  EXPECT_THAT(rdzvd_->process().Stderr(), HasSubstr("job ha: taken up from its resuming agents"));
+
+  // The servers' own question: root (the servers' uid) gets the answer and its proof.
+  Subprocess asked({.argv = {AUTH_PROBE_BIN, backup, "munge:" + socket_, "holds", "ha"}});
+  EXPECT_EQ(asked.Wait(kWait), 0) << asked.Stdout();
+  EXPECT_THAT(asked.Stdout(), HasSubstr("proof by uid 0"));
+  EXPECT_THAT(asked.Stdout(), HasSubstr("OK holds=1 proven=1"));
+  // Another user is told nothing.
+  Subprocess prying({.argv = {"runuser", "-u", "nobody", "--", AUTH_PROBE_BIN, backup,
+                              "munge:" + socket_, "holds", "ha"}});
+  EXPECT_EQ(prying.Wait(kWait), 1) << prying.Stdout();
+  EXPECT_THAT(prying.Stdout(), HasSubstr("7: HoldsJob is for the other rdzvds of a server list"));
+
+  ExpectRanks(node0, node1);
+}
+
 // rdzvd sends the credential vouching for its key to any caller it authenticated; another user
 // who copied it and serves it from a fake server still cannot sign with rdzvd's key. rdzvctl and
 // librdzv told rdzvd's uid believe the real rdzvd and refuse the fake, naming the signature.

@@ -1,6 +1,7 @@
 // Failures across real processes: a real rdzvd, real rdzv-agents, and workers that are small
 // bash scripts (one a Python script with torch's @record). A worker that fails, an agent that is
-// killed or signalled, user signals, restarts, elastic node counts, and where worker output goes.
+// killed or signalled, user signals, restarts, elastic node counts, where worker output goes, and a
+// primary rdzvd lost to its backup.
 // Asserts what a user would check: the exit codes, how soon every agent gives up, the root-cause
 // report, what the workers of each round saw, and that no process is left running.
 #include <signal.h>
@@ -10,8 +11,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +31,7 @@
 #include "tests/testing/output.h"
 #include "tests/testing/process_fixture.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/tcp_proxy.h"
 #include "tests/testing/two_hosts.h"
 
 namespace rdzv {
@@ -687,6 +691,231 @@ TEST_F(FailureTest, RankPrefixCanBeTurnedOff) {
     EXPECT_EQ(LineWith(out, absl::StrCat("out of rank ", r)), absl::StrCat("out of rank ", r));
   }
   EXPECT_TRUE(LacksText(out, "]: "));
+}
+
+// A primary rdzvd and its backup (--peers each other), and agents given both (--rdzv-endpoint
+// primary,backup). The primary dies (SIGKILL) while a job runs, while it fills, before a restart;
+// a partition keeps the agents from the primary while the backup still reaches it; the primary
+// comes back. Asserts where each job is served, what the agents did and said, and that a job is
+// never split between the two.
+class FailoverTest : public FailureTest {
+ protected:
+  // The two servers: a_ the primary (on a_port_ when it is set), b_ the backup; endpoint_ lists
+  // them (the primary through `primary_via` when given: a port that forwards to it).
+  void StartPair(int primary_via = 0) {
+    if (a_port_ == 0) a_port_ = testing::FreeLoopbackPort();
+    b_port_ = testing::FreeLoopbackPort();
+    ASSERT_NE(a_port_, b_port_);
+    ASSERT_NO_FATAL_FAILURE(a_ = &StartServer(a_port_, b_port_));
+    ASSERT_NO_FATAL_FAILURE(b_ = &StartServer(b_port_, a_port_));
+    endpoint_ = absl::StrCat("127.0.0.1:", primary_via != 0 ? primary_via : a_port_,
+                             ",127.0.0.1:", b_port_);
+  }
+
+  Subprocess& StartServer(int port, int peer) {
+    Subprocess& s =
+        Start({RDZVD_BIN, "--auth", "none", "--listen", absl::StrCat("127.0.0.1:", port), "--peers",
+               absl::StrCat("127.0.0.1:", peer)});
+    EXPECT_TRUE(testing::WaitForLoopbackPort(port, kLongWait) && s.Running()) << s.Stderr();
+    return s;
+  }
+
+  // `job` as the server on `port` has it; nullopt when it does not know it.
+  static std::optional<JobStatusView> JobOn(int port, const std::string& job) {
+    ClientOptions options;
+    options.endpoint = absl::StrCat("127.0.0.1:", port);
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
+    if (!client.ok()) return std::nullopt;
+    absl::StatusOr<std::vector<JobStatusView>> jobs = (*client)->Status(job);
+    if (!jobs.ok() || jobs->size() != 1) return std::nullopt;
+    return jobs->front();
+  }
+
+  // Waits until the server on `port` runs `job` with `agents` agents attached.
+  static bool WaitForRunning(int port, const std::string& job, int agents) {
+    const absl::Time deadline = absl::Now() + kLongWait;
+    while (absl::Now() < deadline) {
+      std::optional<JobStatusView> j = JobOn(port, job);
+      if (j && j->state == "running" && j->joined == agents) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
+
+  std::string Backup() const { return absl::StrCat("127.0.0.1:", b_port_); }
+  void Touch(const std::string& name) const {
+    std::ofstream(absl::StrCat(dir_.path(), "/", name)).put('\n');
+  }
+  // Bash that waits until the test touches `name`.
+  static std::string AwaitFile(const std::string& name) {
+    return absl::StrCat("while [ ! -e $d/", name, " ]; do sleep 0.02; done; ");
+  }
+
+  Subprocess* a_ = nullptr;
+  Subprocess* b_ = nullptr;
+  int a_port_ = 0;
+  int b_port_ = 0;
+};
+
+TEST_F(FailoverTest, PrimaryKilledWhileRunningThenAWorkerFails) {
+  ASSERT_NO_FATAL_FAILURE(StartPair());
+  const std::vector<Subprocess*> agents =
+      StartAgents(3, "fo-run", "3", {"--nproc-per-node", "1", "--failover-timeout", "1s"},
+                  absl::StrCat("if [ $RANK = 1 ]; then ", AwaitFile("fail"),
+                               "echo 'rank 1: NaN loss' >&2; exit 3; fi; ", SleepLong()));
+  WaitForWorkers(0, 3);
+  ASSERT_TRUE(JobOn(a_port_, "fo-run").has_value());
+
+  a_->Kill();
+  ASSERT_TRUE(WaitForRunning(b_port_, "fo-run", 3)) << Describe(*b_);
+  for (Subprocess* a : agents) {
+    EXPECT_TRUE(a->WaitForOutput(
+        absl::StrCat("back in touch with the rendezvous server at ", Backup()), kLongWait))
+        << Describe(*a);
+  }
+  EXPECT_TRUE(Contains(b_->Stderr(), "job fo-run: taken up from its resuming agents"));
+
+  // Fail-fast on the backup as on the primary.
+  const absl::Time failed = absl::Now();
+  Touch("fail");
+  std::vector<int> codes;
+  WaitAll(agents, codes);
+  const absl::Duration took = absl::Now() - failed;
+  std::cout << "every agent ended " << took << " after the worker failed, on the backup\n";
+  EXPECT_LT(took, kPrompt);
+  for (size_t i = 0; i < agents.size(); ++i) {
+    EXPECT_EQ(codes[i], 3) << Describe(*agents[i]);
+    EXPECT_TRUE(Contains(LineWith(agents[i]->Stderr(), "job fo-run failed"),
+                         "rank 1 (local rank 0, node 1) on n1 exited with code 3"))
+        << Describe(*agents[i]);
+  }
+  // The same workers ran throughout.
+  EXPECT_TRUE(ReadWorkers(1).empty());
+  ExpectNothingLeft();
+}
+
+TEST_F(FailoverTest, PrimaryKilledDuringAJoinTheJobFormsOnTheBackup) {
+  ASSERT_NO_FATAL_FAILURE(StartPair());
+  std::vector<Subprocess*> agents = {
+      &StartAgent("fo-join", 0, "2", {"--nproc-per-node", "1"}, "exit 0")};
+  const absl::Time deadline = absl::Now() + kLongWait;
+  while (absl::Now() < deadline) {
+    std::optional<JobStatusView> j = JobOn(a_port_, "fo-join");
+    if (j && j->joined == 1) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(JobOn(a_port_, "fo-join").has_value()) << Describe(*a_);
+
+  a_->Kill();
+  agents.push_back(&StartAgent("fo-join", 1, "2", {"--nproc-per-node", "1"}, "exit 0"));
+  std::vector<int> codes;
+  WaitAll(agents, codes);
+  EXPECT_EQ(codes, std::vector<int>({0, 0})) << Describe(*agents[0]) << Describe(*agents[1]);
+  const std::vector<WorkerEnv> workers = ReadWorkers(0);
+  ASSERT_EQ(workers.size(), 2u);
+  for (size_t r = 0; r < workers.size(); ++r) {
+    EXPECT_EQ(workers[r].at("WORLD_SIZE"), "2");
+    EXPECT_EQ(workers[r].at("TEST_AGENT"), absl::StrCat("n", r)) << "ranks follow the nodes";
+  }
+  EXPECT_TRUE(Contains(b_->Stderr(), "serving on")) << Describe(*b_);
+  ExpectNothingLeft();
+}
+
+TEST_F(FailoverTest, RestartAfterFailoverKeepsTheRanks) {
+  ASSERT_NO_FATAL_FAILURE(StartPair());
+  const std::vector<Subprocess*> agents = StartAgents(
+      2, "fo-again", "2",
+      {"--nproc-per-node", "2", "--max-restarts", "1", "--failover-timeout", "1s"},
+      absl::StrCat("if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then if [ $RANK = 2 ]; then ",
+                   AwaitFile("fail"), "exit 5; fi; ", SleepLong(), "; fi; exit 0"));
+  const std::vector<WorkerEnv> first = WaitForWorkers(0, 4);
+  a_->Kill();
+  ASSERT_TRUE(WaitForRunning(b_port_, "fo-again", 2)) << Describe(*b_);
+  Touch("fail");
+
+  std::vector<int> codes;
+  WaitAll(agents, codes);
+  EXPECT_EQ(codes, std::vector<int>({0, 0})) << Describe(*agents[0]) << Describe(*agents[1]);
+  for (Subprocess* a : agents) {
+    EXPECT_TRUE(Contains(a->Stderr(), "restarting the workers (restart 1 of 1)")) << Describe(*a);
+  }
+  const std::vector<WorkerEnv> second = ReadWorkers(1);
+  ASSERT_EQ(second.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(second[i].at("RANK"), first[i].at("RANK"));
+    EXPECT_EQ(second[i].at("TEST_AGENT"), first[i].at("TEST_AGENT")) << "rank " << i;
+  }
+  ExpectNothingLeft();
+}
+
+TEST_F(FailoverTest, AgentsCutOffFromALivePrimaryAreRefusedByTheBackup) {
+  // The agents reach the primary through a proxy; the backup reaches it directly.
+  a_port_ = testing::FreeLoopbackPort();
+  testing::TcpProxy proxy(a_port_);
+  ASSERT_NO_FATAL_FAILURE(StartPair(proxy.port()));
+  const std::vector<Subprocess*> agents = StartAgents(
+      2, "fo-cut", "2",
+      {"--nproc-per-node", "1", "--failover-timeout", "1s", "--reconnect-timeout", "6s"},
+      SleepLong());
+  WaitForWorkers(0, 2);
+
+  proxy.Cut();
+  std::vector<int> codes;
+  WaitAll(agents, codes);
+  for (Subprocess* a : agents) {
+    EXPECT_NE(a->exit_code().value_or(0), 0) << Describe(*a);
+    EXPECT_TRUE(Contains(LineWith(a->Stderr(), "job fo-cut failed"), "could not rejoin within 6s"))
+        << Describe(*a);
+  }
+  // The backup asked the primary, which has the job (ended: it lost its agents), and took none of
+  // it: the job was never split between the two.
+  EXPECT_TRUE(Contains(b_->Stderr(),
+                       absl::StrCat("job fo-cut is served by the rdzvd at 127.0.0.1:", a_port_)))
+      << Describe(*b_);
+  EXPECT_FALSE(JobOn(b_port_, "fo-cut").has_value());
+  std::optional<JobStatusView> on_primary = JobOn(a_port_, "fo-cut");
+  ASSERT_TRUE(on_primary.has_value());
+  EXPECT_EQ(on_primary->state, "ended");
+  EXPECT_TRUE(Contains(LineWith(agents[0]->Stderr(), "job fo-cut failed"),
+                       "job fo-cut is served by the rdzvd at"))
+      << Describe(*agents[0]);
+  ExpectNothingLeft();
+}
+
+TEST_F(FailoverTest, ThePrimaryComesBackRunningJobsStayNewJobsGoToIt) {
+  ASSERT_NO_FATAL_FAILURE(StartPair());
+  const std::vector<Subprocess*> old_job =
+      StartAgents(2, "fo-old", "2", {"--nproc-per-node", "1", "--failover-timeout", "1s"},
+                  absl::StrCat(AwaitFile("go"), "exit 0"));
+  WaitForWorkers(0, 2);
+  a_->Kill();
+  ASSERT_TRUE(WaitForRunning(b_port_, "fo-old", 2)) << Describe(*b_);
+
+  ASSERT_NO_FATAL_FAILURE(a_ = &StartServer(a_port_, b_port_));
+  std::vector<Subprocess*> new_job;
+  for (int node = 0; node < 2; ++node) {
+    new_job.push_back(&StartAgent("fo-new", node, "2", {"--nproc-per-node", "1"},
+                                  absl::StrCat(AwaitFile("go"), "exit 0")));
+  }
+  ASSERT_TRUE(WaitForRunning(a_port_, "fo-new", 2)) << Describe(*a_);
+  EXPECT_FALSE(JobOn(b_port_, "fo-new").has_value());
+  EXPECT_FALSE(JobOn(a_port_, "fo-old").has_value()) << "the running job moved back";
+  EXPECT_TRUE(WaitForRunning(b_port_, "fo-old", 2));
+
+  // rdzvctl over the list shows each job once, with the server that holds it.
+  Subprocess& ctl = Start({RDZVCTL_BIN, "--rdzv-endpoint", endpoint_, "status"});
+  EXPECT_EQ(ctl.Wait(kLongWait), 0) << Describe(ctl);
+  const std::string table = ctl.Stdout();
+  EXPECT_TRUE(Contains(LineWith(table, "fo-old"), Backup())) << table;
+  EXPECT_TRUE(Contains(LineWith(table, "fo-new"), absl::StrCat("127.0.0.1:", a_port_))) << table;
+
+  Touch("go");
+  std::vector<int> codes;
+  WaitAll(old_job, codes);
+  EXPECT_EQ(codes, std::vector<int>({0, 0})) << Describe(*old_job[0]) << Describe(*old_job[1]);
+  WaitAll(new_job, codes);
+  EXPECT_EQ(codes, std::vector<int>({0, 0})) << Describe(*new_job[0]) << Describe(*new_job[1]);
+  ExpectNothingLeft();
 }
 
 // A node whose host vanishes (power, a cable) leaves its connection open and silent, and its

@@ -155,6 +155,25 @@ TEST(ServerFlagsTest, TlsCertAndKeyTogether) {
   EXPECT_EQ(f->tls_key, "k.pem");
 }
 
+TEST(ServerFlagsTest, PeersAreTheOtherServersOfTheList) {
+  absl::StatusOr<ServerFlags> f = Parse({"--peers", "head2:29400, head3"});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->options.service.peers, (std::vector<std::string>{"head2:29400", "head3:29400"}));
+  f = Parse({}, {{"RDZV_PEERS", "head:29400"}, {"RDZV_PEER_TLS_CA", "/etc/rdzv/ca.pem"}});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->options.service.peers, std::vector<std::string>{"head:29400"});
+  EXPECT_EQ(f->peer_tls_ca, "/etc/rdzv/ca.pem");
+  EXPECT_TRUE(Parse({})->options.service.peers.empty());
+
+  f = Parse({"--peers", "head2:notaport"});
+  ASSERT_FALSE(f.ok());
+  EXPECT_TRUE(absl::StrContains(f.status().message(), "--peers")) << f.status();
+  // Peers prove themselves to each other with MUNGE; a token is each job's own.
+  f = Parse({"--auth", "token", "--peers", "head2:29400"});
+  ASSERT_FALSE(f.ok());
+  EXPECT_TRUE(absl::StrContains(f.status().message(), "--peers needs --auth munge")) << f.status();
+}
+
 TEST(ServerFlagsTest, AuthNoneOnLoopback) {
   for (const char* listen : {"127.0.0.1:0", "[::1]:29400", "localhost:29400"}) {
     absl::StatusOr<ServerFlags> f = Parse({"--auth", "none", "--listen", listen});

@@ -85,6 +85,8 @@ void TcpProxy::DropReplies() { Do(Command::kDropReplies); }
 
 void TcpProxy::ResetAll() { Do(Command::kResetAll); }
 
+void TcpProxy::Cut() { Do(Command::kCut); }
+
 void TcpProxy::Do(Command command) {
   absl::MutexLock lock(&mu_);
   command_ = command;
@@ -120,9 +122,10 @@ void TcpProxy::Run() {
       if (stopping_) return;
       if (command_ == Command::kDropReplies) {
         for (Connection& c : connections_) c.drop_replies = true;
-      } else if (command_ == Command::kResetAll) {
+      } else if (command_ == Command::kResetAll || command_ == Command::kCut) {
         for (Connection& c : connections_) Close(c, true);
         connections_.clear();
+        if (command_ == Command::kCut) cut_ = true;
       }
       command_ = Command::kNone;
       continue;  // the connections may have changed under `fds`
@@ -133,8 +136,11 @@ void TcpProxy::Run() {
       c.client = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
       c.target = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
       const sockaddr_in target = Loopback(target_port_);
-      if (c.client >= 0 && c.target >= 0 &&
-          connect(c.target, reinterpret_cast<const sockaddr*>(&target), sizeof(target)) == 0) {
+      if (cut_) {
+        Close(c, true);
+      } else if (c.client >= 0 && c.target >= 0 &&
+                 connect(c.target, reinterpret_cast<const sockaddr*>(&target), sizeof(target)) ==
+                     0) {
         connections_.push_back(c);
       } else {
         Close(c, false);

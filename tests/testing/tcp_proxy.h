@@ -5,6 +5,7 @@
 //   ... the agent connects to 127.0.0.1:proxy.port() ...
 //   proxy.DropReplies();  // what rdzvd sends now never arrives
 //   proxy.ResetAll();     // both ends see a reset; new connections are forwarded as before
+//   proxy.Cut();          // every connection reset, now and from now on
 //
 // One thread forwards every connection; the destructor closes them all and stops it.
 // Thread-safe.
@@ -54,13 +55,17 @@ class TcpProxy {
   // normally. Returns once the resets are sent.
   void ResetAll();
 
+  // Resets every open connection, and from now on every new one at once: the path to the target
+  // is cut for good. Returns once the resets are sent.
+  void Cut();
+
  private:
   struct Connection {
     int client = -1;
     int target = -1;
     bool drop_replies = false;
   };
-  enum class Command { kNone, kDropReplies, kResetAll };
+  enum class Command { kNone, kDropReplies, kResetAll, kCut };
 
   void Run();
   // Runs `command` on the proxy's thread and waits until it has.
@@ -72,6 +77,7 @@ class TcpProxy {
   int port_ = 0;
   int wake_[2] = {-1, -1};               // a pipe: the thread's poll wakes up for a command
   std::vector<Connection> connections_;  // the proxy thread's own
+  bool cut_ = false;                     // the proxy thread's own: Cut() was called
   absl::Mutex mu_;
   Command command_ ABSL_GUARDED_BY(mu_) = Command::kNone;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
