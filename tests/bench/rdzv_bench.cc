@@ -34,6 +34,11 @@
 // Launch mode (--launch) times real rdzv-agent processes: `--standalone -- true` (wall time and
 // peak RSS, median of K runs), and N agents on loopback against one rdzvd running `true`.
 //
+// Loss mode (--loss) times a running job's recovery from the loss of its rdzvd: for each N, the
+// agents join, rdzvd is killed with SIGKILL, and every agent resumes its job (JoinSpec::resume),
+// once on rdzvd restarted at once on the same port, once on a backup rdzvd that the agents list
+// after it (rdzvd --peers); from the kill to the last agent back.
+//
 // Soak mode (--soak N) runs N consecutive rendezvous of two fresh clients each on one rdzvd and
 // prints rdzvd's RSS, open fds and threads before, halfway and after: fds and threads must not
 // keep growing.
@@ -549,6 +554,8 @@ class Worker {
         }
       } else if (line == "join") {
         Join();
+      } else if (line == "resume") {
+        Resume();
       } else if (line == "fail") {
         Fail();
       } else if (line == "abortwait") {
@@ -736,9 +743,14 @@ class Worker {
     const int64_t node = config_.first + static_cast<int64_t>(i);
     Handlers handlers;
     handlers.on_abort = [this, i](const AbortEvent&) { MarkAbort(abort_ns_[i]); };
-    handlers.on_lost = [this](const absl::Status&) { ++lost_; };
+    handlers.on_lost = [this, i](const absl::Status&) {
+      ++lost_;
+      // A stream is lost once: its Join's only on_lost.
+      if (!lost_at_[i]->HasBeenNotified()) lost_at_[i]->Notify();
+    };
     absl::StatusOr<AssignmentEvent> a = clients_[i]->Join(SpecFor(node, 0), handlers);
     if (!a.ok()) return a.status();
+    assignments_[i] = *a;
     ranks[i] = a->slot.rank_offset;
     return CheckAssignment(*a, node, 0);
   }
@@ -759,6 +771,30 @@ class Worker {
     return status;
   }
 
+  // After the join phase: each agent waits until it has lost its server, then resumes its job
+  // (JoinSpec::resume) as rdzv-agent does, on the server that comes back or on the next of its
+  // list. The phase's "last" is when the last agent got its assignment back.
+  void Resume() {
+    const size_t count = clients_.size();
+    std::vector<int64_t> start(count), end(count);
+    std::vector<absl::Status> status(count);
+    {
+      AgentThreads threads(count, [&](size_t i) {
+        start[i] = NowNs();
+        if (!lost_at_[i]->WaitForNotificationWithTimeout(absl::Seconds(120))) {
+          status[i] = absl::DeadlineExceededError("the server was never lost");
+        } else {
+          JoinSpec spec = SpecFor(config_.first + static_cast<int64_t>(i), 0);
+          spec.resume = assignments_[i];
+          status[i] = clients_[i]->Join(spec, Handlers{}, absl::Seconds(120)).status();
+        }
+        end[i] = NowNs();
+      });
+      if (!RunWhenTold(threads)) return;
+    }
+    SendTimings("resume", start, end, status, "");
+  }
+
   void Join() {
     if (config_.fan_in > 0) {
       JoinThroughRelays();
@@ -769,6 +805,11 @@ class Worker {
       nodes_ = NewNodes();
     } else {
       clients_ = NewClients();
+      assignments_ = std::vector<AssignmentEvent>(clients_.size());
+      lost_at_.clear();
+      for (size_t i = 0; i < clients_.size(); ++i) {
+        lost_at_.push_back(std::make_unique<absl::Notification>());
+      }
     }
     for (std::atomic<int64_t>& a : abort_ns_) a = 0;
     const size_t count = static_cast<size_t>(config_.count);
@@ -993,6 +1034,9 @@ class Worker {
   // Outlives nodes_, which refer to it.
   const ClientOptions agent_options_;
   std::vector<std::unique_ptr<Client>> clients_;
+  // Each client's assignment, and whether it has lost its server.
+  std::vector<AssignmentEvent> assignments_;
+  std::vector<std::unique_ptr<absl::Notification>> lost_at_;
   // A slot per simulated agent: node i's agents from i * G.
   std::vector<std::atomic<int64_t>> abort_ns_;
   std::vector<std::unique_ptr<SimulatedNode>> nodes_;
@@ -1247,6 +1291,7 @@ struct Options {
   bool verbose = false;
   int64_t hold_ms = 0;
   bool launch = false;
+  bool loss = false;  // --loss
   int64_t launch_reps = 5;
   std::vector<int64_t> launch_nodes = {8, 32};
   std::vector<std::string> rdzvd_args;
@@ -1294,13 +1339,13 @@ bool CountsStreams(const Options& o) {
   return o.tasks_per_node > 1 || o.fan_in > 0 || o.compare == "tasks" || o.metrics_scrape_ms > 0;
 }
 
-// rdzvd on a free loopback port, its stderr in log_dir. Retries when another process took the
-// port between our probe and its bind. Given `metrics_port_out`, and when CountsStreams, rdzvd
-// also serves its metrics, on the free port put there (0 when it serves none).
+// rdzvd on a free loopback port (or on `fixed_port`), its stderr in log_dir. Retries when another
+// process took the port between our probe and its bind. Given `metrics_port_out`, and when
+// CountsStreams, rdzvd also serves its metrics, on the free port put there (0 when it serves none).
 absl::Status StartRdzvd(const Options& o, Child& rdzvd, int& port, const std::string& log,
-                        int* metrics_port_out = nullptr) {
+                        int* metrics_port_out = nullptr, int fixed_port = 0) {
   for (int attempt = 0; attempt < 5; ++attempt) {
-    absl::StatusOr<int> p = FreePort();
+    absl::StatusOr<int> p = fixed_port != 0 ? absl::StatusOr<int>(fixed_port) : FreePort();
     if (!p.ok()) return p.status();
     // Pings stay on, at rdzvd's default interval, but with a longer timeout: the simulated
     // agents share two cores with rdzvd, and a client process busy with a thousand new channels
@@ -1390,6 +1435,8 @@ struct ScaleResult {
   double rss_attached_mib = 0;
   double hwm_mib = 0;
   double abort_s = 0;
+  // --loss: from the primary's death to the last agent resumed.
+  double resume_s = 0;
   // rdzvd's CPU use while the N agents sit assigned and idle (--hold-ms), in percent of a core.
   double idle_cpu_pct = 0;
   std::vector<double> abort_per_proc_ms;
@@ -1410,7 +1457,10 @@ double Percentile(std::vector<int64_t> v, double q) {
 
 class ScaleRun {
  public:
-  ScaleRun(const Options& o, int64_t n, int64_t rep) : o_(o) {
+  // `loss`: "" for the scale phases; "restart" or "failover" for the loss of a running job's
+  // rdzvd (SIGKILL) and the agents' resume on it restarted, or on its backup.
+  ScaleRun(const Options& o, int64_t n, int64_t rep, std::string loss = "")
+      : o_(o), loss_(std::move(loss)) {
     r_.n = n;
     r_.tasks_per_node = o.tasks_per_node;
     r_.fan_in = o.fan_in;
@@ -1425,6 +1475,8 @@ class ScaleRun {
     if (absl::Status s = RunPhases(); !s.ok()) Error(s.ToString());
     for (Child& w : workers_) w.Kill();
     rdzvd_.Stop(5'000'000'000);
+    backup_.Stop(5'000'000'000);
+    restarted_.Stop(5'000'000'000);
     return r_;
   }
 
@@ -1445,7 +1497,7 @@ class ScaleRun {
     const int64_t deadline = NowNs() + phase_timeout_ns_;
     for (size_t i = 0; i < workers_.size(); ++i) {
       if (only >= 0 && static_cast<int>(i) != only) continue;
-      absl::StatusOr<std::string> line = workers_[i].ReadLine(deadline, &rdzvd_);
+      absl::StatusOr<std::string> line = workers_[i].ReadLine(deadline, serving_);
       if (!line.ok()) {
         return absl::Status(
             line.status().code(),
@@ -1507,8 +1559,34 @@ class ScaleRun {
 
   absl::Status RunPhases() {
     const std::string log = absl::StrCat(o_.log_dir, "/rdzvd-", r_.n, "-", r_.rep, ".log");
-    int port = 0;
-    if (absl::Status s = StartRdzvd(o_, rdzvd_, port, log, &metrics_port_); !s.ok()) return s;
+    int& port = port_;
+    std::string endpoint;
+    if (loss_ == "failover") {
+      // A primary and its backup, each told of the other.
+      absl::StatusOr<int> primary = FreePort();
+      if (!primary.ok()) return primary.status();
+      Options backup = o_;
+      backup.rdzvd_args.push_back(absl::StrCat("--peers=127.0.0.1:", *primary));
+      if (absl::Status s =
+              StartRdzvd(backup, backup_, backup_port_,
+                         absl::StrCat(o_.log_dir, "/rdzvd-backup-", r_.n, "-", r_.rep, ".log"));
+          !s.ok()) {
+        return s;
+      }
+      Options first = o_;
+      first.rdzvd_args.push_back(absl::StrCat("--peers=127.0.0.1:", backup_port_));
+      if (absl::Status s = StartRdzvd(first, rdzvd_, port, log, nullptr, *primary); !s.ok()) {
+        return s;
+      }
+      endpoint = absl::StrCat("127.0.0.1:", port, ",127.0.0.1:", backup_port_);
+    } else {
+      if (absl::Status s =
+              StartRdzvd(o_, rdzvd_, port, log, loss_.empty() ? &metrics_port_ : nullptr);
+          !s.ok()) {
+        return s;
+      }
+      endpoint = absl::StrCat("127.0.0.1:", port);
+    }
     const pid_t server = rdzvd_.pid();
     const int64_t baseline_fds = ReadProcStats(server).fds;
 
@@ -1523,14 +1601,14 @@ class ScaleRun {
         count = std::min(Groups() * (p + 1) / r_.procs * k, r_.n) - first;
       }
       absl::Status s = workers_[p].Start(
-          {o_.self, "--worker", absl::StrCat("127.0.0.1:", port), job, absl::StrCat(first),
-           absl::StrCat(count), absl::StrCat(r_.n), o_.auth == "munge" ? "munge" : "none",
+          {o_.self, "--worker", endpoint, job, absl::StrCat(first), absl::StrCat(count),
+           absl::StrCat(r_.n), o_.auth == "munge" ? "munge" : "none",
            absl::StrCat(r_.tasks_per_node), absl::StrCat(r_.fan_in)},
           true, absl::StrCat(o_.log_dir, "/worker-", r_.n, "-", r_.rep, "-", p, ".log"));
       if (!s.ok()) return s;
     }
 
-    if (o_.floor) {
+    if (o_.floor && loss_.empty()) {
       if (absl::Status s = RunFloor(baseline_fds); !s.ok()) return s;
     }
     return RunRendezvous();
@@ -1620,6 +1698,8 @@ class ScaleRun {
       Error(absl::StrCat("the ranks are not exactly 0..", agents - 1, ", one per agent"));
     }
 
+    if (!loss_.empty()) return RunLoss();
+
     // Fail-fast: the first agent reports a failure (over its node's channel, in a per-task
     // launch); every agent must hear the abort.
     absl::StatusOr<std::vector<Reply>> failed = Ask("fail", "failed", 0);
@@ -1657,14 +1737,87 @@ class ScaleRun {
     return absl::OkStatus();
   }
 
+  // The running job's rdzvd dies (SIGKILL); every agent resumes, on it restarted at once on
+  // the same port (as systemd's Restart=always would) or on its backup.
+  absl::Status RunLoss() {
+    absl::StatusOr<int64_t> ready = StartPhase("resume");
+    if (!ready.ok()) return ready.status();
+    const int64_t t0 = NowNs();
+    rdzvd_.Kill();
+    if (loss_ == "restart") {
+      serving_ = &restarted_;
+      if (absl::Status s = StartRdzvd(
+              o_, restarted_, port_,
+              absl::StrCat(o_.log_dir, "/rdzvd-again-", r_.n, "-", r_.rep, ".log"), nullptr, port_);
+          !s.ok()) {
+        return s;
+      }
+    } else {
+      serving_ = &backup_;
+    }
+    absl::StatusOr<std::vector<Reply>> back = Ask("", "resume");
+    if (!back.ok()) return back.status();
+    int64_t last = t0;
+    for (const Reply& rep : *back) {
+      r_.errors += rep.Int("err");
+      if (!rep.message.empty()) r_.messages.push_back(rep.message);
+      last = std::max(last, rep.Int("last"));
+    }
+    r_.resume_s = static_cast<double>(last - t0) / 1e9;
+    absl::StatusOr<std::vector<Reply>> bye = Ask("quit", "bye");
+    if (!bye.ok()) return bye.status();
+    return absl::OkStatus();
+  }
+
   const Options& o_;
+  const std::string loss_;
   ScaleResult r_;
   int64_t phase_timeout_ns_;
   int64_t ready_cpu_ns_ = 0;
   int metrics_port_ = 0;  // 0: rdzvd serves no metrics
+  int port_ = 0;          // the (primary) rdzvd's
   Child rdzvd_;
+  Child backup_;     // --loss failover's backup rdzvd
+  Child restarted_;  // --loss restart's rdzvd, started again
+  int backup_port_ = 0;
+  Child* serving_ = &rdzvd_;  // the rdzvd the workers need: a phase ends if it does
   std::vector<Child> workers_;
 };
+
+double Median(std::vector<double> v);
+
+// --loss: for each N, the time from a running job's rdzvd dying (SIGKILL) to every agent
+// resumed: on the same rdzvd restarted at once, and on its backup (--rdzv-endpoint a,b).
+int RunLoss(const Options& o) {
+  std::printf("%7s %5s %12s %12s %7s\n", "N", "procs", "restart_s", "failover_s", "errors");
+  int64_t total_errors = 0;
+  for (int64_t n : o.agents) {
+    std::vector<double> restart, failover;
+    int64_t errors = 0, procs = 0;
+    for (int64_t rep = 0; rep < o.reps; ++rep) {
+      for (const char* loss : {"restart", "failover"}) {
+        const ScaleResult r = ScaleRun(o, n, rep, loss).Run();
+        procs = r.procs;
+        errors += r.errors;
+        for (size_t i = 0; i < r.messages.size() && i < 5; ++i) {
+          std::fprintf(stderr, "rdzv-bench: %s N=%ld rep %ld: %s\n", loss, static_cast<long>(n),
+                       static_cast<long>(rep), r.messages[i].c_str());
+        }
+        (std::string(loss) == "restart" ? restart : failover).push_back(r.resume_s);
+      }
+    }
+    std::printf("%7ld %5ld %12.3f %12.3f %7ld\n", static_cast<long>(n), static_cast<long>(procs),
+                Median(restart), Median(failover), static_cast<long>(errors));
+    std::fflush(stdout);
+    total_errors += errors;
+  }
+  if (total_errors > 0) {
+    std::fprintf(stderr, "rdzv-bench: %ld errors (logs in %s)\n", static_cast<long>(total_errors),
+                 o.log_dir.c_str());
+    return o.check ? 1 : kErrorsSeen;
+  }
+  return 0;
+}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -2332,6 +2485,12 @@ int Main(int argc, char** argv) {
          "cost of each",
          [&](absl::string_view v) { return ParseCount(v, o.credential_cost, 1); }});
   p.Add({"launch", "", "", "time real rdzv-agent launches instead", on(o.launch)});
+  p.Add({"loss", "", "",
+         "instead of the scale phases: N agents join, their rdzvd is killed (SIGKILL), and the "
+         "time\nuntil every agent has resumed is measured, with rdzvd restarted at once on its "
+         "port\n(restart_s) and with a backup rdzvd (failover_s: --rdzv-endpoint primary,backup, "
+         "3 s\nbefore the agents move)",
+         on(o.loss)});
   p.Add({"launch-reps", "", "K", "runs per launch case (default 5)",
          [&](absl::string_view v) { return ParseCount(v, o.launch_reps, 1); }});
   p.Add({"launch-nodes", "", "N,N,...", "agent counts for launch mode (default 8,32)",
@@ -2373,6 +2532,7 @@ int Main(int argc, char** argv) {
   const int code = o.credential_cost > 0 ? RunCredentialCost(o)
                    : o.soak > 0          ? RunSoak(o)
                    : o.launch            ? RunLaunch(o)
+                   : o.loss              ? RunLoss(o)
                                          : RunScale(o);
   // Logs are kept only when something went wrong.
   if (code == 0) std::filesystem::remove_all(o.log_dir, ec);
