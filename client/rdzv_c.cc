@@ -17,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/client.h"
@@ -253,7 +254,9 @@ rdzv_code CreateClient(const char* kFn, const char* endpoint, double join_timeou
   }
   if (!Empty(tls_ca_file)) options.tls.ca_file = tls_ca_file;
   if (!Empty(tls_server_name)) options.tls.server_name = tls_server_name;
-  absl::StatusOr<HostPort> server = ParseHostPort(options.endpoint, 29400);
+  // A server list's first server: its host is where rank 0's address is picked toward.
+  absl::StatusOr<HostPort> server = ParseHostPort(
+      absl::StripAsciiWhitespace(options.endpoint.substr(0, options.endpoint.find(','))), 29400);
   if (!server.ok()) return FromStatus(kFn, server.status());
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(std::move(options));
   if (!client.ok()) return FromStatus(kFn, client.status());

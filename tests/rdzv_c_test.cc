@@ -199,6 +199,39 @@ TEST_F(RdzvCTest, TwoClientsJoinWithConsistentRanksAndHearProgress) {
   EXPECT_EQ(rdzv_leave(b.get()), RDZV_OK) << rdzv_last_error();
 }
 
+// A server list whose first server does not answer: the join goes to the next one.
+TEST_F(RdzvCTest, AServerListJoinsAtTheFirstServerThatAnswers) {
+  const std::string list = absl::StrCat("127.0.0.1:", testing::FreeLoopbackPort(), ",", endpoint_);
+  Events ea, eb;
+  std::vector<ClientPtr> clients;
+  for (int i = 0; i < 2; ++i) {
+    rdzv_client* c = nullptr;
+    ASSERT_EQ(rdzv_client_create(list.c_str(), 60, RDZV_AUTH_NONE, nullptr, nullptr, &c), RDZV_OK)
+        << rdzv_last_error();
+    clients.emplace_back(c, rdzv_client_destroy);
+  }
+  std::future<JoinResult> ja = JoinAsync(clients[0].get(), Spec("listed", 0, "n0"), ea.Callbacks());
+  std::future<JoinResult> jb = JoinAsync(clients[1].get(), Spec("listed", 1, "n1"), eb.Callbacks());
+  JoinResult ra = Get(ja);
+  JoinResult rb = Get(jb);
+  ASSERT_EQ(ra.code, RDZV_OK) << ra.error;
+  ASSERT_EQ(rb.code, RDZV_OK) << rb.error;
+  EXPECT_EQ(ra.assignment.rank_offset, 0);
+  EXPECT_EQ(rb.assignment.rank_offset, 2);
+  // The calls after the join go to the server it found.
+  rdzv_job_status status;
+  ASSERT_EQ(rdzv_status(clients[0].get(), "listed", &status), RDZV_OK) << rdzv_last_error();
+  EXPECT_STREQ(status.state, "running");
+  EXPECT_EQ(rdzv_leave(clients[0].get()), RDZV_OK) << rdzv_last_error();
+  EXPECT_EQ(rdzv_leave(clients[1].get()), RDZV_OK) << rdzv_last_error();
+  // An empty entry is refused in one line.
+  rdzv_client* never = nullptr;
+  EXPECT_EQ(
+      rdzv_client_create((endpoint_ + ",").c_str(), 1, RDZV_AUTH_NONE, nullptr, nullptr, &never),
+      RDZV_INVALID_ARGUMENT);
+  EXPECT_THAT(rdzv_last_error(), HasSubstr("empty entry"));
+}
+
 TEST_F(RdzvCTest, FailureReportReachesOtherClientsAbortCallback) {
   Events ea, eb;  // outlive the clients, whose callbacks point at them
   ClientPtr a = NewClient();
