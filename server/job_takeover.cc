@@ -47,6 +47,7 @@ void RendezvousService::ParkLocked(StreamId id, RendezvousState& state, const Ca
     it->second.owner = caller.owner;
     it->second.job_id = request.job_id();
     ask = PeerQuestion{request.job_id(), caller.owner};
+    ++parked_jobs_[&state];
   }
   it->second.joins.push_back(ParkedJoin{id, request, peer});
 }
@@ -66,6 +67,9 @@ void RendezvousService::PeersAnswered(const std::string& key, const std::string&
     Parked parked = std::move(it->second);
     parked_.erase(it);
     if (shut_down_) return;
+    if (auto n = parked_jobs_.find(parked.state); n != parked_jobs_.end() && --n->second <= 0) {
+      parked_jobs_.erase(n);
+    }
     const Micros now = clock_();
     bool conceded = false;
     if (auto c = conceded_.find(key); c != conceded_.end()) {

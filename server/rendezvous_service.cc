@@ -678,10 +678,13 @@ absl::Status RendezvousService::CheckUserLimits(const Caller& caller, const Rend
                                                 const std::string& job_id, int64_t join_bytes,
                                                 int64_t agents) const {
   const bool auth_none = options_.auth.mode == AuthMode::kNone;
-  if (!state.has_job(job_id) &&
-      static_cast<int64_t>(state.job_count()) >= options_.max_jobs_per_user) {
-    return UserCapError(UserCap::kJobs, auth_none, caller.name,
-                        static_cast<int64_t>(state.job_count()), options_.max_jobs_per_user);
+  // Jobs held while the peers are asked count as jobs: each is a question to every peer.
+  auto parked = parked_jobs_.find(&state);
+  const int64_t jobs =
+      static_cast<int64_t>(state.job_count()) + (parked == parked_jobs_.end() ? 0 : parked->second);
+  if (!state.has_job(job_id) && !parked_.contains(ParkKey(caller.owner, job_id)) &&
+      jobs >= options_.max_jobs_per_user) {
+    return UserCapError(UserCap::kJobs, auth_none, caller.name, jobs, options_.max_jobs_per_user);
   }
   auto count = streams_per_user_.find(&state);
   if (count != streams_per_user_.end() && count->second + agents > options_.max_agents_per_user) {
@@ -897,6 +900,7 @@ void RendezvousService::Shutdown() {
     }
     streams_.clear();
     parked_.clear();
+    parked_jobs_.clear();
   }
   StartWrites(std::move(writers));
 }

@@ -303,6 +303,8 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
                          std::vector<std::pair<size_t, AbortEvent>>& aborts)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::flat_hash_map<std::string, Parked> parked_ ABSL_GUARDED_BY(mu_);
+  // How many of parked_'s jobs each owner's state has (for max_jobs_per_user).
+  absl::flat_hash_map<const RendezvousState*, int64_t> parked_jobs_ ABSL_GUARDED_BY(mu_);
   // Jobs this server told a peer it does not serve, until when it will not take them up itself:
   // the peer may be taking them up.
   absl::flat_hash_map<std::string, Micros> conceded_ ABSL_GUARDED_BY(mu_);
