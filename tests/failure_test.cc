@@ -821,6 +821,40 @@ TEST_F(FailoverTest, PrimaryKilledDuringAJoinTheJobFormsOnTheBackup) {
   ExpectNothingLeft();
 }
 
+// Each agent lists the servers in another order, so that both servers are asked to take up the
+// same new job at about the same moment: they settle it between them, and the job forms whole on
+// one of them.
+TEST_F(FailoverTest, AJobJoinedAtBothServersAtOnceFormsOnOne) {
+  ASSERT_NO_FATAL_FAILURE(StartPair());
+  const std::string a = absl::StrCat("127.0.0.1:", a_port_);
+  std::vector<Subprocess*> agents;
+  for (int round = 0; round < 3; ++round) {
+    const std::string job = absl::StrCat("fo-both-", round);
+    agents.clear();
+    for (int node = 0; node < 4; ++node) {
+      endpoint_ = node % 2 == 0 ? absl::StrCat(a, ",", Backup()) : absl::StrCat(Backup(), ",", a);
+      agents.push_back(&StartAgent(job, node, "4", {"--nproc-per-node", "1"},
+                                   absl::StrCat(AwaitFile(absl::StrCat("go-", round)), "exit 0")));
+    }
+    const auto running = [&](int port) {
+      std::optional<JobStatusView> j = JobOn(port, job);
+      return j && j->state == "running" && j->joined == 4;
+    };
+    const absl::Time deadline = absl::Now() + kLongWait;
+    while (!running(a_port_) && !running(b_port_) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_TRUE(running(a_port_) || running(b_port_)) << Describe(*a_) << Describe(*b_);
+    EXPECT_NE(JobOn(a_port_, job).has_value(), JobOn(b_port_, job).has_value())
+        << job << " is known to both servers";
+    Touch(absl::StrCat("go-", round));
+    std::vector<int> codes;
+    WaitAll(agents, codes);
+    EXPECT_EQ(codes, std::vector<int>({0, 0, 0, 0})) << Describe(*agents[1]);
+  }
+  ExpectNothingLeft();
+}
+
 TEST_F(FailoverTest, RestartAfterFailoverKeepsTheRanks) {
   ASSERT_NO_FATAL_FAILURE(StartPair());
   const std::vector<Subprocess*> agents = StartAgents(
