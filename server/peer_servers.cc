@@ -54,6 +54,10 @@ absl::StatusOr<std::unique_ptr<PeerServers>> PeerServers::Create(PeerOptions opt
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    // A connection attempt to a peer whose host is down (not refusing) gives up within a second
+    // (gRPC's default is 20 s): a question asked meanwhile would wait out its whole kAskTimeout,
+    // and every new job of this server waits for its question.
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
     peer.channel = grpc::CreateCustomChannel(peer.endpoint, credentials, args);
     peer.stub = v1::Rendezvous::NewStub(peer.channel);
     peers->peers_.push_back(std::move(peer));
