@@ -173,6 +173,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
       }
       names.emplace_back(e);
     }
+    if (names.size() > kMaxServerList) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the server list names %d servers; give at most %d (a primary and its backups)",
+          names.size(), kMaxServerList));
+    }
   }
   names.insert(names.end(), impl->options.alternate_endpoints.begin(),
                impl->options.alternate_endpoints.end());

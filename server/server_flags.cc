@@ -79,6 +79,11 @@ FlagParser MakeParser(ServerFlags& f, Converted& c) {
              if (!hp.ok()) return hp.status();
              f.options.service.peers.push_back(FormatHostPort(hp->host, hp->port));
            }
+           if (f.options.service.peers.size() >= kMaxServerList) {
+             return absl::InvalidArgumentError(
+                 absl::StrFormat("names %d servers; a list has at most %d, this one among them",
+                                 f.options.service.peers.size(), kMaxServerList));
+           }
            return absl::OkStatus();
          }});
   p.Add({"peer-tls-ca", "RDZV_PEER_TLS_CA", "FILE",

@@ -230,6 +230,12 @@ TEST_F(RdzvCTest, AServerListJoinsAtTheFirstServerThatAnswers) {
       rdzv_client_create((endpoint_ + ",").c_str(), 1, RDZV_AUTH_NONE, nullptr, nullptr, &never),
       RDZV_INVALID_ARGUMENT);
   EXPECT_THAT(rdzv_last_error(), HasSubstr("empty entry"));
+  // So is a list of more servers than a primary and its backups.
+  std::string long_list = endpoint_;
+  for (int i = 0; i < 100; ++i) absl::StrAppend(&long_list, ",", endpoint_);
+  EXPECT_EQ(rdzv_client_create(long_list.c_str(), 1, RDZV_AUTH_NONE, nullptr, nullptr, &never),
+            RDZV_INVALID_ARGUMENT);
+  EXPECT_THAT(rdzv_last_error(), HasSubstr("give at most 8"));
 }
 
 TEST_F(RdzvCTest, FailureReportReachesOtherClientsAbortCallback) {

@@ -71,6 +71,7 @@ TEST(CtlOptionsTest, MistakesAreOneLineErrorsSayingWhatToDo) {
     std::string says;
   } cases[] = {
       {{"status"}, "--rdzv-endpoint"},
+      {{"--rdzv-endpoint", "a,b,c,d,e,f,g,h,i", "status"}, "give at most 8"},
       {{}, "no command"},
       {{"--rdzv-endpoint", "h:1", "stats"}, "unknown command \"stats\""},
       {{"--rdzv-endpoint", "h:1", "abort", "j"}, "--reason"},

@@ -165,6 +165,11 @@ TEST(ServerFlagsTest, PeersAreTheOtherServersOfTheList) {
   EXPECT_EQ(f->peer_tls_ca, "/etc/rdzv/ca.pem");
   EXPECT_TRUE(Parse({})->options.service.peers.empty());
 
+  // A list names at most 8 servers, this one among them.
+  f = Parse({"--peers", "a,b,c,d,e,f,g,h"});
+  ASSERT_FALSE(f.ok());
+  EXPECT_TRUE(absl::StrContains(f.status().message(), "at most 8")) << f.status();
+
   f = Parse({"--peers", "head2:notaport"});
   ASSERT_FALSE(f.ok());
   EXPECT_TRUE(absl::StrContains(f.status().message(), "--peers")) << f.status();

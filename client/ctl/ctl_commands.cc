@@ -73,7 +73,8 @@ absl::StatusOr<std::vector<JobStatusView>> ListJobs(Clients& clients, const CtlO
     answered = true;
     omitted_jobs += omitted;
     for (JobStatusView& job : *some) {
-      if (clients.size() > 1) job.server = client->endpoint();
+      // Named here, never taken from the answer.
+      job.server = clients.size() > 1 ? client->endpoint() : "";
       auto [it, fresh] = seen.try_emplace(job.job_id, jobs.size());
       if (fresh) {
         jobs.push_back(std::move(job));
@@ -163,6 +164,7 @@ int RunCtlCommand(const CtlOptions& options, std::ostream& out, std::ostream& er
     err << "rdzvctl: " << auth.status().message() << "\n";
     return 2;
   }
+  // A server list is at most kMaxServerList long (ParseCtlOptions).
   Clients clients;
   for (absl::string_view endpoint : absl::StrSplit(options.endpoint, ',')) {
     absl::StatusOr<std::unique_ptr<Client>> client =

@@ -2,10 +2,13 @@
 
 #include <limits>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/auth.h"
 #include "common/core/flags.h"
+#include "common/core/host_port.h"
 #include "common/core/hostlist.h"
 
 namespace rdzv {
@@ -152,6 +155,12 @@ absl::StatusOr<CtlOptions> ParseCtlOptions(const std::vector<std::string>& args,
     return absl::InvalidArgumentError(
         "no rdzvd to talk to: pass --rdzv-endpoint HOST:PORT, set RDZV_ENDPOINT, or set "
         "RDZV_ENDPOINT in /etc/rdzv.conf");
+  }
+  if (const size_t servers = absl::c_count(o.endpoint, ',') + 1; servers > kMaxServerList) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--rdzv-endpoint names %d servers; give at most %d (a primary and its "
+                        "backups)",
+                        servers, kMaxServerList));
   }
   return o;
 }

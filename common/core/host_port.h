@@ -3,12 +3,17 @@
 #ifndef RDZV_COMMON_CORE_HOST_PORT_H_
 #define RDZV_COMMON_CORE_HOST_PORT_H_
 
+#include <cstddef>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace rdzv {
+
+// The most servers one server list names (a primary and its backups: --rdzv-endpoint a,b and
+// rdzvd --peers), wherever a list is taken.
+inline constexpr size_t kMaxServerList = 8;
 
 struct HostPort {
   std::string host;  // without brackets for IPv6

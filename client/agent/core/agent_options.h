@@ -179,9 +179,6 @@ struct LocalProcess {
 // How many ports after the derived one an embedded server may move to.
 inline constexpr int kEmbeddedPortCandidates = 8;
 
-// The most servers one --rdzv-endpoint list names.
-inline constexpr size_t kMaxServerList = 8;
-
 // The first port an embedded server tries for a Slurm job step: 20000..29999, spread by job.
 int DerivedPort(absl::string_view job_id, absl::string_view step_id);
 
