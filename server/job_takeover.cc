@@ -96,7 +96,7 @@ void RendezvousService::PeersAnswered(const std::string& key, const std::string&
         if (!streams_.contains(join.id)) continue;
         resumed = resumed || join.request.has_resume() ||
                   (join.request.members_size() > 0 && join.request.members(0).has_resume());
-        JoinStateLocked(join.id, *parked.state, join.request, join.peer, decisions);
+        JoinStateLocked(join.id, *parked.state, join.request, join.peer, nullptr, decisions);
       }
       if (resumed) {
         if (options_.metrics != nullptr) options_.metrics->OnFailover();

@@ -92,6 +92,10 @@ void PeerServers::Ask(const std::string& job_id, const std::string& owner,
   q->nonce = NewNonce();
   q->done = std::move(done);
   q->left = peers_.size();
+  if (peers_.empty()) {
+    q->done("");
+    return;
+  }
   std::string credential;
   if (options_.mode == AuthMode::kMunge) {
     absl::StatusOr<std::string> made = MungeEncode(
@@ -106,10 +110,6 @@ void PeerServers::Ask(const std::string& job_id, const std::string& owner,
       return;
     }
     credential = *std::move(made);
-  }
-  if (peers_.empty()) {
-    q->done("");
-    return;
   }
   for (size_t i = 0; i < peers_.size(); ++i) {
     auto context = std::make_shared<grpc::ClientContext>();

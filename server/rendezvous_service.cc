@@ -356,9 +356,11 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
     if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedLimit);
     return refuse(ToGrpcStatus(limit));
   }
+  std::optional<JoinSpec> spec;
   if (!group) {
+    spec = FromProto(*request);
     // Numbers out of range are refused before anything, the metrics included, counts them.
-    if (absl::Status invalid = ValidateJoinSpec(FromProto(*request)); !invalid.ok()) {
+    if (absl::Status invalid = ValidateJoinSpec(*spec); !invalid.ok()) {
       if (options_.log_jobs) spdlog::info("refused a join: {}", EscapeControl(invalid.message()));
       if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedInvalid);
       return refuse(ToGrpcStatus(invalid));
@@ -376,7 +378,7 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
     return stream;
   }
   Decisions decisions;
-  JoinStateLocked(id, state, *request, context->peer(), decisions);
+  JoinStateLocked(id, state, *request, context->peer(), spec ? &*spec : nullptr, decisions);
   ChargeExcluded(state);
   Apply(decisions, writers);
   return stream;
@@ -384,13 +386,14 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
 
 void RendezvousService::JoinStateLocked(StreamId id, RendezvousState& state,
                                         const v1::JoinRequest& request, const std::string& peer,
-                                        Decisions& decisions) {
+                                        const JoinSpec* converted, Decisions& decisions) {
   if (request.members_size() > 0) {
     JoinMembersLocked(id, state, request, peer, decisions);
     return;
   }
   const Micros now = clock_();
-  const JoinSpec spec = FromProto(request);
+  std::optional<JoinSpec> here;
+  const JoinSpec& spec = converted != nullptr ? *converted : here.emplace(FromProto(request));
   SPDLOG_DEBUG("join job={} agent={} host={} node={} nproc={}", EscapeControl(spec.job_id),
                EscapeControl(spec.agent.agent_id), EscapeControl(spec.agent.host),
                spec.agent.node_index, spec.agent.nproc);
@@ -884,6 +887,8 @@ void RendezvousService::Tick() {
       state->Tick(now, decisions);
       ChargeExcluded(*state);
     }
+    // What this server told its peers holds for a few seconds only.
+    absl::erase_if(conceded_, [now](const auto& c) { return c.second <= now; });
     Apply(decisions, writers);
   }
   StartWrites(std::move(writers));

@@ -175,9 +175,10 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   void AskPeers(const PeerQuestion& ask) ABSL_LOCKS_EXCLUDED(mu_);
   // The peers answered about the parked job `key`: `holder` serves it, or none ("").
   void PeersAnswered(const std::string& key, const std::string& holder) ABSL_LOCKS_EXCLUDED(mu_);
-  // One join, taken from the parked or straight from the call, given to the state.
+  // One join, taken from the parked or straight from the call, given to the state; `converted`
+  // is `request` as a JoinSpec when the caller has it already (null: converted here).
   void JoinStateLocked(StreamId id, RendezvousState& state, const v1::JoinRequest& request,
-                       const std::string& peer, Decisions& decisions)
+                       const std::string& peer, const JoinSpec* converted, Decisions& decisions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The members of a group join (JoinRequest.members), each joined to the state as an agent of
   // its own on an id of its own, all answered on `id`'s stream.
@@ -306,7 +307,7 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   // How many of parked_'s jobs each owner's state has (for max_jobs_per_user).
   absl::flat_hash_map<const RendezvousState*, int64_t> parked_jobs_ ABSL_GUARDED_BY(mu_);
   // Jobs this server told a peer it does not serve, until when it will not take them up itself:
-  // the peer may be taking them up.
+  // the peer may be taking them up. Tick() forgets those past.
   absl::flat_hash_map<std::string, Micros> conceded_ ABSL_GUARDED_BY(mu_);
   asio::thread_pool writer_pool_;
   // Null without peers. Last: it goes first, waiting for the answers still due, which call back.
