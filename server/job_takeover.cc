@@ -3,10 +3,13 @@
 // answers to the same question from them (HoldsJob).
 //
 // One job, one server: a server takes a job up only when no reachable peer serves it. Two servers
-// asked about the same job at once settle it between them: a server that is itself still asking
-// says it holds the job only to an asker of a higher instance number, and a server that said it
-// does not hold a job takes it up itself for none of its own joins for kConcedeFor, since the
-// asker may be taking it up (so both may refuse for that long, never both take it).
+// asking about the same job at once settle it by their instance numbers: a server that is itself
+// still asking says it holds the job to an asker of a higher number, and to an asker of a lower
+// number it says it does not and then takes the job up for none of its own joins for
+// kConcedeFor, since the answers to its own question may come back empty before the asker has
+// taken the job. Only the server of the higher number concedes, so the lowest-numbered asker never
+// waits on another; a server that is not asking concedes nothing (if it is asked later, the asker
+// holds the job or is still asking, and the numbers decide).
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -23,8 +26,8 @@
 namespace rdzv {
 namespace {
 
-// How long a server that told a peer it does not serve a job refuses that job itself: longer
-// than the peer's question may take.
+// How long a server that yielded a job to a peer refuses that job itself: longer than its own
+// question may take.
 constexpr Micros kConcedeFor = 3'000'000;
 static_assert(absl::Microseconds(kConcedeFor) > PeerServers::kAskTimeout);
 // How many such jobs are remembered at once; past it, the server says it holds the job (its
@@ -136,6 +139,7 @@ grpc::ServerUnaryReactor* RendezvousService::HoldsJob(grpc::CallbackServerContex
   }
   const std::string key = ParkKey(request->owner(), request->job_id());
   bool holds = false;
+  bool yields = false;
   {
     absl::MutexLock lock(&mu_);
     auto state = states_.find(request->owner());
@@ -143,8 +147,9 @@ grpc::ServerUnaryReactor* RendezvousService::HoldsJob(grpc::CallbackServerContex
     if (!holds && parked_.contains(key) && peers_ != nullptr) {
       // Both are asking: the lower instance number takes the job.
       holds = peers_->instance() < request->asker();
+      yields = !holds;
     }
-    if (!holds) {
+    if (yields) {
       const Micros now = clock_();
       if (conceded_.size() >= kMaxConceded) {
         absl::erase_if(conceded_, [now](const auto& c) { return c.second <= now; });

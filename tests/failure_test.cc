@@ -4,11 +4,13 @@
 // primary rdzvd lost to its backup.
 // Asserts what a user would check: the exit codes, how soon every agent gives up, the root-cause
 // report, what the workers of each round saw, and that no process is left running.
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -28,6 +30,7 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
+#include "rdzv/v1/rdzv.grpc.pb.h"
 #include "tests/testing/output.h"
 #include "tests/testing/process_fixture.h"
 #include "tests/testing/subprocess.h"
@@ -852,6 +855,37 @@ TEST_F(FailoverTest, AJobJoinedAtBothServersAtOnceFormsOnOne) {
     WaitAll(agents, codes);
     EXPECT_EQ(codes, std::vector<int>({0, 0, 0, 0})) << Describe(*agents[1]);
   }
+  ExpectNothingLeft();
+}
+
+// A peer's question about a job it does not serve leaves the asked server free to take the job up
+// when its own agents come: only a server that is itself asking yields the job. Were every "no" a
+// concession, two servers asked in turn by agents that list them in other orders could keep
+// refusing one job between them.
+TEST_F(FailoverTest, AQuestionFromAPeerDoesNotKeepTheAskedServerFromTheJob) {
+  ASSERT_NO_FATAL_FAILURE(StartPair());
+  std::unique_ptr<v1::Rendezvous::Stub> backup =
+      v1::Rendezvous::NewStub(grpc::CreateChannel(Backup(), grpc::InsecureChannelCredentials()));
+  v1::HoldsJobRequest question;
+  question.set_job_id("fo-asked");
+  question.set_owner("anyone");  // the owner of every job under --auth none
+  question.set_asker(0);         // the lowest instance number: it would win any tie
+  question.set_nonce("n");
+  v1::HoldsJobResponse answer;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  const grpc::Status asked = backup->HoldsJob(&context, question, &answer);
+  ASSERT_TRUE(asked.ok()) << asked.error_message();
+  EXPECT_FALSE(answer.holds());
+
+  endpoint_ = Backup();
+  const std::vector<Subprocess*> agents =
+      StartAgents(2, "fo-asked", "2", {"--nproc-per-node", "1"}, "exit 0");
+  std::vector<int> codes;
+  WaitAll(agents, codes);
+  EXPECT_EQ(codes, std::vector<int>({0, 0})) << Describe(*agents[0]) << Describe(*agents[1]);
+  EXPECT_FALSE(Contains(b_->Stderr(), "refused a join")) << Describe(*b_);
+  EXPECT_EQ(ReadWorkers(0).size(), 2u);
   ExpectNothingLeft();
 }
 
