@@ -2,14 +2,7 @@
 // while the other servers of the list are asked whether they serve it (PeerServers), and the
 // answers to the same question from them (HoldsJob).
 //
-// One job, one server: a server takes a job up only when no reachable peer serves it. Two servers
-// asking about the same job at once settle it by their instance numbers: a server that is itself
-// still asking says it holds the job to an asker of a higher number, and to an asker of a lower
-// number it says it does not and then takes the job up for none of its own joins for
-// kConcedeFor, since the answers to its own question may come back empty before the asker has
-// taken the job. Only the server of the higher number concedes, so the lowest-numbered asker never
-// waits on another; a server that is not asking concedes nothing (if it is asked later, the asker
-// holds the job or is still asking, and the numbers decide).
+// Which server of the list takes the job up is JobClaims' to decide (server/core/job_claims.h).
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -24,17 +17,8 @@
 #include "server/request_limits.h"
 
 namespace rdzv {
-namespace {
-
-// How long a server that yielded a job to a peer refuses that job itself: longer than its own
-// question may take.
-constexpr Micros kConcedeFor = 3'000'000;
-static_assert(absl::Microseconds(kConcedeFor) > PeerServers::kAskTimeout);
-// How many such jobs are remembered at once; past it, the server says it holds the job (its
-// asker refuses its agents, which try again).
-constexpr size_t kMaxConceded = 65536;
-
-}  // namespace
+static_assert(absl::Microseconds(JobClaims::kConcedeFor) > PeerServers::kAskTimeout,
+              "a server must refuse a job it yielded until its own question has its answers");
 
 std::string RendezvousService::ParkKey(absl::string_view owner, absl::string_view job_id) {
   return absl::StrCat(owner, "\n", job_id);
@@ -73,17 +57,12 @@ void RendezvousService::PeersAnswered(const std::string& key, const std::string&
     if (auto n = parked_jobs_.find(parked.state); n != parked_jobs_.end() && --n->second <= 0) {
       parked_jobs_.erase(n);
     }
-    const Micros now = clock_();
-    bool conceded = false;
-    if (auto c = conceded_.find(key); c != conceded_.end()) {
-      conceded = now < c->second;
-      if (!conceded) conceded_.erase(c);
-    }
+    const JobClaims::Verdict verdict = claims_->Decide(key, !holder.empty(), clock_());
     const std::string job = EscapeControl(parked.job_id);
     Decisions decisions;
-    if (!holder.empty() || conceded) {
+    if (verdict != JobClaims::Verdict::kTakeUp) {
       const absl::Status elsewhere = absl::NotFoundError(
-          !holder.empty()
+          verdict == JobClaims::Verdict::kServedElsewhere
               ? absl::StrFormat("job %s is served by the rdzvd at %s; its agents go back to it",
                                 parked.job_id, holder)
               : absl::StrFormat("job %s is being taken up by another rdzvd of the list",
@@ -139,27 +118,13 @@ grpc::ServerUnaryReactor* RendezvousService::HoldsJob(grpc::CallbackServerContex
   }
   const std::string key = ParkKey(request->owner(), request->job_id());
   bool holds = false;
-  bool yields = false;
   {
     absl::MutexLock lock(&mu_);
     auto state = states_.find(request->owner());
-    holds = state != states_.end() && state->second->has_job(request->job_id());
-    if (!holds && parked_.contains(key) && peers_ != nullptr) {
-      // Both are asking: the lower instance number takes the job.
-      holds = peers_->instance() < request->asker();
-      yields = !holds;
-    }
-    if (yields) {
-      const Micros now = clock_();
-      if (conceded_.size() >= kMaxConceded) {
-        absl::erase_if(conceded_, [now](const auto& c) { return c.second <= now; });
-      }
-      if (conceded_.size() < kMaxConceded) {
-        conceded_[key] = now + kConcedeFor;
-      } else {
-        holds = true;
-      }
-    }
+    const bool serves = state != states_.end() && state->second->has_job(request->job_id());
+    holds = claims_
+                ? claims_->Answer(key, serves, parked_.contains(key), request->asker(), clock_())
+                : serves;
   }
   response->set_holds(holds);
   if (options_.auth.mode == AuthMode::kMunge) {

@@ -233,6 +233,8 @@ RendezvousService::RendezvousService(Clock clock, ServiceOptions options)
         {options_.peers, options_.auth.mode, options_.auth.munge_socket, options_.peer_tls_ca_pem});
     if (peers.ok()) {
       peers_ = *std::move(peers);
+      absl::MutexLock lock(&mu_);
+      claims_.emplace(peers_->instance());
     } else {
       // rdzvd checks --peers before it starts; a library user learns it here.
       spdlog::error("serving without peers: {}", peers.status().message());
@@ -888,7 +890,7 @@ void RendezvousService::Tick() {
       ChargeExcluded(*state);
     }
     // What this server told its peers holds for a few seconds only.
-    absl::erase_if(conceded_, [now](const auto& c) { return c.second <= now; });
+    if (claims_) claims_->Sweep(now);
     Apply(decisions, writers);
   }
   StartWrites(std::move(writers));

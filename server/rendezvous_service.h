@@ -30,6 +30,7 @@
 #include "rdzv/v1/rdzv.grpc.pb.h"
 #include "server/authenticator.h"
 #include "server/connection_guard.h"
+#include "server/core/job_claims.h"
 #include "server/peer_servers.h"
 #include "server/service_metrics.h"
 
@@ -306,9 +307,9 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   absl::flat_hash_map<std::string, Parked> parked_ ABSL_GUARDED_BY(mu_);
   // How many of parked_'s jobs each owner's state has (for max_jobs_per_user).
   absl::flat_hash_map<const RendezvousState*, int64_t> parked_jobs_ ABSL_GUARDED_BY(mu_);
-  // Jobs this server told a peer it does not serve, until when it will not take them up itself:
-  // the peer may be taking them up. Tick() forgets those past.
-  absl::flat_hash_map<std::string, Micros> conceded_ ABSL_GUARDED_BY(mu_);
+  // Which server of the list takes up a job asked about from both sides (with peers only). Tick()
+  // forgets its past concessions.
+  std::optional<JobClaims> claims_ ABSL_GUARDED_BY(mu_);
   asio::thread_pool writer_pool_;
   // Null without peers. Last: it goes first, waiting for the answers still due, which call back.
   std::unique_ptr<PeerServers> peers_;

@@ -705,20 +705,23 @@ class FailoverTest : public FailureTest {
  protected:
   // The two servers: a_ the primary (on a_port_ when it is set), b_ the backup; endpoint_ lists
   // them (the primary through `primary_via` when given: a port that forwards to it).
-  void StartPair(int primary_via = 0) {
+  // With `one_list`, both are given the whole list, each its own address included.
+  void StartPair(int primary_via = 0, bool one_list = false) {
     if (a_port_ == 0) a_port_ = testing::FreeLoopbackPort();
     b_port_ = testing::FreeLoopbackPort();
     ASSERT_NE(a_port_, b_port_);
-    ASSERT_NO_FATAL_FAILURE(a_ = &StartServer(a_port_, b_port_));
-    ASSERT_NO_FATAL_FAILURE(b_ = &StartServer(b_port_, a_port_));
+    const std::string list = absl::StrCat("127.0.0.1:", a_port_, ",127.0.0.1:", b_port_);
+    ASSERT_NO_FATAL_FAILURE(
+        a_ = &StartServer(a_port_, one_list ? list : absl::StrCat("127.0.0.1:", b_port_)));
+    ASSERT_NO_FATAL_FAILURE(
+        b_ = &StartServer(b_port_, one_list ? list : absl::StrCat("127.0.0.1:", a_port_)));
     endpoint_ = absl::StrCat("127.0.0.1:", primary_via != 0 ? primary_via : a_port_,
                              ",127.0.0.1:", b_port_);
   }
 
-  Subprocess& StartServer(int port, int peer) {
-    Subprocess& s =
-        Start({RDZVD_BIN, "--auth", "none", "--listen", absl::StrCat("127.0.0.1:", port), "--peers",
-               absl::StrCat("127.0.0.1:", peer)});
+  Subprocess& StartServer(int port, const std::string& peers) {
+    Subprocess& s = Start({RDZVD_BIN, "--auth", "none", "--listen",
+                           absl::StrCat("127.0.0.1:", port), "--peers", peers});
     EXPECT_TRUE(testing::WaitForLoopbackPort(port, kLongWait) && s.Running()) << s.Stderr();
     return s;
   }
@@ -889,6 +892,26 @@ TEST_F(FailoverTest, AQuestionFromAPeerDoesNotKeepTheAskedServerFromTheJob) {
   ExpectNothingLeft();
 }
 
+// Both servers given one list, each its own address included (one /etc/default/rdzvd for both
+// hosts): a server's question to itself is answered no, so jobs form, and failover still works.
+TEST_F(FailoverTest, BothServersMayBeGivenTheSameList) {
+  ASSERT_NO_FATAL_FAILURE(StartPair(0, /*one_list=*/true));
+  const std::vector<Subprocess*> agents =
+      StartAgents(2, "fo-one", "2", {"--nproc-per-node", "1", "--failover-timeout", "1s"},
+                  absl::StrCat(AwaitFile("go"), "exit 0"));
+  WaitForWorkers(0, 2);
+  ASSERT_TRUE(JobOn(a_port_, "fo-one").has_value()) << Describe(*a_);
+  EXPECT_FALSE(Contains(a_->Stderr(), "refused a join")) << Describe(*a_);
+
+  a_->Kill();
+  ASSERT_TRUE(WaitForRunning(b_port_, "fo-one", 2)) << Describe(*b_);
+  Touch("go");
+  std::vector<int> codes;
+  WaitAll(agents, codes);
+  EXPECT_EQ(codes, std::vector<int>({0, 0})) << Describe(*agents[0]) << Describe(*agents[1]);
+  ExpectNothingLeft();
+}
+
 TEST_F(FailoverTest, RestartAfterFailoverKeepsTheRanks) {
   ASSERT_NO_FATAL_FAILURE(StartPair());
   const std::vector<Subprocess*> agents = StartAgents(
@@ -959,7 +982,7 @@ TEST_F(FailoverTest, ThePrimaryComesBackRunningJobsStayNewJobsGoToIt) {
   a_->Kill();
   ASSERT_TRUE(WaitForRunning(b_port_, "fo-old", 2)) << Describe(*b_);
 
-  ASSERT_NO_FATAL_FAILURE(a_ = &StartServer(a_port_, b_port_));
+  ASSERT_NO_FATAL_FAILURE(a_ = &StartServer(a_port_, Backup()));
   std::vector<Subprocess*> new_job;
   for (int node = 0; node < 2; ++node) {
     new_job.push_back(&StartAgent("fo-new", node, "2", {"--nproc-per-node", "1"},
