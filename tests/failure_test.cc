@@ -63,6 +63,7 @@ constexpr const char* kWorkerVars[] = {"RANK",
                                        "TORCHELASTIC_RUN_ID",
                                        "TORCHELASTIC_RESTART_COUNT",
                                        "TORCHELASTIC_MAX_RESTARTS",
+                                       "RDZV_ENDPOINT",
                                        "TEST_AGENT"};
 
 using WorkerEnv = std::map<std::string, std::string>;
@@ -932,9 +933,13 @@ TEST_F(FailoverTest, RestartAfterFailoverKeepsTheRanks) {
   }
   const std::vector<WorkerEnv> second = ReadWorkers(1);
   ASSERT_EQ(second.size(), 4u);
+  const std::string primary = absl::StrCat("127.0.0.1:", a_port_);
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_EQ(second[i].at("RANK"), first[i].at("RANK"));
     EXPECT_EQ(second[i].at("TEST_AGENT"), first[i].at("TEST_AGENT")) << "rank " << i;
+    // The whole list for a worker's own client, the server in use first.
+    EXPECT_EQ(first[i].at("RDZV_ENDPOINT"), absl::StrCat(primary, ",", Backup()));
+    EXPECT_EQ(second[i].at("RDZV_ENDPOINT"), absl::StrCat(Backup(), ",", primary));
   }
   ExpectNothingLeft();
 }

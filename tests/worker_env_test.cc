@@ -7,9 +7,11 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/core/host_port.h"
 
 namespace rdzv {
 namespace {
@@ -187,6 +189,15 @@ TEST(WorkerVariablesTest, HowTheAgentReachesTheRendezvousIsPassedOn) {
   EXPECT_EQ(got["RDZV_MUNGE_SOCKET"], "/run/munge2/munge.socket");
   EXPECT_EQ(got["RDZV_TLS_CA"], "/etc/rdzv/ca.pem");
   EXPECT_EQ(got["RDZV_TLS_SERVER_NAME"], "head.cluster");
+  // With a backup: the server in use first, then the rest of the list in its order.
+  ctx.rdzv_endpoint = "head2:29400";
+  ctx.other_endpoints = {"head:29400", "head2:29400", "head3:29400"};
+  EXPECT_EQ(ToMap(WorkerVariables(ctx, 0))["RDZV_ENDPOINT"], "head2:29400,head:29400,head3:29400");
+  ctx.other_endpoints.clear();
+  for (int i = 0; i < 20; ++i) ctx.other_endpoints.push_back(absl::StrCat("h", i, ":1"));
+  const std::vector<std::string> capped =
+      absl::StrSplit(ToMap(WorkerVariables(ctx, 0))["RDZV_ENDPOINT"], ',');
+  EXPECT_EQ(capped.size(), kMaxServerList) << "a list that a worker's client takes";
   // Without a server (--standalone) there is nothing to reach.
   ctx.rdzv_endpoint.clear();
   got = ToMap(WorkerVariables(ctx, 0));

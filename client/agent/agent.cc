@@ -345,6 +345,8 @@ void Agent::Impl::Do(const agent_action::StartWorkers& start) {
   }
   WorkerContext ctx = RoundContext(spec_, start.assignment);
   ctx.rdzv_endpoint = rendezvous_->endpoint();
+  // A server list (not the candidate ports of a server on the first node): the workers get it all.
+  if (!config_.backup_endpoints.empty()) ctx.other_endpoints = location_.endpoints;
   ctx.token_file = AbsolutePath(config_.token_file);
   ctx.munge_socket = config_.auth.munge_socket;
   ctx.tls_ca = AbsolutePath(config_.tls.ca_file);

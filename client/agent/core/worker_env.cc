@@ -5,7 +5,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/core/host_port.h"
 
 namespace rdzv {
 namespace {
@@ -53,7 +55,13 @@ EnvList WorkerVariables(const WorkerContext& ctx, int32_t local_index) {
   };
   // A standalone agent keeps its rendezvous in-process: there is no server to name.
   if (!ctx.rdzv_endpoint.empty()) {
-    vars.emplace_back("RDZV_ENDPOINT", ctx.rdzv_endpoint);
+    std::vector<std::string> list = {ctx.rdzv_endpoint};
+    for (const std::string& e : ctx.other_endpoints) {
+      if (list.size() < kMaxServerList && std::find(list.begin(), list.end(), e) == list.end()) {
+        list.push_back(e);
+      }
+    }
+    vars.emplace_back("RDZV_ENDPOINT", absl::StrJoin(list, ","));
     const auto pass = [&vars](const char* name, const std::string& value) {
       if (!value.empty()) vars.emplace_back(name, value);
     };

@@ -23,7 +23,11 @@ struct WorkerContext {
   int32_t max_restarts = 0;
   std::string run_id;
   std::string role = "default";
-  std::string rdzv_endpoint;
+  std::string rdzv_endpoint;  // the server the agent uses now
+  // The other servers of the agent's list, in its order: RDZV_ENDPOINT names rdzv_endpoint first,
+  // then these (at most kMaxServerList in all), so that a worker's client fails over as its agent
+  // does.
+  std::vector<std::string> other_endpoints;
   // How the agent reaches rdzv_endpoint, passed on (RDZV_TOKEN_FILE, RDZV_MUNGE_SOCKET,
   // RDZV_TLS_CA, RDZV_TLS_SERVER_NAME) so that a worker's rdzvctl or librdzv client reaches it as
   // the agent does; each empty when the agent uses none.
