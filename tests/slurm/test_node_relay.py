@@ -55,9 +55,9 @@ class NodeRelayTest(SlurmTestCase):
         with open(self.victim, "w") as f:
             f.write(VICTIM)
 
-    def start_rdzvd_with_metrics(self, extra=()):
-        port, metrics = free_port(), free_port()
-        log = open(os.path.join(self.tmp, "rdzvd.log"), "w")
+    def start_rdzvd_with_metrics(self, extra=(), port=None, log_name="rdzvd.log"):
+        port, metrics = port or free_port(), free_port()
+        log = open(os.path.join(self.tmp, log_name), "w")
         self.addCleanup(log.close)
         proc = subprocess.Popen(
             [test_slurm.RDZVD, "--listen", f"127.0.0.1:{port}", "--metrics-listen",
@@ -249,6 +249,47 @@ class NodeRelayTest(SlurmTestCase):
         code, out, err, _ = self.finish(proc, 120)
         self.assertEqual(code, 0, err)
         self.assertEqual(sorted(re.findall(r"rank (\d+) restart 1", out), key=int),
+                         [str(r) for r in range(12)], out)
+
+    def test_relays_take_their_nodes_tasks_to_the_backup(self):
+        """A primary rdzvd killed while a per-task job runs: each node's relay moves its tasks to
+        the backup, still over one stream per node, and the workers run on untouched."""
+        a_port, b_port = free_port(), free_port()
+        primary, a_metrics = self.start_rdzvd_with_metrics(
+            ["--peers", f"127.0.0.1:{b_port}"], port=a_port)
+        primary_proc = self.procs[-1]
+        backup, b_metrics = self.start_rdzvd_with_metrics(
+            ["--peers", f"127.0.0.1:{a_port}"], port=b_port, log_name="rdzvd-backup.log")
+        go, up = os.path.join(self.tmp, "go"), self.out_dir("up")
+        script = (f"touch {up}/$RANK; while [ ! -e {go} ]; do sleep 0.1; done; "
+                  "echo rank $RANK restart $TORCHELASTIC_RESTART_COUNT")
+        proc = self.start_srun(["-N3", "--ntasks-per-node=4"], ["bash", "-c", script],
+                               agent_args=["--rdzv-endpoint", f"{primary},{backup}",
+                                           "--failover-timeout", "1s"])
+        # Running: every worker started.
+        self.wait_for(lambda: len(os.listdir(up)) == 12, 60, "the 12 workers started")
+        self.assertEqual(scrape(a_metrics).get("rdzv_agents_attached"), 12)
+        primary_proc.kill()
+        primary_proc.wait()
+        seen = {}
+
+        def on_the_backup():
+            seen.update(scrape(b_metrics))
+            return seen.get("rdzv_agents_attached") == 12
+        try:
+            self.wait_for(on_the_backup, 60, "the 12 tasks attached to the backup")
+        except AssertionError as e:
+            self.stop_all()
+            _, err = proc.communicate(timeout=30)
+            with open(os.path.join(self.tmp, "rdzvd-backup.log")) as f:
+                raise AssertionError(f"{e}; saw {seen}\nsrun:\n{err}\nbackup:\n{f.read()}")
+        self.assertEqual(seen["rdzv_failovers_total"], 1)
+        self.assertEqual(seen["rdzv_join_streams"], 3, "one stream per node, through its relay")
+        with open(go, "w"):
+            pass
+        code, out, err, _ = self.finish(proc, 120)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(sorted(re.findall(r"rank (\d+) restart 0", out), key=int),
                          [str(r) for r in range(12)], out)
 
     def test_rdzvctl_lists_every_task(self):
