@@ -144,6 +144,23 @@ TEST(ExpandHostlistTest, AcceptsNamesOfTheLongestLength) {
   EXPECT_EQ(hosts->back().size(), kMaxHostNameLength);
 }
 
+TEST(ExpandHostlistTest, RefusesManyLongNamesTogether) {
+  // A million names and 255-character names are each accepted, but not both at once.
+  const std::string rack(200, 'r');
+  const absl::Status status = ExpandHostlist(absl::StrCat(rack, "[1-1000000]")).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "MiB of host names")) << status;
+  EXPECT_LT(status.message().size(), 400u) << status;
+  // Split over groups, the names still count together.
+  const std::string half = absl::StrCat(rack, "a[1-500000],", rack, "b[1-500000]");
+  EXPECT_EQ(ExpandHostlist(half).status().code(), absl::StatusCode::kInvalidArgument);
+  // Just under the budget: 250,000 names of 255 characters.
+  absl::StatusOr<Names> hosts =
+      ExpandHostlist(absl::StrCat(std::string(249, 'r'), "[000001-250000]"));
+  ASSERT_TRUE(hosts.ok()) << hosts.status();
+  EXPECT_EQ(hosts->size(), 250000u);
+}
+
 struct CompressCase {
   Names hosts;
   std::string expected;

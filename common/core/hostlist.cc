@@ -105,6 +105,7 @@ struct Range {
 struct Group {
   std::vector<std::string> literals;
   std::vector<std::vector<Range>> brackets;
+  std::size_t longest = 0;  // the longest name it expands to
 };
 
 // Parses the inside of one bracket pair, e.g. "1-3,5", into `ranges`; returns how many numbers
@@ -195,6 +196,7 @@ absl::StatusOr<uint64_t> ParseGroup(absl::string_view input, absl::string_view t
                    absl::StrCat("host names of at most ", kMaxHostNameLength, " characters"));
   }
   group.literals.push_back(std::move(literal));
+  group.longest = length;
   return count;
 }
 
@@ -376,11 +378,19 @@ absl::StatusOr<std::vector<std::string>> ExpandHostlist(std::string_view hostlis
   }
   std::vector<Group> groups;
   uint64_t total = 0;
+  uint64_t characters = 0;
   for (absl::string_view text : SplitGroups(hostlist)) {
     absl::StatusOr<uint64_t> count = ParseGroup(hostlist, text, groups.emplace_back());
     if (!count.ok()) return count.status();
     if (*count > kMaxHostlistExpansion - total) return TooManyNames(hostlist);
     total += *count;
+    // At most a million names of at most 255 characters in all: no overflow.
+    characters += *count * groups.back().longest;
+    if (characters > kMaxHostlistCharacters) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Quote(hostlist), " is too large (expands to over ", kMaxHostlistCharacters >> 20,
+          " MiB of host names); expected fewer or shorter names"));
+    }
   }
   std::vector<std::string> hosts;
   hosts.reserve(total);
