@@ -1414,6 +1414,19 @@ TEST_F(ResumeTest, RefusesTwoAgentsHoldingTheSameRanks) {
   EXPECT_EQ(RefusalOf(Join(kSecond, 12, other_world), 12).code(), absl::StatusCode::kAborted);
 }
 
+TEST_F(ResumeTest, RefusesAMemberBackWithOtherRanksThanItHolds) {
+  ASSERT_EQ(EventsOf<AssignmentEvent>(Join(kSecond, 10, Resuming(0))).size(), 1u);
+  // n0 comes back once more, claiming n1's ranks.
+  JoinSpec swapped = Resuming(0);
+  swapped.resume = held_[1];
+  const absl::Status refused = RefusalOf(Join(2 * kSecond, 11, swapped), 11);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "with rank 2, but the job gave it rank 0"))
+      << refused;
+  // With its own ranks it is taken back.
+  EXPECT_EQ(EventsOf<AssignmentEvent>(Join(3 * kSecond, 12, Resuming(0))).size(), 1u);
+}
+
 TEST_F(ResumeTest, RefusesAReturningAgentWithAnotherNproc) {
   ASSERT_EQ(EventsOf<AssignmentEvent>(Join(kSecond, 10, Resuming(0))).size(), 1u);
   // (More workers than its node held would be no assignment at all: InvalidSpecTest.)
@@ -1785,6 +1798,33 @@ TEST_F(RendezvousStateTest, ASpareWaitsThenTakesALostNodesPlaceAndTheOthersKeepT
   const absl::Status refused = RefusalOf(Join(3 * kSecond, 12, back), 12);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_TRUE(absl::StrContains(refused.message(), "lost while the job ran")) << refused;
+}
+
+TEST_F(RendezvousStateTest, ASpareThatJoinsAgainHearsItIsStillASpare) {
+  JoinAll(0, 1, SpareJob(4, 1));
+  // The spare's stream broke and its agent retried the join: it has no ranks to run.
+  const Decisions again = Join(kSecond, 14, SpareJob(4, 1)[3]);
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(again);
+  ASSERT_EQ(got.size(), 1u) << Summary(again);
+  EXPECT_EQ(Ranks(got.at(14)), "spare");
+  // A seated node that joins again keeps its ranks.
+  const Decisions seated = Join(kSecond, 12, SpareJob(4, 1)[1]);
+  ASSERT_EQ(EventsOf<AssignmentEvent>(seated).size(), 1u) << Summary(seated);
+  EXPECT_EQ(Ranks(EventsOf<AssignmentEvent>(seated).at(12)), "node 1/3 ranks 2-3/6");
+}
+
+TEST_F(RendezvousStateTest, ASpareThatClaimsRanksIsRefused) {
+  const Decisions first = JoinAll(0, 1, SpareJob(4, 1));
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(first);
+  ASSERT_EQ(got.size(), 4u) << Summary(first);
+  // The spare comes back claiming node 1's ranks (an assignment of an earlier run of the id).
+  JoinSpec claim = SpareJob(4, 1)[3];
+  claim.resume = got.at(2);
+  const absl::Status refused = RefusalOf(Join(kSecond, 14, claim), 14);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "no ranks (a spare)")) << refused;
+  // The job runs on, its spare still attached.
+  EXPECT_EQ(state_.Status("j").at(0).state, "running");
 }
 
 TEST_F(RendezvousStateTest, ASpareTakesThePlaceOfANodeARankAskedOut) {

@@ -41,6 +41,14 @@ struct RendezvousState::Member {
     master_port_override = spec.master_port_override;
     longest_heartbeat_interval = spec.longest_heartbeat_interval;
   }
+
+  // What this member is told of the running round whose shared part is `shared`.
+  AssignmentEvent AssignmentIn(const AssignmentEvent& shared) const {
+    AssignmentEvent a = shared;
+    a.slot = slot;
+    a.spare = spare;
+    return a;
+  }
 };
 
 struct RendezvousState::Job {
@@ -547,13 +555,23 @@ void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec,
   } else if (absl::Status s = SameShape(job->id, it->second.agent, spec.agent); !s.ok()) {
     out.closes.push_back({stream, std::move(s)});
     return;
+  } else if (it->second.spare || it->second.slot != held.slot) {
+    // Its workers run other ranks than the job gave it (an assignment of an earlier run of the
+    // same job id): they are not this run's.
+    out.closes.push_back(
+        {stream, absl::FailedPreconditionError(absl::StrFormat(
+                     "the agent on %s rejoins round %d of job %s with rank %d, "
+                     "but the job gave it %s; its workers are not this job's: "
+                     "stop it, or restart the job",
+                     spec.agent.host, held.round, job->id, held.slot.rank_offset,
+                     it->second.spare ? std::string("no ranks (a spare)")
+                                      : absl::StrFormat("rank %d", it->second.slot.rank_offset)))});
+    return;
   } else if (it->second.stream != 0 && it->second.stream != stream) {
     out.closes.push_back({it->second.stream, absl::AbortedError("replaced by a newer join")});
   }
   Attach(*job, it->second, stream);
-  AssignmentEvent a = job->assignment;
-  a.slot = it->second.slot;
-  out.sends.push_back({stream, a});
+  out.sends.push_back({stream, it->second.AssignmentIn(job->assignment)});
 }
 
 void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
@@ -671,9 +689,8 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
     }
     Attach(*job, member, stream);
     if (job->phase == Phase::kRunning) {
-      AssignmentEvent a = job->assignment;
-      a.slot = member.slot;
-      out.sends.push_back({stream, a});
+      // A spare hears again that it is one.
+      out.sends.push_back({stream, member.AssignmentIn(job->assignment)});
     }
     return;
   }
@@ -957,9 +974,7 @@ void RendezvousState::CompleteRound(Job& job, Micros now, Decisions& out) {
     m.slot = table->slots[i];
     m.spare = false;
     if (m.stream == 0) continue;
-    AssignmentEvent a = shared;
-    a.slot = m.slot;
-    out.sends.push_back({m.stream, std::move(a)});
+    out.sends.push_back({m.stream, m.AssignmentIn(shared)});
   }
   job.spares = static_cast<int32_t>(spares.size());
   job.spares_left = 0;
@@ -968,9 +983,7 @@ void RendezvousState::CompleteRound(Job& job, Micros now, Decisions& out) {
     m.slot = Slot{};
     m.spare = true;
     if (m.stream == 0) continue;
-    AssignmentEvent a = shared;
-    a.spare = true;
-    out.sends.push_back({m.stream, std::move(a)});
+    out.sends.push_back({m.stream, m.AssignmentIn(shared)});
   }
 }
 

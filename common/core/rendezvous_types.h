@@ -33,6 +33,7 @@ struct Slot {
   int32_t group_rank = 0;         // dense node index
   int32_t local_rank_offset = 0;  // local rank of the agent's first worker on its node
   int32_t local_world_size = 0;   // workers on this node, over all of its agents
+  bool operator==(const Slot&) const = default;
 };
 
 // Why a node is left out of a job (see ExcludedNode).
