@@ -383,16 +383,23 @@ absl::Status SameRanking(const std::string& job_id, const AgentSpec& other,
   return absl::OkStatus();
 }
 
+// The refusal of a resuming agent whose workers run with `claimed` where the job has `actual`.
+absl::Status ForeignWorkers(const std::string& host, int32_t round, const std::string& job_id,
+                            const std::string& claimed, const std::string& actual) {
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "the agent on %s rejoins round %d of job %s with %s, but %s; its workers are not this "
+      "job's: stop it, or restart the job",
+      host, round, job_id, claimed, actual));
+}
+
 // A resuming agent's claim against the round the job runs (`runs`, as the first agent back
 // brought it, with the job's restart count): workers of another master or size are not this
 // job's, and must not change it for the others.
 absl::Status SameRun(const std::string& job_id, const AssignmentEvent& runs,
                      const AssignmentEvent& held, const std::string& host) {
   const auto refuse = [&](const std::string& claimed, const std::string& held_by_job) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "the agent on %s rejoins round %d of job %s with %s, but the job runs with %s; its "
-        "workers are not this job's: stop it, or restart the job",
-        host, held.round, job_id, claimed, held_by_job));
+    return ForeignWorkers(host, held.round, job_id, claimed,
+                          absl::StrCat("the job runs with ", held_by_job));
   };
   const auto master = [](const AssignmentEvent& a) {
     return absl::StrFormat("master %s:%d", a.master_addr, a.master_port);
@@ -558,14 +565,12 @@ void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec,
   } else if (it->second.spare || it->second.slot != held.slot) {
     // Its workers run other ranks than the job gave it (an assignment of an earlier run of the
     // same job id): they are not this run's.
-    out.closes.push_back(
-        {stream, absl::FailedPreconditionError(absl::StrFormat(
-                     "the agent on %s rejoins round %d of job %s with rank %d, "
-                     "but the job gave it %s; its workers are not this job's: "
-                     "stop it, or restart the job",
-                     spec.agent.host, held.round, job->id, held.slot.rank_offset,
-                     it->second.spare ? std::string("no ranks (a spare)")
-                                      : absl::StrFormat("rank %d", it->second.slot.rank_offset)))});
+    const std::string gave = it->second.spare
+                                 ? "no ranks (a spare)"
+                                 : absl::StrFormat("rank %d", it->second.slot.rank_offset);
+    out.closes.push_back({stream, ForeignWorkers(spec.agent.host, held.round, job->id,
+                                                 absl::StrFormat("rank %d", held.slot.rank_offset),
+                                                 absl::StrCat("the job gave it ", gave))});
     return;
   } else if (it->second.stream != 0 && it->second.stream != stream) {
     out.closes.push_back({it->second.stream, absl::AbortedError("replaced by a newer join")});
