@@ -1,6 +1,6 @@
 # find_package(rdzv): imports rdzv::client, librdzv.so.0 (its public headers need abseil).
 # find_package(rdzv COMPONENTS static) also imports rdzv::client_static, librdzv.a, which needs
-# gRPC, protobuf, spdlog, OpenSSL and MUNGE when the program links.
+# gRPC, protobuf, OpenSSL and MUNGE when the program links.
 include(CMakeFindDependencyMacro)
 find_dependency(absl CONFIG)
 include("${CMAKE_CURRENT_LIST_DIR}/rdzvTargets.cmake")
@@ -10,7 +10,6 @@ foreach(component IN LISTS rdzv_FIND_COMPONENTS)
     find_dependency(Threads)
     find_dependency(Protobuf)
     find_dependency(gRPC CONFIG)
-    find_dependency(spdlog)
     find_dependency(OpenSSL)
     include("${CMAKE_CURRENT_LIST_DIR}/rdzvStaticTargets.cmake")
     set(rdzv_static_FOUND TRUE)
