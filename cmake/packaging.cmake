@@ -12,6 +12,9 @@ set(RDZV_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/rdzv)
 
 install(TARGETS rdzv-agent rdzvctl RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tools)
 install(TARGETS rdzvd RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT server)
+# For workers in enroot containers started by an agent outside them (deploy/slurm/ddp-enroot.sbatch).
+install(FILES deploy/slurm/enroot-workers.conf DESTINATION ${CMAKE_INSTALL_DATADIR}/rdzv
+  COMPONENT tools)
 
 # Files that name installed paths are written at install time, when the prefix is final (cpack
 # installs under /usr whatever the build's CMAKE_INSTALL_PREFIX).
@@ -54,7 +57,8 @@ install(FILES cmake/rdzvConfig.cmake ${PROJECT_BINARY_DIR}/rdzvConfigVersion.cma
   DESTINATION ${RDZV_CMAKE_DIR} COMPONENT dev)
 
 # Debian packages, one per component. dpkg-shlibdeps finds each binary's runtime libraries
-# (libgrpc++1.51, libprotobuf32, libabsl20220623, libspdlog1.10, libmunge2, libssl3, ...).
+# (libgrpc++1.51, libprotobuf32, libabsl20220623, libmunge2, libssl3, ...); spdlog and fmt are
+# compiled in (header-only).
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME rdzv)
 set(CPACK_PACKAGE_VENDOR rdzv)
@@ -95,6 +99,6 @@ packages it recommends.")
 # The headers include abseil's; the static archive also needs these at link time.
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "libabsl-dev")
 set(CPACK_DEBIAN_DEV_PACKAGE_RECOMMENDS
-  "pkg-config, libgrpc++-dev, libprotobuf-dev, libspdlog-dev, libmunge-dev, libssl-dev")
+  "pkg-config, libgrpc++-dev, libprotobuf-dev, libmunge-dev, libssl-dev")
 
 include(CPack)
