@@ -39,6 +39,10 @@ int main(int argc, char** argv) {
     std::printf("%s", rdzv::ServerHelp().c_str());
     return 0;
   }
+  if (flags->version) {
+    std::printf("rdzvd %s\n", RDZV_VERSION);
+    return 0;
+  }
   absl::Status s = rdzv::SetUpLogging("rdzvd", flags->log_level);
   if (!s.ok()) return Fail(s.message());
   rdzv::ServerOptions& options = flags->options;

@@ -146,6 +146,7 @@ FlagParser MakeParser(ServerFlags& f, Converted& c) {
            f.help = true;
            return absl::OkStatus();
          }});
+  p.Add({"version", "", "", "print the version", BoolSetter(&f.version)});
   return p;
 }
 
@@ -163,7 +164,7 @@ absl::StatusOr<ServerFlags> ParseServerFlags(const std::vector<std::string>& arg
               o.stream_window_bytes >> 10};
   absl::StatusOr<std::vector<std::string>> rest = MakeParser(f, c).Parse(args, env);
   if (!rest.ok()) return rest.status();
-  if (f.help) return f;
+  if (f.help || f.version) return f;
   if (!rest->empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("unexpected argument \"", rest->front(), "\"; see rdzvd --help"));

@@ -26,6 +26,7 @@ struct ServerFlags {
   // options.service.peer_tls_ca_pem).
   std::string peer_tls_ca;
   bool help = false;  // nothing else is checked when set
+  bool version = false;
 };
 
 // Parses `args` (without argv[0]) and the variables `env` finds; the command line wins.

@@ -43,6 +43,15 @@ TEST(CtlOptionsTest, CommandsWordsAndOptionsInAnyOrder) {
   EXPECT_EQ(o->command, CtlCommand::kHealth);
 }
 
+TEST(CtlOptionsTest, VersionNeedsNoCommand) {
+  absl::StatusOr<CtlOptions> o = Parse({"--version"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->version);
+  absl::StatusOr<CtlOptions> health = Parse({"--rdzv-endpoint", "h:1", "health"});
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_FALSE(health->version);
+}
+
 TEST(CtlOptionsTest, InAWorkerTheJobIsItsOwn) {
   const EnvList worker = {{"RDZV_ENDPOINT", "n1:20417"}, {"RDZV_RUN_ID", "slurm-7.0"}};
   absl::StatusOr<CtlOptions> o = Parse({"status"}, worker);

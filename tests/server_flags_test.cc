@@ -213,10 +213,7 @@ TEST_P(ServerFlagsErrorTest, NamesTheFix) {
 INSTANTIATE_TEST_SUITE_P(
     Cases, ServerFlagsErrorTest,
     testing::Values(
-        ErrorCase{"UnknownFlag",
-                  {"--port=1"},
-                  {},
-                  "unknown flag --port=1; see rdzvd --help (put the training command after --)"},
+        ErrorCase{"UnknownFlag", {"--port=1"}, {}, "unknown flag --port=1; see rdzvd --help"},
         ErrorCase{"MissingValue", {"--listen"}, {}, "--listen needs a value (HOST:PORT)"},
         ErrorCase{"UnexpectedArgument",
                   {"--listen", "127.0.0.1:1", "extra"},
@@ -312,6 +309,13 @@ TEST(ServerFlagsTest, HelpWinsOverEverythingElse) {
   }
   // A bad value is still refused: the help would not say what was wrong with it.
   EXPECT_FALSE(Parse({"--help", "--max-jobs-per-user", "0"}).ok());
+}
+
+TEST(ServerFlagsTest, VersionNeedsNothingElse) {
+  absl::StatusOr<ServerFlags> f = Parse({"--version", "extra"});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE(f->version);
+  EXPECT_FALSE(Parse({}).value().version);
 }
 
 TEST(ServerFlagsTest, HelpListsEveryFlagWithItsVariable) {

@@ -80,6 +80,7 @@ FlagParser MakeParser(CtlOptions& o) {
            o.help = true;
            return absl::OkStatus();
          }});
+  p.Add({"version", "", "", "print the version", BoolSetter(&o.version)});
   return p;
 }
 
@@ -104,7 +105,7 @@ absl::StatusOr<CtlOptions> ParseCtlOptions(const std::vector<std::string>& args,
     rest = parser.Parse(std::vector<std::string>(rest->begin() + 1, rest->end()), no_env);
   }
   if (!rest.ok()) return rest.status();
-  if (o.help) return o;
+  if (o.help || o.version) return o;
 
   if (words.empty()) {
     return absl::InvalidArgumentError(

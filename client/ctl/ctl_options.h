@@ -41,6 +41,7 @@ struct CtlOptions {
   std::string tls_ca;
   std::string tls_server_name;  // the name the certificate must hold; "" for the endpoint's host
   bool help = false;
+  bool version = false;
 };
 
 // Parses `args` (without argv[0]). InvalidArgument names the word or flag and what to do.

@@ -28,6 +28,10 @@ int main(int argc, char** argv) {
     std::printf("%s", rdzv::CtlHelp().c_str());
     return 0;
   }
+  if (options->version) {
+    std::printf("rdzvctl %s\n", RDZV_VERSION);
+    return 0;
+  }
   // gRPC's own log lines (a failed TLS handshake, say) go below the level shown: rdzvctl prints
   // one line of its own for every failure.
   (void)rdzv::SetUpLogging("rdzvctl", "warn");

@@ -66,9 +66,9 @@ absl::StatusOr<std::vector<std::string>> FlagParser::Parse(const std::vector<std
     }
     const Flag* flag = Find(body);
     if (flag == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("unknown flag %s; see %s --help (put the training command after --)",
-                          Shown(arg), program_));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown flag ", Shown(arg), "; see ", program_, " --help",
+          unknown_flag_hint_.empty() ? "" : absl::StrCat(" (", unknown_flag_hint_, ")")));
     }
     if (!value) {
       if (flag->value_name.empty()) {

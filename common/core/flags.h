@@ -44,6 +44,10 @@ class FlagParser {
 
   void Add(Flag flag) { flags_.push_back(std::move(flag)); }
 
+  // Appended in parentheses to the error for an unknown flag, e.g. where the program's own
+  // arguments end.
+  void SetUnknownFlagHint(std::string hint) { unknown_flag_hint_ = std::move(hint); }
+
   // Applies the environment, then `args` (without argv[0]). Returns the words after the flags.
   // An unknown flag or a bad value gives InvalidArgument naming the flag or variable.
   absl::StatusOr<std::vector<std::string>> Parse(const std::vector<std::string>& args,
@@ -57,6 +61,7 @@ class FlagParser {
 
   std::string program_;
   std::string usage_;
+  std::string unknown_flag_hint_;
   std::vector<Flag> flags_;
 };
 

@@ -34,6 +34,7 @@ Examples:
 
 FlagParser MakeParser(AgentFlags& f) {
   FlagParser p("rdzv-agent", kUsage);
+  p.SetUnknownFlagHint("put the training command after --");
   p.Add({"nnodes", "RDZV_NNODES", "N|MIN:MAX",
          "how many agents (nodes) the job has; MIN:MAX lets the job start with MIN after\n"
          "--last-call (default under Slurm: the step's node or task count)",
