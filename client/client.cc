@@ -190,6 +190,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
       absl::StatusOr<HostPort> hp = ParseHostPort(name, 29400);
       if (!hp.ok()) return hp.status();
       e.name = FormatHostPort(hp->host, hp->port);
+      // Without a credential only a server on this host's loopback can take the calls: any
+      // other would refuse each one, and a wait for it could only end at the join timeout.
+      const ClientAuth& auth = impl->options.auth;
+      if (!auth.none_because.empty() && !ReachesOnlyThisHost(hp->host)) {
+        return absl::FailedPreconditionError(
+            absl::StrFormat("cannot prove who this process is to the rendezvous server at %s: %s",
+                            e.name, auth.none_because));
+      }
     }
     e.channel = grpc::CreateCustomChannel(e.name, setup->credentials, setup->args);
     e.stub = v1::Rendezvous::NewStub(e.channel);

@@ -54,6 +54,10 @@ struct ClientAuth {
   // the job's agent hosts, the site's rdzvd's uid (RDZV_SERVER_UID) for an rdzvd. Unset: any uid
   // that munged vouches for, which shows only that the server runs on a host of the cluster.
   std::optional<uid_t> server_uid;
+  // Set when kAuto resolved to kNone because this host has neither a token nor munged: why, in
+  // words. Such a client reaches only a server on this host's loopback (the one place rdzvd
+  // --auth none may listen), and refuses any other at once, saying this.
+  std::string none_because;
 };
 
 // `auth` with kAuto resolved to what this host can use: kToken when a token is given, else

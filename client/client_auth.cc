@@ -23,9 +23,14 @@ absl::StatusOr<ClientAuth> ResolveClientAuth(ClientAuth auth) {
     return absl::InvalidArgumentError("token authentication needs a token (--rdzv-token-file)");
   }
   if (auth.mode == ClientAuth::Mode::kAuto) {
-    auth.mode = !auth.token.empty()                     ? ClientAuth::Mode::kToken
-                : MungeSocketPresent(auth.munge_socket) ? ClientAuth::Mode::kMunge
-                                                        : ClientAuth::Mode::kNone;
+    if (!auth.token.empty()) {
+      auth.mode = ClientAuth::Mode::kToken;
+    } else if (std::string problem = MungeSocketProblem(auth.munge_socket); problem.empty()) {
+      auth.mode = ClientAuth::Mode::kMunge;
+    } else {
+      auth.mode = ClientAuth::Mode::kNone;
+      auth.none_because = absl::StrCat(problem, ", and no --rdzv-token-file");
+    }
   }
   return auth;
 }

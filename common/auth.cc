@@ -78,10 +78,18 @@ absl::Status MungeError(munge_err_t err, munge_ctx_t ctx, const std::string& soc
   switch (err) {
     case EMUNGE_SOCKET:
     case EMUNGE_SNAFU:
-    case EMUNGE_NO_MEMORY:
+    case EMUNGE_NO_MEMORY: {
+      // No socket file at all: munged may well run, but not where this process looks.
+      const std::string path = socket.empty() ? std::string(kDefaultMungeSocket) : socket;
+      struct stat st;
+      if (stat(path.c_str(), &st) != 0 && errno == ENOENT) {
+        return absl::UnavailableError(
+            absl::StrCat("cannot reach munged: ", MungeSocketProblem(socket)));
+      }
       return absl::UnavailableError(absl::StrFormat(
           "cannot reach munged through %s (%s); is munged running (check: munge -n | unmunge)?",
           SocketName(socket), what));
+    }
     case EMUNGE_CRED_REPLAYED:
       return absl::UnauthenticatedError("MUNGE credential replayed: each call needs a new one");
     case EMUNGE_CRED_EXPIRED:
@@ -377,22 +385,35 @@ bool MungeWorks(const std::string& socket) {
   return cred.ok() && MungeDecode(*cred, socket).ok();
 }
 
-bool MungeSocketPresent(const std::string& socket) {
+bool MungeSocketPresent(const std::string& socket) { return MungeSocketProblem(socket).empty(); }
+
+std::string MungeSocketProblem(const std::string& socket) {
   const std::string path = socket.empty() ? std::string(kDefaultMungeSocket) : socket;
   struct stat st;
-  if (stat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
+  if (stat(path.c_str(), &st) != 0) {
+    const std::string dir = path.substr(0, path.rfind('/'));
+    return absl::StrFormat(
+        "no MUNGE socket at %s (inside a container, mount the host's %s: pyxis "
+        "--container-mounts=%s:%s, enroot --mount %s:%s, Apptainer --bind %s)",
+        path, dir, dir, dir, dir, dir, dir);
+  }
+  if (!S_ISSOCK(st.st_mode))
+    return absl::StrFormat("%s is not a socket: check --munge-socket", path);
   sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) return false;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::StrFormat("the MUNGE socket path %s is too long: check --munge-socket", path);
+  }
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return true;  // cannot tell: let the call itself report
+  if (fd < 0) return "";  // cannot tell: let the call itself report
   const int rc = connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
   const int err = errno;
   close(fd);
   // Refused: a socket file left behind by a munged that is gone. A full backlog (EAGAIN) is a
   // busy munged, which is present.
-  return rc == 0 || (err != ECONNREFUSED && err != ENOENT);
+  if (rc == 0 || (err != ECONNREFUSED && err != ENOENT)) return "";
+  return absl::StrFormat("munged does not answer at %s (check: munge -n | unmunge)", path);
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {

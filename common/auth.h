@@ -161,6 +161,11 @@ bool MungeWorks(const std::string& socket);
 // (connection refused) counts as absent, a busy munged (full backlog) as present.
 bool MungeSocketPresent(const std::string& socket);
 
+// Why MungeSocketPresent(socket) is false, in words for a one-line error ("no MUNGE socket at
+// /run/munge/munge.socket.2 ..."), naming the fix; "" when it is true. A socket that is not
+// there at all, as in a container that does not mount it, names the mount to add.
+std::string MungeSocketProblem(const std::string& socket);
+
 // Reads a job token from `path`: a regular file (not a link) owned by the caller, readable
 // and writable by the owner only (0600 or 0400), 16 to 4096 bytes of printable ASCII text;
 // surrounding whitespace is dropped. Does not block on a FIFO. One-line errors name the file and

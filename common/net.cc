@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -35,6 +36,37 @@ std::string AddressText(const sockaddr* sa) {
 }
 
 }  // namespace
+
+bool IsIpAddress(const std::string& host) {
+  unsigned char buf[sizeof(struct in6_addr)];
+  return inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
+
+std::vector<std::string> ResolveAddresses(const std::string& host) {
+  addrinfo hints = {};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return {};
+  std::vector<std::string> addresses;
+  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    if (ai->ai_family != AF_INET && ai->ai_family != AF_INET6) continue;
+    std::string text = AddressText(ai->ai_addr);
+    if (!text.empty() && std::find(addresses.begin(), addresses.end(), text) == addresses.end()) {
+      addresses.push_back(std::move(text));
+    }
+  }
+  freeaddrinfo(found);
+  return addresses;
+}
+
+bool ReachesOnlyThisHost(const std::string& host) {
+  if (IsLoopbackAddress(host)) return true;
+  if (IsIpAddress(host)) return false;
+  const std::vector<std::string> addresses = ResolveAddresses(host);
+  return !addresses.empty() &&
+         std::all_of(addresses.begin(), addresses.end(),
+                     [](const std::string& a) { return IsLoopbackAddress(a); });
+}
 
 bool AnyListening(const std::vector<std::string>& endpoints, absl::Duration timeout) {
   for (const std::string& endpoint : endpoints) {

@@ -18,6 +18,16 @@ namespace rdzv {
 // through that same network can use to reach us. Resolves `host` first.
 absl::StatusOr<std::string> LocalAddressToward(absl::string_view host, int port);
 
+// Whether `host` is an IPv4 or IPv6 address as such (not a name).
+bool IsIpAddress(const std::string& host);
+
+// The addresses `host` resolves to here, each once, in the resolver's order; none when it
+// resolves nowhere. Blocks for the resolver.
+std::vector<std::string> ResolveAddresses(const std::string& host);
+
+// Whether `host` is a loopback address, or a name that resolves to loopback addresses only.
+bool ReachesOnlyThisHost(const std::string& host);
+
 // Non-loopback addresses of this host's interfaces that are up, IPv4 first.
 std::vector<std::string> InterfaceAddresses();
 

@@ -265,8 +265,25 @@ TEST_F(AuthTest, AgentWithoutMungedSaysSoAndExits) {
   Subprocess agent(
       Agent("nomunge", 0, {"--auth", "munge", "--munge-socket", dir_.File("absent.socket")}));
   EXPECT_EQ(agent.Wait(kWait), 1) << agent.Stderr();
-  EXPECT_THAT(agent.Stderr(), HasSubstr("is munged running"));
+  EXPECT_THAT(agent.Stderr(), HasSubstr("cannot reach munged: no MUNGE socket at "));
   EXPECT_THAT(agent.Stderr(), HasSubstr("absent.socket"));
+}
+
+// As in a container that does not mount /run/munge: an agent with neither munged's socket nor a
+// token refuses at once to join a server off this host's loopback, which would refuse its every
+// call, and says what to mount. The address is one no host has (TEST-NET-1): nothing is sent.
+TEST_F(AuthTest, AnAgentWithoutMungeOrTokenNamesTheMountInsteadOfWaiting) {
+  const absl::Time start = absl::Now();
+  Subprocess agent(AgentWith({RDZV_AGENT_BIN, "--rdzv-endpoint", "192.0.2.1:29400", "--rdzv-id",
+                              "nomount", "--nnodes", "2", "--node-rank", "1"},
+                             {"--munge-socket", dir_.File("run/munge/munge.socket.2")}));
+  EXPECT_EQ(agent.Wait(kWait), 1) << agent.Stderr();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "it waited for the join timeout";
+  const std::string err = agent.Stderr();
+  EXPECT_THAT(err, HasSubstr("cannot prove who this process is to the rendezvous server at "
+                             "192.0.2.1:29400: no MUNGE socket at "));
+  EXPECT_THAT(err, HasSubstr("--container-mounts="));
+  EXPECT_THAT(err, HasSubstr("and no --rdzv-token-file"));
 }
 
 TEST_F(AuthTest, AnotherUserCannotSeeStopOrJoinAJob) {

@@ -21,35 +21,7 @@
 namespace rdzv {
 namespace {
 
-bool IsIpAddress(const std::string& host) {
-  unsigned char buf[sizeof(struct in6_addr)];
-  return inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1;
-}
-
-// The addresses `host` resolves to here, each once, in the resolver's order.
-std::vector<std::string> Resolve(const std::string& host) {
-  addrinfo hints = {};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return {};
-  std::vector<std::string> addresses;
-  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
-    char text[INET6_ADDRSTRLEN] = {};
-    const void* raw =
-        ai->ai_family == AF_INET
-            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(ai->ai_addr)->sin_addr)
-            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(ai->ai_addr)->sin6_addr);
-    if ((ai->ai_family != AF_INET && ai->ai_family != AF_INET6) ||
-        inet_ntop(ai->ai_family, raw, text, sizeof(text)) == nullptr) {
-      continue;
-    }
-    if (absl::c_find(addresses, text) == addresses.end()) addresses.push_back(text);
-  }
-  freeaddrinfo(found);
-  return addresses;
-}
-
-bool ResolvesToAddress(const std::string& host) { return !Resolve(host).empty(); }
+bool ResolvesToAddress(const std::string& host) { return !ResolveAddresses(host).empty(); }
 
 // The address slurm.conf gives a node (NodeAddr), from scontrol.
 absl::StatusOr<std::string> SlurmNodeAddress(const std::string& node) {
@@ -99,9 +71,10 @@ absl::StatusOr<std::unique_ptr<Server>> StartEmbedded(const AgentConfig& config,
     options.service.auth = ServerPolicyFor(auth);
     if (absl::Status s = CheckServerAuth(options.service.auth, options.listen); !s.ok()) {
       return absl::FailedPreconditionError(absl::StrFormat(
-          "cannot host the rendezvous on %s without authentication: munged does not answer on "
-          "this node; start munged, or give every agent the same --rdzv-token-file",
-          listen_host));
+          "cannot host the rendezvous on %s without authentication: %s; start munged, or give "
+          "every agent the same --rdzv-token-file",
+          listen_host,
+          auth.none_because.empty() ? "munged does not answer on this node" : auth.none_because));
     }
     absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
     if (server.ok()) return server;
@@ -149,7 +122,7 @@ std::string ListenAddressFor(const std::string& host, const std::string& node) {
   ListenFacts facts;
   facts.server_host = host;
   facts.local = InterfaceAddresses();
-  facts.resolved = IsIpAddress(host) ? std::vector<std::string>{host} : Resolve(host);
+  facts.resolved = IsIpAddress(host) ? std::vector<std::string>{host} : ResolveAddresses(host);
   facts.slurm_address = [&] {
     absl::StatusOr<std::string> address = SlurmNodeAddress(node);
     return address.ok() ? *address : std::string();
@@ -182,7 +155,7 @@ AuthPolicy ServerPolicyFor(const ClientAuth& auth) {
 
 absl::StatusOr<std::string> NodeConnectAddress(const std::string& node) {
   if (IsIpAddress(node)) return node;
-  std::vector<std::string> addresses = Resolve(node);
+  std::vector<std::string> addresses = ResolveAddresses(node);
   // IPv4 first, as EmbeddedListenAddress prefers it.
   absl::c_stable_partition(addresses,
                            [](const std::string& a) { return !absl::StrContains(a, ':'); });
