@@ -17,6 +17,7 @@ packages=(
   openssl                    # the TLS test makes its own CA and certificates
   dpkg-dev file              # cpack's .deb packages (dpkg-shlibdeps) and their test
   clang libclang-rt-dev      # libFuzzer for tests/fuzz
+  debootstrap bubblewrap     # the container tests' foreign image, and the runtimes standing in
 )
 
 missing=()
