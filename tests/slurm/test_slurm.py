@@ -542,50 +542,6 @@ class SbatchTemplateTest(SlurmTestCase):
         self.assertEqual(code, 0, output)
         self.check_per_task(self.records(out_dir, 4), tasks_per_node=[2, 2])
 
-    def test_apptainer_template(self):
-        # A stand-in for apptainer that records its arguments and runs the command after the
-        # image: it checks the template's shape (one container per worker, started by the
-        # agent outside it, with --nv), not apptainer itself.
-        bin_dir = self.out_dir("bin")
-        calls = self.out_dir("calls")
-        shim = os.path.join(bin_dir, "apptainer")
-        with open(shim, "w") as f:
-            f.write(textwrap.dedent(f"""\
-                #!/bin/sh
-                printf '%s\\n' "$@" > {calls}/$$
-                [ "$1" = exec ] || exit 64
-                shift
-                while [ $# -gt 0 ]; do
-                  case $1 in
-                    -B|--bind|--env|--pwd) shift 2 ;;
-                    -*) shift ;;
-                    *) break ;;
-                  esac
-                done
-                shift  # the image
-                exec "$@"
-            """))
-        os.chmod(shim, 0o755)
-        out_dir = self.out_dir()
-        env = self.template_env(PYTHON=sys.executable, TRAIN_SCRIPT=self.worker,
-                                IMAGE="pytorch.sif")
-        env["PATH"] = bin_dir + os.pathsep + env["PATH"]
-        code, _, output = self.sbatch(
-            os.path.join(SOURCE_DIR, "deploy", "slurm", "ddp-apptainer.sbatch"),
-            ["--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1"], [out_dir],
-            env=dict(env, RDZV_NPROC_PER_NODE="2"))
-        self.assertEqual(code, 0, output)
-        self.check_per_node(self.records(out_dir, 4), nodes=2, nproc=2)
-        invocations = []
-        for name in os.listdir(calls):
-            with open(os.path.join(calls, name)) as f:
-                invocations.append(f.read().split("\n"))
-        self.assertEqual(len(invocations), 4, invocations)
-        for args in invocations:
-            self.assertEqual(args[0], "exec", args)
-            self.assertIn("--nv", args)
-            self.assertIn("pytorch.sif", args)
-
     def test_templates_are_valid_bash(self):
         for name in sorted(os.listdir(os.path.join(SOURCE_DIR, "deploy", "slurm"))):
             if name.endswith(".sbatch"):
