@@ -144,7 +144,8 @@ class WorkerEnvTest(SlurmTestCase):
 
     def check_places(self, records, counts, nodelist, launcher_hidden=True, sockets=False):
         """Every worker's Slurm variables are those of its ranks in a step of COUNTS workers per
-        node on NODELIST (None: no node list), SLURM_TASK_PID is its own pid, and with
+        node on NODELIST (None: no node list; ALLOCATION: the nodes Slurm gave the job, whichever
+        were free), SLURM_TASK_PID is its own pid, and with
         LAUNCHER_HIDDEN it sees no launcher place, nor (unless SOCKETS) any inherited socket
         such as the agent's PMI_FD."""
         world = sum(counts)
@@ -154,6 +155,7 @@ class WorkerEnvTest(SlurmTestCase):
             e = r["env"]
             rank, local, node = int(e["RANK"]), int(e["LOCAL_RANK"]), int(e["GROUP_RANK"])
             first = sum(counts[:node])
+            step_nodes = e.get("SLURM_JOB_NODELIST") if nodelist is ALLOCATION else nodelist
             where = f"rank {rank}: " + " ".join(f"{k}={v}" for k, v in sorted(e.items())
                                                 if k.startswith(("SLURM_", "PMI")))
             self.assertEqual(rank, first + local, where)
@@ -175,7 +177,7 @@ class WorkerEnvTest(SlurmTestCase):
                 "SLURM_STEP_TASKS_PER_NODE": tasks_per_node(counts),
                 "SLURM_NTASKS_PER_NODE": str(counts[0]) if even else None,
                 "SLURM_NNODES": str(len(counts)), "SLURM_STEP_NUM_NODES": str(len(counts)),
-                "SLURM_NODELIST": nodelist, "SLURM_STEP_NODELIST": nodelist,
+                "SLURM_NODELIST": step_nodes, "SLURM_STEP_NODELIST": step_nodes,
                 "SLURM_TASK_PID": str(r["pid"])}
             self.assertEqual(got, want, where)
             if launcher_hidden:
@@ -187,6 +189,11 @@ class WorkerEnvTest(SlurmTestCase):
                 self.assertEqual(inherited, {}, where)
 
 
+# check_places' node list for a step over the whole of its job's allocation, which is whichever
+# nodes were free: the job's own SLURM_JOB_NODELIST.
+ALLOCATION = object()
+
+
 class PerNodeTest(WorkerEnvTest):
     def test_uneven_nodes_under_pmi2(self):
         # Nodes running 2, 1 and 3 workers, under srun --mpi=pmi2 (PMI_RANK, PMI_SIZE and the
@@ -195,14 +202,14 @@ class PerNodeTest(WorkerEnvTest):
         records, err = self.run_srun(
             ["-N3", "--ntasks-per-node=1", "--mpi=pmi2"], [], wrapper=[wrapper], expected=6,
             env=base_env(COUNTS="2 1 3", **FOREIGN_PLACE))
-        self.check_places(records, [2, 1, 3], "n[1-3]")
+        self.check_places(records, [2, 1, 3], ALLOCATION)
         self.assertEqual(err.count("workers do not see this agent's place"), 3, err)
         self.assertIn("PMI_FD", err)
 
     def test_mpi_env_keep_passes_the_agents_place_on(self):
         records, _ = self.run_srun(["-N2", "--ntasks-per-node=1", "--mpi=pmi2"],
                                    ["--nproc-per-node", "2", "--mpi-env", "keep"], expected=4)
-        self.check_places(records, [2, 2], "n[1-2]", launcher_hidden=False)
+        self.check_places(records, [2, 2], ALLOCATION, launcher_hidden=False)
         for r in records:
             e = r["env"]
             # The agent's place, as asked: its node index, shared by the node's workers.
@@ -218,7 +225,7 @@ class PerNodeTest(WorkerEnvTest):
         proc = self.start(argv, base_env())
         code, out, err, _ = self.finish(proc, 120)
         self.assertEqual(code, 0, f"stdout:\n{out}\nstderr:\n{err}")
-        self.check_places(self.read(out_dir, 4, restart="1"), [2, 2], "n[1-2]")
+        self.check_places(self.read(out_dir, 4, restart="1"), [2, 2], ALLOCATION)
 
     def test_slurm_env_keep_warns_once_per_agent(self):
         records, err = self.run_srun(["-N2", "--ntasks-per-node=1"],
@@ -234,7 +241,7 @@ class PerNodeTest(WorkerEnvTest):
 class PerTaskTest(WorkerEnvTest):
     def test_the_launchers_place_is_the_workers_own(self):
         records, err = self.run_srun(["-N2", "-n3", "--mpi=pmi2"], [], expected=3)
-        self.check_places(records, [2, 1], "n[1-2]", launcher_hidden=False)
+        self.check_places(records, [2, 1], ALLOCATION, launcher_hidden=False)
         for r in records:
             e = r["env"]
             self.assertEqual(e["PMI_RANK"], e["RANK"])
@@ -253,7 +260,7 @@ class StepPerNodeTest(WorkerEnvTest):
             env=base_env(COUNTS="1 3 2"), timeout=180)
         self.assertEqual(code, 0, output)
         records = self.read(out_dir, 6)
-        self.check_places(records, [1, 3, 2], "n[1-3]")
+        self.check_places(records, [1, 3, 2], ALLOCATION)
         self.assertEqual({r["env"]["TORCHELASTIC_RUN_ID"] for r in records}, {f"slurm-{job_id}"})
 
 
@@ -282,7 +289,9 @@ class StandaloneTest(WorkerEnvTest):
         records = self.read(out_dir, 3)
         node = records[0]["env"]["SLURMD_NODENAME"]
         self.check_standalone(records, node)
-        self.assertEqual({r["env"]["SLURM_JOB_NODELIST"] for r in records}, {"n[1-2]"})
+        # The job's two nodes (whichever were free), of which the workers' step uses one.
+        self.assertEqual(len({r["env"]["SLURM_JOB_NODELIST"] for r in records}), 1)
+        self.assertRegex(records[0]["env"]["SLURM_JOB_NODELIST"], r"^n\[[1-4][-,][1-4]\]$")
 
     def test_under_salloc(self):
         # salloc runs the agent here, in a shell that is on none of the nodes: no node list.
