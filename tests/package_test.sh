@@ -30,7 +30,8 @@ for p in "${packages[@]}"; do
     exit 1
   fi
 done
-for f in /usr/bin/rdzvd /usr/bin/rdzv-agent /usr/bin/rdzvctl /etc/rdzv.conf /usr/include/rdzv; do
+for f in /usr/bin/rdzvd /usr/bin/rdzv-agent /usr/bin/rdzvctl /etc/rdzv.conf /usr/include/rdzv \
+    /usr/lib/rdzv /usr/share/rdzv; do
   if [ -e "$f" ]; then
     echo "package_test: $f exists and would be overwritten; move it away first"
     exit 1
@@ -52,7 +53,8 @@ cleanup() {
       rc=1
     fi
   done
-  for f in /usr/bin/rdzvd /usr/bin/rdzv-agent /usr/bin/rdzvctl /etc/rdzv.conf /usr/include/rdzv; do
+  for f in /usr/bin/rdzvd /usr/bin/rdzv-agent /usr/bin/rdzvctl /etc/rdzv.conf /usr/include/rdzv \
+      /usr/lib/rdzv /usr/share/rdzv; do
     if [ -e "$f" ]; then
       echo "FAIL: $f is still there after dpkg --purge"
       rc=1
@@ -91,6 +93,21 @@ grep -q '^ExecStart=/usr/bin/rdzvd ' "$unit" || fail "$unit does not start /usr/
 # The site configuration is a valid example that sets nothing: the agent still starts with it.
 /usr/bin/rdzv-agent --version >/dev/null || fail "rdzv-agent does not run with the packaged /etc/rdzv.conf"
 ldconfig -p | grep 'librdzv.so.0 ' >/dev/null || fail "librdzv.so.0 is not in the dynamic linker's cache"
+
+# The self-contained agent and rdzvctl, for bind-mounting into containers: static, stripped,
+# the package asking nothing for them, and running in a root that holds nothing else.
+for f in /usr/lib/rdzv/container/rdzv-agent /usr/lib/rdzv/container/rdzvctl; do
+  [ -x "$f" ] || fail "$f is not installed"
+  if readelf -lW "$f" | grep -q INTERP; then fail "$f is not statically linked"; fi
+  if readelf -SW "$f" | grep -q '\.symtab'; then fail "$f is not stripped"; fi
+  echo "$f: $(stat -c %s "$f") bytes"
+done
+[ -f /usr/share/rdzv/enroot-workers.conf ] || fail "/usr/share/rdzv/enroot-workers.conf is not installed"
+bwrap --tmpfs / --ro-bind /usr/lib/rdzv/container /opt/rdzv --proc /proc --dev /dev --tmpfs /tmp \
+  -- /opt/rdzv/rdzv-agent --standalone -- /opt/rdzv/rdzvctl --version >"$work/empty-root.out" 2>&1 ||
+  { cat "$work/empty-root.out"; fail "the installed self-contained agent does not run in an empty root"; }
+grep -q '^\[0\]: rdzvctl ' "$work/empty-root.out" ||
+  { cat "$work/empty-root.out"; fail "the installed self-contained agent ran no worker"; }
 
 # Out of the tree: a copy of the example and its CMakeLists, nothing else from the source tree,
 # and a clean environment.
