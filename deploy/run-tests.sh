@@ -9,29 +9,47 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-deploy/install-deps.sh
+# Each stage's time, printed as it ends and again together at the end (also when one fails).
+timings=()
+stage() {
+  local name=$1 start=$SECONDS rc=0
+  shift
+  echo "== $name" >&2
+  "$@" || rc=$?
+  timings+=("$(printf '%-22s %5d s%s' "$name" $((SECONDS - start)) "$([ $rc = 0 ] || echo "  FAILED ($rc)")")")
+  echo "== $name: $((SECONDS - start)) s" >&2
+  return "$rc"
+}
+summary() {
+  echo "== stages" >&2
+  printf '   %s\n' "${timings[@]}" >&2
+  echo "   total                  $SECONDS s" >&2
+}
+trap summary EXIT
+
+stage install-deps deploy/install-deps.sh
 
 jobs=$(nproc)
 cmake --preset release >/dev/null
-cmake --build --preset release -j "$jobs"
-ctest --preset release -j 1 -LE package
+stage release-build cmake --build --preset release -j "$jobs"
+stage release-tests ctest --preset release -j 1 -LE package
 # The .debs of this build installed, used and purged again (dpkg needs root).
 if [ "$(id -u)" = 0 ]; then
-  ctest --preset release -L package
+  stage package-test ctest --preset release -L package
 fi
 
 if [ "${RDZV_SKIP_ASAN:-0}" != 1 ]; then
   cmake --preset asan >/dev/null
-  cmake --build --preset asan -j "$jobs"
+  stage asan-build cmake --build --preset asan -j "$jobs"
   # The 2,000-agent scale checks (bench_*) ran in the release pass; under ASan they take minutes. The
   # attack test bounds rdzvd's memory, which ASan's shadow and quarantine multiply; it ran in the
   # release pass too.
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --preset asan -L 'unit|integration' -E '^bench_|^isolation_test$' -j 1
+    stage asan-tests ctest --preset asan -L 'unit|integration' -E '^bench_|^isolation_test$' -j 1
 fi
 
 # Each libFuzzer harness for a bounded time from its corpus in tests/fuzz/corpus (clang, ASan and
 # UBSan); any crash, sanitizer report, hang or leak fails the run.
 if [ "${RDZV_SKIP_FUZZ:-0}" != 1 ]; then
-  tests/fuzz/run.sh "${RDZV_FUZZ_SECONDS:-20}"
+  stage fuzz tests/fuzz/run.sh "${RDZV_FUZZ_SECONDS:-20}"
 fi
