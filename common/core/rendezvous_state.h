@@ -51,6 +51,9 @@ struct Decisions {
   };
   std::vector<Send> sends;
   std::vector<Close> closes;
+  // Jobs this state took up from a resuming agent (it did not know the job, or only a round of
+  // it that never formed here): the server restarted, or took them over from a lost one.
+  std::vector<std::string> taken_up;
 };
 
 // The most workers one agent may run; rdzv-agent caps --nproc-per-node at the same
@@ -136,6 +139,7 @@ class RendezvousState {
  private:
   struct Job;
   struct Member;
+  struct GoneNode;
 
   Job* FindJob(const std::string& job_id);
   void CompleteRound(Job& job, Micros now, Decisions& out);
@@ -153,8 +157,23 @@ class RendezvousState {
   // How a job ends that its left-out nodes leave short of the agents it needs; names `latest`
   // (else the last one recorded) and every recorded node for sbatch --exclude.
   AbortEvent TooFewLeft(const Job& job, const ExcludedNode* latest) const;
+  // How a round ends that can never have --nnodes MIN: TooFewLeft, or, when agents of an earlier
+  // run left the job, the last run's own end (its failure, exit code and all) naming `latest`
+  // (else the last one recorded), the agent that had already finished.
+  AbortEvent CannotForm(const Job& job, const GoneNode* latest) const;
+  // Records an agent of the last run that left the job: a restart cannot have it.
+  void NoteGone(Job& job, GoneNode node);
   void Resume(Micros now, StreamId stream, const JoinSpec& spec, const CallerInfo& caller,
               Decisions& out);
+  // Makes `job` the running round that the resuming `spec` holds, waiting (resume_window) for
+  // the rest of its agents; members it has already wait for their ranks.
+  void Rebuild(Job& job, Micros now, const JoinSpec& spec);
+  // Of a rebuilt job's agents that run ranks (not spares), how many are back with their ranks;
+  // `unranked` gets how many joined afresh and wait for theirs.
+  int32_t RankedBack(const Job& job, int32_t* unranked) const;
+  // Once every agent of a rebuilt job is back, gives those that joined afresh their ranks (the
+  // round's rank assignment over all of them), or ends the job when the resumed ranks disagree.
+  void FillRebuilt(Job& job, Micros now, Decisions& out);
   // Makes `stream` the member's (detaching any earlier one).
   void Attach(Job& job, Member& member, StreamId stream);
   void Detach(Job& job, Member& member);
