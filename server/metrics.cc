@@ -290,8 +290,8 @@ Metrics::Metrics(absl::string_view version) {
   restarts_ = &AddCounter("rdzv_restarts_total",
                           "Rounds started again after a failure, within --max-restarts.");
   failovers_ = &AddCounter("rdzv_failovers_total",
-                           "Jobs this server (started with --peers) took up from their resuming "
-                           "agents after the server that ran them was lost.");
+                           "Jobs this server took up from their resuming agents: after the server "
+                           "that ran them was lost, or after this server restarted.");
   peer_refusals_ = &AddCounter(
       "rdzv_peer_refusals_total",
       "Joins refused because another rdzvd of the server list serves the job (--peers).");

@@ -172,8 +172,8 @@ class Metrics {
   Counter& rounds_completed() { return *rounds_completed_; }
   // rdzv_restarts_total: rounds started again after a failure (--max-restarts).
   Counter& restarts() { return *restarts_; }
-  // rdzv_failovers_total: jobs this server (with --peers) took up from their resuming agents
-  // after the server that ran them was lost.
+  // rdzv_failovers_total: jobs this server took up from their resuming agents: after the
+  // server that ran them was lost (a failover to this one), or after this one restarted.
   Counter& failovers() { return *failovers_; }
   // rdzv_peer_refusals_total: joins refused because another server of the list serves the job.
   Counter& peer_refusals() { return *peer_refusals_; }

@@ -521,6 +521,13 @@ void RendezvousService::LoseStreamLocked(absl::flat_hash_map<StreamId, Stream>::
 
 void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& writers) {
   if (options_.metrics != nullptr) options_.metrics->OnDecisions(clock_(), decisions);
+  for (const std::string& job : decisions.taken_up) {
+    // Counted in rdzv_failovers_total, with or without --peers.
+    spdlog::warn(
+        "job {}: taken up from its resuming agents (this rdzvd restarted, or the one that ran it "
+        "was lost)",
+        EscapeControl(job));
+  }
   std::vector<StreamId> overfull;
   const auto push = [&](StreamId id, JoinStream* stream, std::shared_ptr<const v1::JoinEvent> event,
                         int64_t bytes) {

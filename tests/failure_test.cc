@@ -352,6 +352,9 @@ TEST_F(FailureTest, RestartedRdzvdTakesTheRunningJobBack) {
   Subprocess& again = Start(argv);
   ASSERT_TRUE(testing::WaitForLoopbackPort(port_, kLongWait) && again.Running()) << again.Stderr();
   ASSERT_NO_FATAL_FAILURE(WaitForJoined("comeback", 2));
+  // Counted in rdzv_failovers_total as any takeover is, though this rdzvd has no --peers.
+  EXPECT_TRUE(again.WaitForOutput("job comeback: taken up from its resuming agents", kLongWait))
+      << again.Stderr();
   for (Subprocess* a : agents) {
     EXPECT_TRUE(a->WaitForOutput("back in touch with the rendezvous server", kLongWait))
         << Describe(*a);
