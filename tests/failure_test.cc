@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -487,6 +488,45 @@ TEST_F(FailureTest, MaxRestartsRestartsWithTheSameRanks) {
     EXPECT_EQ(second[i].at("TORCHELASTIC_RESTART_COUNT"), "1") << "rank " << i;
     EXPECT_EQ(second[i].at("TORCHELASTIC_MAX_RESTARTS"), "2") << "rank " << i;
   }
+  ExpectNothingLeft();
+}
+
+// A restart that would need a node whose workers already succeeded (its agent has left) cannot
+// be whole: every remaining agent ends at once with the failing rank's code, naming both the
+// failure and the node that had finished, instead of waiting for it until the join timeout.
+TEST_F(FailureTest, ARestartThatNeedsAFinishedNodeEndsAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  // Node 0 succeeds at once; once its agent is gone, rank 1 fails (as in a crash at exit) and
+  // notes when; rank 2 would sleep.
+  const std::vector<Subprocess*> agents = StartAgents(
+      3, "finished", "3", {"--max-restarts", "1", "--join-timeout", "60"},
+      absl::StrCat("[ $RANK = 0 ] && exit 0; ",
+                   "if [ $RANK = 1 ]; then while [ ! -e $d/go ]; do sleep 0.02; done; ",
+                   "date +%s.%N > $d/failed-at; echo 'Segmentation fault' >&2; exit 3; fi; ",
+                   SleepLong()));
+  WaitForWorkers(0, 3);
+  ASSERT_EQ(agents[0]->Wait(kLongWait), 0) << Describe(*agents[0]);
+  std::ofstream(absl::StrCat(dir_.path(), "/go")).put('\n');
+  std::vector<int> codes;
+  WaitAll({agents[1], agents[2]}, codes);
+  const absl::Time ended = absl::Now();
+  double failed_at = 0;
+  ASSERT_TRUE(absl::SimpleAtod(
+      absl::StripAsciiWhitespace(testing::ReadFileOrEmpty(absl::StrCat(dir_.path(), "/failed-at"))),
+      &failed_at));
+  const absl::Duration took = ended - absl::FromUnixNanos(static_cast<int64_t>(failed_at * 1e9));
+  std::cout << "from rank 1's failure to the last agent's exit: " << took << std::endl;
+  EXPECT_LT(took, kPrompt) << "the restart waited for the node that had finished";
+  for (int i : {1, 2}) {
+    Subprocess& a = *agents[i];
+    EXPECT_EQ(codes[i - 1], 3) << Describe(a);
+    const std::string last = LineWith(a.Stderr(), "job finished failed");
+    EXPECT_TRUE(Contains(last, "rank 1 (local rank 0, node 1) on n1 exited with code 3"))
+        << Describe(a);
+    EXPECT_TRUE(Contains(last, "n0 (node 0) had already finished")) << Describe(a);
+    EXPECT_TRUE(LacksText(a.Stderr(), "waiting for 1 of 3 nodes")) << Describe(a);
+  }
+  EXPECT_TRUE(ReadWorkers(1).empty()) << "a restart ran without node 0";
   ExpectNothingLeft();
 }
 
