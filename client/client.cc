@@ -299,11 +299,18 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
       if (stopped()) return absl::CancelledError("join cancelled");
       previous = std::exchange(impl_->call, call);
     }
-    if (previous) {
-      // A new round (or a retry) replaces the earlier stream; its end is no loss.
-      previous->MarkLeaving();
-      previous->Cancel();
-    }
+    // A new round (or a retry) replaces the earlier stream; its end is no loss. It is ended
+    // once the new stream has its answer's headers (or has failed): a server hosted by an agent
+    // that waits for the others to go (agent.cc AwaitOthers) must never see none of this
+    // agent's streams open in between, as it would at a restart.
+    struct EndLater {
+      std::shared_ptr<JoinCall> call;
+      void Now() {
+        if (call) std::exchange(call, nullptr)->Cancel();
+      }
+      ~EndLater() { Now(); }
+    } previous_end{previous};
+    if (previous) previous->MarkLeaving();
     if (attempt > 0 && absl::Now() >= deadline) {
       return unreachable();
     }
@@ -330,6 +337,7 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
     const absl::Status proof = impl_->ProveJoin(
         *call, spec.job_id, nonce, several || ProofRequiredAt(endpoint),
         several ? std::min(deadline, absl::Now() + impl_->options.rpc_timeout) : deadline);
+    previous_end.Now();
     if (proof.ok()) {
       call->Await(deadline);
     } else {
