@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
 #include <asio/post.hpp>
 #include <list>
 #include <optional>
@@ -472,7 +473,10 @@ bool RendezvousService::MayReattach(StreamId id) {
   {
     absl::MutexLock lock(&mu_);
     auto it = streams_.find(id);
-    if (it == streams_.end() || it->second.group || !it->second.state->Runs(id)) return false;
+    if (it == streams_.end() || it->second.group ||
+        !(it->second.state->Runs(id) || it->second.state->Awaits(id))) {
+      return false;
+    }
     peer = it->second.peer;
   }
   return options_.connections->ConnectionUp(peer);
@@ -486,6 +490,14 @@ void RendezvousService::StreamDone(StreamId id, bool cancelled) {
     auto it = streams_.find(id);
     if (it == streams_.end()) return;
     const Micros now = clock_();
+    if (may_reattach && !it->second.state->Runs(id)) {
+      // An agent the ended job still counts on (it may restart), whose process is alive: it
+      // comes back, leaves, or is lost when its connection closes; until then it is not lost.
+      reattaching_[id] = Reattaching{it->second.state, it->second.peer,
+                                     std::numeric_limits<Micros>::max()};
+      EraseStream(it);
+      return;
+    }
     if (may_reattach) {
       if (options_.log_jobs) {
         spdlog::info(
@@ -883,7 +895,7 @@ void RendezvousService::Tick() {
     for (auto it = reattaching_.begin(); it != reattaching_.end();) {
       const Reattaching& r = it->second;
       const bool lost = now >= r.deadline || absl::c_linear_search(gone, it->first);
-      if (r.state->Runs(it->first) && !lost) {
+      if ((r.state->Runs(it->first) || r.state->Awaits(it->first)) && !lost) {
         ++it;
         continue;
       }

@@ -1122,16 +1122,18 @@ TEST_F(RunningJobTest, RestartOpensTheNextRound) {
   std::vector<JoinSpec> next = {Spec("j", "n1", 1, 3, 2), Spec("j", "n0", 0, 3, 2),
                                 Spec("j", "n2", 2, 3, 2)};
   for (JoinSpec& s : next) s.restart_count = 1;
-  // The first agent back opens round 2; the others' old streams are closed as stale.
+  // The first agent back opens round 2 and its old stream ends; the others keep theirs until
+  // they come back (should one end without a word, its agent is not coming).
   const Decisions opened = Join(6 * kSecond, 21, next[0]);
   EXPECT_TRUE(opened.sends.empty()) << Summary(opened);
-  for (const auto& [stream, status] : ClosesOf(opened)) {
-    EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << stream << ": " << status;
-  }
+  ASSERT_EQ(ClosesOf(opened).size(), 1u) << Summary(opened);
+  EXPECT_EQ(ClosesOf(opened).at(2).code(), absl::StatusCode::kAborted);
   EXPECT_EQ(state_.Status("j").at(0).state, "filling");
   EXPECT_EQ(state_.Status("j").at(0).round, 2);
 
-  EXPECT_TRUE(IsEmpty(Join(6 * kSecond, 22, next[1])));
+  const Decisions second = Join(6 * kSecond, 22, next[1]);
+  EXPECT_TRUE(second.sends.empty()) << Summary(second);
+  EXPECT_EQ(ClosesOf(second).size(), 1u) << Summary(second);  // n0's old stream
   const Decisions done = Join(7 * kSecond, 23, next[2]);
   const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(done);
   ASSERT_EQ(got.size(), 3u) << Summary(done);
@@ -2243,6 +2245,53 @@ TEST_F(RendezvousStateTest, ASpareResumingWithRanksOrWithoutSparesIsRefused) {
   EXPECT_TRUE(ValidateJoinSpec(s).ok()) << ValidateJoinSpec(s);
   s.spare_nodes = 0;
   EXPECT_EQ(ValidateJoinSpec(s).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(GoneTest, AnAgentLostAfterTheFailureIsNotWaitedFor) {
+  Run(Nodes(3, 3), {}, 1);
+  // n2's agent dies while the others stop their workers: its stream ends without a word.
+  EXPECT_TRUE(state_.Awaits(3));
+  EXPECT_TRUE(IsEmpty(Closed(3 * kSecond, 3)));
+  const AbortEvent end = EndOf(Join(4 * kSecond, 11, Nodes(3, 3, 1)[1]), 11);
+  EXPECT_EQ(end.exit_code, 3);
+  EXPECT_TRUE(absl::StrContains(end.reason, "n2 (node 2) had already been lost")) << end.reason;
+}
+
+TEST_F(GoneTest, AnAwaitedAgentWhoseStreamEndsEndsTheRestartWaitingForIt) {
+  Run(Nodes(3, 3), {}, 1);
+  const std::vector<JoinSpec> again = Nodes(3, 3, 1);
+  EXPECT_TRUE(Join(4 * kSecond, 11, again[1]).sends.empty());
+  // n0 comes back; n2 is still stopping its workers on its old stream, then dies.
+  EXPECT_TRUE(Join(4 * kSecond, 10, again[0]).sends.empty());
+  EXPECT_TRUE(state_.Awaits(3));
+  EXPECT_FALSE(state_.Awaits(1));  // n0's old stream ended as it came back
+  const Decisions d = Closed(5 * kSecond, 3);
+  const AbortEvent end = EndOf(d, 11);
+  EXPECT_EQ(EndOf(d, 10), end);
+  EXPECT_TRUE(absl::StrContains(end.reason, "n2 (node 2) had already been lost")) << end.reason;
+}
+
+TEST_F(GoneTest, AnAwaitedAgentThatComesBackIsNotLostWhenItsOldStreamEnds) {
+  Run(Nodes(2, 2), {}, 1);
+  const std::vector<JoinSpec> again = Nodes(2, 2, 1);
+  EXPECT_TRUE(Join(4 * kSecond, 11, again[1]).sends.empty());
+  // n0 rejoins on a new stream before its old one (1) ends: the old one's end changes nothing.
+  const Decisions d = Join(4 * kSecond, 10, again[0]);
+  EXPECT_EQ(EventsOf<AssignmentEvent>(d).size(), 2u) << Summary(d);
+  EXPECT_TRUE(IsEmpty(Closed(4 * kSecond, 1)));
+  EXPECT_EQ(state_.Status("j").at(0).state, "running");
+}
+
+TEST_F(GoneTest, AnElasticRestartFormsWithoutAnAgentLostMeanwhile) {
+  Run(Nodes(3, 2), {}, 1);
+  const std::vector<JoinSpec> again = Nodes(3, 2, 1);
+  EXPECT_TRUE(Join(4 * kSecond, 11, again[1]).sends.empty());
+  EXPECT_TRUE(Join(4 * kSecond, 10, again[0]).sends.empty());
+  // n2 dies before coming back: the two others form the round at once, not after --last-call.
+  const Decisions d = Closed(5 * kSecond, 3);
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(d);
+  ASSERT_EQ(got.size(), 2u) << Summary(d);
+  EXPECT_EQ(got.at(10).world_size, 2);
 }
 
 }  // namespace

@@ -23,7 +23,7 @@ struct RendezvousState::GoneNode {
   std::string host;
   int32_t node = 0;       // its node rank in the run it left
   int64_t position = -1;  // its claim (global position, else node index), or -1
-  bool finished = false;  // it left while the job ran: its workers had succeeded
+  GoneHow how = GoneHow::kLeft;
 };
 
 // Of its join, only what the rounds read: a job holds one per agent, and at scale (per-task
@@ -39,6 +39,7 @@ struct RendezvousState::Member {
   StreamId stream = 0;       // 0: not attached
   bool left = false;
   bool finished = false;  // left while the job ran, not a spare: its workers succeeded
+  bool lost = false;      // its stream ended without a word after the job ended
   bool spare = false;     // a hot spare of the running round: no ranks
   // In a job rebuilt from resuming agents: it joined afresh (its assignment was lost with the
   // server that formed the round) and waits for its ranks until every agent is back.
@@ -117,9 +118,14 @@ struct RendezvousState::Job {
   std::vector<GoneNode> gone;
   int32_t gone_agents = 0;
   absl::flat_hash_set<int64_t> gone_positions;
-  // The agents of the last run not yet back in the round that fills, by agent id: one that
-  // leaves instead is gone too.
-  absl::flat_hash_map<std::string, GoneNode> awaited;
+  // The agents of the last run not yet back in the round that fills, by agent id, with the
+  // stream of the last run each still holds (0: none): one that leaves instead, or whose stream
+  // ends without a word, is gone too.
+  struct Awaited {
+    GoneNode node;
+    StreamId stream = 0;
+  };
+  absl::flat_hash_map<std::string, Awaited> awaited;
   // How the last run ended, for the end of a restart that cannot be whole.
   std::optional<AbortEvent> last_run_end;
   // The round that fills or runs formed here (or was rebuilt here from its resuming agents).
@@ -471,21 +477,31 @@ void RendezvousState::Detach(Job& job, Member& member) {
   --job.attached;
 }
 
-void RendezvousState::OpenRound(Job& job, const JoinSpec& spec, bool fresh) {
+void RendezvousState::OpenRound(Job& job, const JoinSpec& spec, bool fresh, Decisions& out) {
+  DropAwaited(job, absl::AbortedError("a new round started"), out);
   job.awaited.clear();
   if (!fresh) {
-    // A restart: of the last run's agents, those that left are not coming back; the others are
-    // awaited, and one that leaves instead of coming is gone too.
-    for (const auto& [id, member] : job.members) {
+    // A restart: of the last run's agents, those that left or were lost are not coming back;
+    // the others are awaited on the stream they still hold.
+    for (auto& [id, member] : job.members) {
       if (job.Excludes(member.agent)) continue;  // counted as left out already
       GoneNode node{member.agent.host,
                     member.spare ? static_cast<int32_t>(member.agent.node_index)
                                  : member.slot.group_rank,
-                    ClaimKey(member.agent), member.finished};
-      if (member.left) {
+                    ClaimKey(member.agent),
+                    member.left   ? (member.finished ? GoneHow::kFinished
+                                                     : GoneHow::kLeft)
+                    : member.lost ? GoneHow::kLost
+                                  : GoneHow::kLeft};
+      if (member.left || member.lost) {
         NoteGone(job, std::move(node));
-      } else {
-        job.awaited.emplace(id, std::move(node));
+        continue;
+      }
+      // Its stream stays its own (streams_ still names it), out of the round's members.
+      job.awaited.emplace(id, Job::Awaited{std::move(node), member.stream});
+      if (member.stream != 0) {
+        member.stream = 0;
+        --job.attached;
       }
     }
     job.last_run_end = job.abort;
@@ -741,7 +757,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
     job = created.get();
     job->id = spec.job_id;
     jobs_.emplace(spec.job_id, std::move(created));
-    OpenRound(*job, spec, /*fresh=*/true);
+    OpenRound(*job, spec, /*fresh=*/true, out);
     job->last_progress = now;
   }
 
@@ -779,13 +795,16 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
                        "job %s is still ending its previous run; try again", job->id))});
       return;
     }
-    // A restart (next_round), or the same job id starting afresh (a requeued job).
+    // A restart (next_round), or the same job id starting afresh (a requeued job). The old
+    // run's streams end, but for a restart those of the agents awaited for it: their end tells
+    // the round whether they are coming.
     for (auto& [id, member] : job->members) {
-      if (member.stream != 0) {
+      if (member.stream != 0 && (!next_round || id == spec.agent.agent_id)) {
         out.closes.push_back({member.stream, absl::AbortedError("a new round started")});
+        Detach(*job, member);
       }
     }
-    OpenRound(*job, spec, /*fresh=*/!next_round);
+    OpenRound(*job, spec, /*fresh=*/!next_round, out);
     job->last_progress = now;
     if (job->Expected() < job->Needed()) {
       // Nodes left out while the last run ran (lost, or asked out), or nodes that finished and
@@ -948,7 +967,14 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
   }
 
   Member& member = job->members[spec.agent.agent_id];
-  job->awaited.erase(spec.agent.agent_id);
+  if (auto awaited = job->awaited.find(spec.agent.agent_id); awaited != job->awaited.end()) {
+    // Back: the stream of its last run is done with.
+    if (awaited->second.stream != 0 && awaited->second.stream != stream) {
+      out.closes.push_back({awaited->second.stream, absl::AbortedError("replaced by a newer join")});
+      streams_.erase(awaited->second.stream);
+    }
+    job->awaited.erase(awaited);
+  }
   if (!job->max_restarts) job->max_restarts = spec.max_restarts;
   if (job->node_list.empty()) job->node_list = spec.node_list;
   member.Take(spec);
@@ -1002,8 +1028,9 @@ AbortEvent RendezvousState::CannotForm(const Job& job, const GoneNode* latest) c
       "%s; job %s cannot restart whole: %s (node %d) had already %s%s, and the job needs %d "
       "agents but can now have at most %d",
       abort.reason, job.id, latest->host, latest->node,
-      latest->finished ? "finished (its workers succeeded and its agent left)"
-                       : "left the job (its agent exited)",
+      latest->how == GoneHow::kFinished ? "finished (its workers succeeded and its agent left)"
+      : latest->how == GoneHow::kLost   ? "been lost (its agent died after the job's failure)"
+                                              : "left the job (its agent exited)",
       more, job.Needed(), job.Expected());
   return abort;
 }
@@ -1105,6 +1132,10 @@ void RendezvousState::TellExcluded(Job& job, Micros now, Decisions& out) {
 }
 
 void RendezvousState::CompleteRound(Job& job, Micros now, Decisions& out) {
+  // The round forms without the agents of the last run that have not come (an elastic round
+  // after its last call): a later join of theirs is one too late.
+  DropAwaited(job, absl::AbortedError("the round formed without this agent"), out);
+  job.awaited.clear();
   // Agents hear of every node left out before their ranks, which the round gives without it.
   if (job.excluded_news) TellExcluded(job, now, out);
   std::vector<const Member*> members;
@@ -1239,6 +1270,8 @@ std::vector<bool> RendezvousState::SeatNodes(Job& job, std::vector<AgentSpec>& s
 
 void RendezvousState::EndJob(Job& job, Micros now, AbortEvent abort, Decisions& out) {
   const bool filling = job.phase == Phase::kFilling;
+  // Agents still awaited for the round hear how it ended when they come for it.
+  DropAwaited(job, absl::OkStatus(), out);
   job.phase = Phase::kEnded;
   job.ended_at = now;
   job.abort = std::move(abort);
@@ -1271,7 +1304,18 @@ void RendezvousState::StreamClosed(Micros now, StreamId stream, Decisions& out) 
   Job* job = FindJob(owner.job_id);
   if (job == nullptr) return;
   auto member_it = job->members.find(owner.agent_id);
-  if (member_it == job->members.end()) return;
+  if (member_it == job->members.end() || member_it->second.stream != stream) {
+    auto awaited = job->awaited.find(owner.agent_id);
+    if (awaited != job->awaited.end() && awaited->second.stream == stream) {
+      // An agent awaited for the restart lost the stream of its last run without a word: its
+      // process died; it is not coming.
+      streams_.erase(stream);
+      awaited->second.stream = 0;
+      AwaitedGone(*job, now, owner.agent_id, GoneHow::kLost, out);
+      EraseIfDone(owner.job_id);
+    }
+    return;
+  }
   Member& member = member_it->second;
   Detach(*job, member);
   job->last_detach = now;
@@ -1307,9 +1351,54 @@ void RendezvousState::StreamClosed(Micros now, StreamId stream, Decisions& out) 
              out);
       break;
     case Phase::kEnded:
+      // Its agent died after the end, before any restart: a restart will not have it.
+      if (!member.left) member.lost = true;
       break;
   }
   EraseIfDone(owner.job_id);
+}
+
+bool RendezvousState::Awaits(StreamId stream) const {
+  auto owner = streams_.find(stream);
+  if (owner == streams_.end()) return false;
+  auto job_it = jobs_.find(owner->second.job_id);
+  if (job_it == jobs_.end()) return false;
+  const Job& job = *job_it->second;
+  if (auto awaited = job.awaited.find(owner->second.agent_id); awaited != job.awaited.end()) {
+    return awaited->second.stream == stream;
+  }
+  if (job.phase != Phase::kEnded) return false;
+  auto member = job.members.find(owner->second.agent_id);
+  return member != job.members.end() && member->second.stream == stream && !member->second.left;
+}
+
+void RendezvousState::AwaitedGone(Job& job, Micros now, const std::string& agent_id,
+                                  GoneHow how, Decisions& out) {
+  auto awaited = job.awaited.find(agent_id);
+  if (awaited == job.awaited.end()) return;
+  GoneNode node = std::move(awaited->second.node);
+  if (awaited->second.stream != 0) streams_.erase(awaited->second.stream);
+  job.awaited.erase(awaited);
+  node.how = how;
+  NoteGone(job, node);
+  job.last_detach = now;
+  if (job.phase != Phase::kFilling) return;
+  if (job.Expected() < job.Needed()) {
+    EndJob(job, now, CannotForm(job, &node), out);
+    job.cannot_form = true;
+  } else if (!job.members.empty() &&
+             static_cast<int32_t>(job.members.size()) >= job.Expected()) {
+    CompleteRound(job, now, out);  // it waited only for that agent
+  }
+}
+
+void RendezvousState::DropAwaited(Job& job, const absl::Status& status, Decisions& out) {
+  for (auto& [id, awaited] : job.awaited) {
+    if (awaited.stream == 0) continue;
+    out.closes.push_back({awaited.stream, status});
+    streams_.erase(awaited.stream);
+    awaited.stream = 0;
+  }
 }
 
 absl::StatusOr<AbortEvent> RendezvousState::ReportFailure(Micros now, const std::string& job_id,
@@ -1345,19 +1434,10 @@ absl::Status RendezvousState::Leave(Micros now, const std::string& job_id,
   if (job != nullptr && !job->members.contains(agent_id)) {
     if (auto awaited = job->awaited.find(agent_id); awaited != job->awaited.end()) {
       // An agent of the last run leaves instead of coming back for the restart.
-      GoneNode node = std::move(awaited->second);
-      job->awaited.erase(awaited);
-      NoteGone(*job, node);
-      job->last_detach = now;
-      if (job->phase == Phase::kFilling) {
-        if (job->Expected() < job->Needed()) {
-          EndJob(*job, now, CannotForm(*job, &node), out);
-          job->cannot_form = true;
-        } else if (!job->members.empty() &&
-                   static_cast<int32_t>(job->members.size()) >= job->Expected()) {
-          CompleteRound(*job, now, out);  // it waited only for that agent
-        }
+      if (awaited->second.stream != 0) {
+        out.closes.push_back({awaited->second.stream, absl::OkStatus()});
       }
+      AwaitedGone(*job, now, agent_id, GoneHow::kLeft, out);
       EraseIfDone(job_id);
       return absl::OkStatus();
     }
@@ -1422,6 +1502,9 @@ void RendezvousState::EraseIfDone(const std::string& job_id) {
 void RendezvousState::EraseJob(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return;
+  for (const auto& [id, awaited] : it->second->awaited) {
+    if (awaited.stream != 0) streams_.erase(awaited.stream);
+  }
   excluded_agents_ -= it->second->excluded_agents;
   jobs_.erase(it);
 }

@@ -104,6 +104,10 @@ class RendezvousState {
   // Whether `stream` is the stream of an agent in a running round that has not left: one whose
   // loss ends the job.
   bool Runs(StreamId stream) const;
+  // Whether `stream` is the stream of an agent that the job still counts on after it ended: a
+  // member that has not left (it may restart), or one awaited by the restart's round. Its loss
+  // tells a restart that the agent is not coming.
+  bool Awaits(StreamId stream) const;
 
   // An agent's worker failed, or the agent was told to stop. Ends the job unless it already
   // ended; returns the job's first failure (which may be an earlier one from another agent).
@@ -140,13 +144,17 @@ class RendezvousState {
   struct Job;
   struct Member;
   struct GoneNode;
+  // How an agent of an earlier run went: it left while the job ran (its workers had
+  // succeeded), left after the job ended (it gave up), or was lost after the job ended (its
+  // stream ended without a word: its process died).
+  enum class GoneHow { kFinished, kLeft, kLost };
 
   Job* FindJob(const std::string& job_id);
   void CompleteRound(Job& job, Micros now, Decisions& out);
   void EndJob(Job& job, Micros now, AbortEvent abort, Decisions& out);
   // Opens the job's next round for `spec`; `fresh`: the job id starts over (a requeue), not
   // restarts, and forgets the nodes its last run left out.
-  void OpenRound(Job& job, const JoinSpec& spec, bool fresh);
+  void OpenRound(Job& job, const JoinSpec& spec, bool fresh, Decisions& out);
   // With spares: gives each node of the round (`specs`, one agent per node) its seat, which it
   // keeps over restarts, and renumbers the seated agents' node indices to their seats. Returns,
   // per agent, whether it is a spare.
@@ -163,6 +171,12 @@ class RendezvousState {
   AbortEvent CannotForm(const Job& job, const GoneNode* latest) const;
   // Records an agent of the last run that left the job: a restart cannot have it.
   void NoteGone(Job& job, GoneNode node);
+  // The restart of `job` awaited `agent_id`, which is gone (`how`): the round forms without it,
+  // or ends when it cannot.
+  void AwaitedGone(Job& job, Micros now, const std::string& agent_id, GoneHow how,
+                   Decisions& out);
+  // Ends the streams of the last run that agents awaited for `job`'s restart still hold.
+  void DropAwaited(Job& job, const absl::Status& status, Decisions& out);
   void Resume(Micros now, StreamId stream, const JoinSpec& spec, const CallerInfo& caller,
               Decisions& out);
   // Makes `job` the running round that the resuming `spec` holds, waiting (resume_window) for
