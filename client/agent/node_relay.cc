@@ -44,6 +44,10 @@ namespace rdzv {
 
 namespace {
 
+// A new connection's time to be let in before it may be dropped to make room for another of its
+// host (as rdzvd's kUnprovenGrace).
+constexpr absl::Duration kRelayUnprovenGrace = absl::Seconds(2);
+
 // How long a relay waits for the rest of its agents when they resume the same round after the
 // server's stream was lost: all of them heard it at the same moment.
 constexpr absl::Duration kResumeGather = absl::Milliseconds(200);
@@ -493,13 +497,19 @@ absl::Status NodeRelay::Impl::ListenTcp() {
   if (options_.callers.mode != AuthMode::kNone) {
     header_auth_ = std::make_unique<HeaderAuth>(auth_.get(), [](absl::string_view) {});
   }
-  // As rdzvd bounds its callers' connections (server/connection_guard.h): a host may hold a few
-  // more than the whole group would need, and a connection that carries no call the relay lets
-  // in soon is closed.
+  // As rdzvd bounds its callers' connections (server/connection_guard.h), by the same rules: a
+  // host may hold a few more than the whole group would need, of which as many as the group has
+  // nodes (and a few more) not yet let in; at a bound one of those not let in makes room for the
+  // next; and a connection that carries no call the relay lets in soon is closed.
+  ConnectionTable::Limits limits;
+  limits.max_per_host = options_.max_connections_per_host < 0 ? options_.expected * 2 + 16
+                                                              : options_.max_connections_per_host;
+  limits.max_unproven_per_host =
+      options_.max_connections_per_host < 0 ? options_.expected + 16 : limits.max_per_host;
+  limits.grace = kRelayUnprovenGrace;
+  limits.first_call_within = options_.unused_connection_timeout;
   connections_ = std::make_unique<ConnectionGuard>(
-      options_.max_connections_per_host < 0 ? options_.expected * 2 + 16
-                                            : options_.max_connections_per_host,
-      options_.unused_connection_timeout, TcpKeepalive{options_.ping, options_.ping_timeout});
+      limits, TcpKeepalive{options_.ping, options_.ping_timeout});
   absl::Status last = absl::UnavailableError("no address to relay on");
   for (const std::string& listen : options_.listen) {
     grpc::ServerBuilder builder;
