@@ -169,6 +169,31 @@ class H2:
         return True
 
 
+    def open(self, method, metadata=(), body=None, end=True):
+        """Opens a call of METHOD (e.g. rdzv.v1.Rendezvous/Join) with METADATA; sends BODY (bytes,
+        a gRPC frame or part of one) when given, ending the stream when END. Its stream id."""
+        stream = self.next_stream
+        self.next_stream += 2
+        self.opened += 1
+        block = b"".join(hpack_literal(k, v) for k, v in (
+            (":method", "POST"), (":scheme", "http"), (":path", "/" + method),
+            (":authority", self.authority), ("content-type", "application/grpc"),
+            ("te", "trailers"), *metadata))
+        self.send(frame(HEADERS, END_HEADERS, stream, block))
+        if body is not None:
+            for i in range(0, len(body), 16384):
+                last = i + 16384 >= len(body)
+                self.send(frame(DATA, END_STREAM if last and end else 0, stream,
+                                body[i:i + 16384]))
+        return stream
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
 class Pump(threading.Thread):
     """Answers the server for many H2 connections made with reader=False, on one thread."""
 
@@ -198,33 +223,11 @@ class Pump(threading.Thread):
                 except OSError:
                     chunk = b""
                 if not conn.feed(chunk):
+                    # Closed by the server: its socket goes, so that the attacker's open files
+                    # stay within its limit for as long as it keeps making new ones.
                     with self.lock:
                         self.selector.unregister(conn.sock)
-
-    def open(self, method, metadata=(), body=None, end=True):
-        """Opens a call of METHOD (e.g. rdzv.v1.Rendezvous/Join) with METADATA; sends BODY (bytes,
-        a gRPC frame or part of one) when given, ending the stream when END. Its stream id."""
-        stream = self.next_stream
-        self.next_stream += 2
-        self.opened += 1
-        block = b"".join(hpack_literal(k, v) for k, v in (
-            (":method", "POST"), (":scheme", "http"), (":path", "/" + method),
-            (":authority", self.authority), ("content-type", "application/grpc"),
-            ("te", "trailers"), *metadata))
-        self.send(frame(HEADERS, END_HEADERS, stream, block))
-        if body is not None:
-            for i in range(0, len(body), 16384):
-                last = i + 16384 >= len(body)
-                self.send(frame(DATA, END_STREAM if last and end else 0, stream,
-                                body[i:i + 16384]))
-        return stream
-
-    def close(self):
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
+                    conn.close()
 
 SOURCE = ""
 
@@ -273,6 +276,7 @@ def main():
     SOURCE = args.source
     path = "rdzv.v1.Rendezvous/Join"
     opened = 0
+    failed = 0  # connections that could not be made
     conns = []
     raw = []
     started = time.monotonic()
@@ -348,6 +352,7 @@ def main():
             try:
                 conn = H2(args.address, reader=False)
             except OSError:
+                failed += 1
                 opened += 1
                 continue
             conn.open(path, body=None, end=False)
@@ -390,7 +395,7 @@ def main():
     print(json.dumps({"attack": args.attack, "opened": opened, "connections": len(conns) + len(raw),
                       "ended_by_server": ended, "connections_closed_by_server": goaway,
                       "ended_or_closed": refused, "raw_closed_by_server": raw_closed,
-                      "closed_by_server": closed_conns,
+                      "closed_by_server": closed_conns, "failed": failed,
                       "open_s": round(open_for, 2)}), flush=True)
 
 

@@ -307,7 +307,7 @@ class IsolationTest(unittest.TestCase):
                            json.dumps(summary), fds0, sampler.max_fds, victim_s, baseline,
                            victim_s / baseline, scraped.get("rdzv_connections_dropped_total")))
             print(figures, flush=True)
-            self.assertGreater(summary["opened"], 3000, figures)
+            self.assertGreater(summary["opened"] - summary["failed"], 3000, figures)
             self.assertLessEqual(victim_s, baseline * 1.1, figures)
             # The attacker's connections were dropped as the budget filled, and counted.
             self.assertGreater(scraped.get("rdzv_connections_dropped_total", 0), 500, figures)
