@@ -17,6 +17,7 @@ import json
 import selectors
 import socket
 import struct
+import sys
 import threading
 import time
 
@@ -359,6 +360,26 @@ def main():
             pump.add(conn)
             conns.append(conn)
             opened += 1
+    elif args.attack == "credential-flood":
+        # COUNT valid credentials (made first), sent on calls of connections that have proven
+        # this uid, each call cancelled as soon as it is sent: rdzvd decodes every one. Prints
+        # "ready" once the connections are proven and waits for a line on stdin, then floods.
+        munge = Munge(args.munge_socket)
+        creds = [munge.encode("rdzv.v1 Join " + args.job) for _ in range(args.count)]
+        conns = connections(args.address, 16 * 32, 16)[:32]
+        for conn in conns:
+            conn.open(path, (("x-rdzv-munge", munge.encode("rdzv.v1 Join " + args.job)),),
+                      body=None, end=False)
+        time.sleep(2)  # decoded: every connection has proven this uid
+        print("ready", flush=True)
+        sys.stdin.readline()
+        started = time.monotonic()
+        for i, cred in enumerate(creds):
+            conn = conns[i % len(conns)]
+            stream = conn.open(path, (("x-rdzv-munge", cred),), body=None, end=False)
+            conn.send(frame(RST_STREAM, 0, stream, struct.pack(">I", 8)))  # CANCEL
+            opened += 1
+        time.sleep(args.seconds)
     elif args.attack == "partial-http":
         # COUNT connections that send the start of a request and nothing more, and SLOW_READERS
         # that send a whole request and never read the answer (a small receive buffer).

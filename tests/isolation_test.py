@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -348,6 +349,45 @@ class IsolationTest(unittest.TestCase):
         print("scrapes from 127.0.0.2 beside 1,000 partial requests and 64 slow readers: %s" %
               ", ".join("%.3f s" % t for t in self.latencies), flush=True)
         self.assertLess(max(self.latencies), 1.0)
+
+    def test_a_credential_flood_while_munged_is_slow_delays_only_its_user(self):
+        """nobody floods rdzvd with 12,000 valid credentials on connections that proved its uid,
+        while munged is stopped (SIGSTOP) for a few seconds. root's status call, on a new
+        connection, is checked as soon as munged answers again, not after nobody's flood: its
+        uid's credentials wait in a share of their own (as do the calls of connections not yet
+        proven), and the shares take turns at the decoders."""
+        with self.rdzvd() as rdzvd:
+            attacker = subprocess.Popen(
+                ["runuser", "-u", "nobody", "--", "/usr/bin/python3", ATTACKER,
+                 "credential-flood", rdzvd.endpoint, "--count", "12000", "--seconds", "6",
+                 "--munge-socket", self.socket],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if attacker.stdout.readline().strip() != "ready":
+                attacker.kill()
+                self.fail("the attacker did not get ready: " + attacker.communicate()[1])
+            os.kill(self.munged.pid, signal.SIGSTOP)
+            try:
+                attacker.stdin.write("go\n")
+                attacker.stdin.flush()
+                time.sleep(2)  # the flood is queued behind the stopped munged
+                status = subprocess.Popen(
+                    [RDZVCTL, "--rdzv-endpoint", rdzvd.endpoint, "--munge-socket", self.socket,
+                     "status"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                    env={"PATH": os.environ.get("PATH", ""), "RDZV_CONFIG": "/dev/null"})
+                time.sleep(1)
+            finally:
+                os.kill(self.munged.pid, signal.SIGCONT)
+            resumed = time.monotonic()
+            out, err = status.communicate(timeout=60)
+            answered = time.monotonic() - resumed
+            attacker.communicate(timeout=60)
+            log = rdzvd.log()
+            print("root's status answered %.3f s after munged resumed, beside nobody's flood of "
+                  "12,000 credentials" % answered, flush=True)
+            self.assertEqual(status.returncode, 0, err + log[-2000:])
+            # nobody's own share filled and its calls were refused (UNAVAILABLE), not root's.
+            self.assertIn("uid 65534 has 8192 credentials waiting", log)
+            self.assertLess(answered, 1.0, log[-2000:])
 
     def test_idle_metrics_connections(self):
         def scrape(rdzvd):
