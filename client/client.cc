@@ -79,6 +79,8 @@ struct Client::Impl {
   uint64_t join_generation ABSL_GUARDED_BY(mu) = 0;
   bool joining ABSL_GUARDED_BY(mu) = false;
   std::shared_ptr<JoinCall> call ABSL_GUARDED_BY(mu);
+  // The server the relay at `endpoints` reached for the last join that got an assignment.
+  std::string relayed_server ABSL_GUARDED_BY(mu);
   const std::shared_ptr<LiveCalls> live_calls = std::make_shared<LiveCalls>();
   std::string job_id ABSL_GUARDED_BY(mu);  // of the latest Join; empty before any
   std::string agent_id ABSL_GUARDED_BY(mu);
@@ -222,6 +224,11 @@ std::string Client::EndpointNames() const {
 
 std::string Client::endpoint() const { return impl_->endpoints[impl_->current].name; }
 
+std::string Client::relayed_server() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->relayed_server;
+}
+
 Client::~Client() {
   Cancel();
   {
@@ -343,7 +350,11 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
     } else {
       call->AwaitDone();
     }
-    if (std::optional<AssignmentEvent> a = call->assignment()) return *a;
+    if (std::optional<AssignmentEvent> a = call->assignment()) {
+      absl::MutexLock lock(&impl_->mu);
+      impl_->relayed_server = call->server();
+      return *a;
+    }
     std::optional<absl::Status> status = call->final_status();
     if (!status) {
       // Still waiting at the deadline: the round did not fill in time.

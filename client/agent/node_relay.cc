@@ -344,6 +344,10 @@ class GroupCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
 
   grpc::ClientContext& context() { return context_; }
 
+  // The server this call was made to ("host:port"): its members hear it with their events.
+  void set_server(std::string server) { server_ = std::move(server); }
+  const std::string& server() const { return server_; }
+
   void Start(v1::Rendezvous::Stub* stub) {
     self_ = shared_from_this();
     context_.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(24 * 30));
@@ -413,6 +417,7 @@ class GroupCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
   }
 
  private:
+  std::string server_;
   NodeRelay::Impl* const relay_;
   grpc::ClientContext context_;
   v1::JoinRequest request_;
@@ -725,6 +730,8 @@ void NodeRelay::Impl::PushLocal(Member& m, const v1::JoinEvent& event) {
   if (m.local == nullptr || m.ended) return;
   v1::JoinEvent copy = event;
   copy.clear_agent_id();
+  // The member's agent names the server in use in its messages and its workers' RDZV_ENDPOINT.
+  if (m.group != nullptr) copy.set_server(m.group->server());
   m.local->Push(std::move(copy));
 }
 
@@ -903,6 +910,7 @@ void NodeRelay::Impl::Flush() {
     };
     const Endpoint& e = endpoints_[endpoint];
     auto call = std::make_shared<GroupCall>(this, request);
+    call->set_server(e.name);
     const std::string nonce = NewNonce();
     if (absl::Status s = AttachCredential(call->context(), options_.upstream.auth, "Join",
                                           options_.job_id, nonce);
