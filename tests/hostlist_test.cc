@@ -93,10 +93,10 @@ const ErrorCase kExpandErrors[] = {
     {"a,", "empty host name"},
     {"n 1", "contains whitespace"},
     {"n[1-99999999999999999999]", "over 18 digits"},
-    {"n[1-2000000]", "expands to over 262144 names"},
-    {"n[0-999999999999999999]", "expands to over 262144 names"},
-    {"r[1-513]n[1-512]", "expands to over 262144 names"},
-    {"a[1-150000],b[1-150000]", "expands to over 262144 names"},
+    {"n[1-2000000]", "expands to over 200000 names"},
+    {"n[0-999999999999999999]", "expands to over 200000 names"},
+    {"r[1-401]n[1-500]", "expands to over 200000 names"},
+    {"a[1-100001],b[1-100000]", "expands to over 200000 names"},
     {"n1,n\x1b[2J", "contains a control character"},
     {std::string("n1\0n2", 5), "contains a control character"},
     // Names are bounded too, so that a few kilobytes cannot expand to gigabytes.
@@ -128,11 +128,11 @@ TEST(ExpandHostlistTest, MessageEscapesControlCharactersAndShortensHugeInput) {
 }
 
 TEST(ExpandHostlistTest, AcceptsExactlyTheLimit) {
-  absl::StatusOr<Names> hosts = ExpandHostlist("n[1-262144]");
+  absl::StatusOr<Names> hosts = ExpandHostlist("n[1-200000]");
   ASSERT_TRUE(hosts.ok()) << hosts.status();
   ASSERT_EQ(hosts->size(), kMaxHostlistExpansion);
   EXPECT_EQ(hosts->front(), "n1");
-  EXPECT_EQ(hosts->back(), "n262144");
+  EXPECT_EQ(hosts->back(), "n200000");
 }
 
 TEST(ExpandHostlistTest, AcceptsNamesOfTheLongestLength) {
@@ -150,12 +150,12 @@ TEST(ExpandHostlistTest, RefusesManyLongNamesTogether) {
   const std::string rack(200, 'r');
   EXPECT_EQ(ExpandHostlist(absl::StrCat(std::string(60, 'r'), "[1-1000000]")).status().code(),
             absl::StatusCode::kInvalidArgument);
-  const absl::Status status = ExpandHostlist(absl::StrCat(rack, "[1-262144]")).status();
+  const absl::Status status = ExpandHostlist(absl::StrCat(rack, "[1-200000]")).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(status.message(), "MiB of host names")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "KiB of host names")) << status;
   EXPECT_LT(status.message().size(), 400u) << status;
   // Split over groups, the names still count together.
-  const std::string half = absl::StrCat(rack, "a[1-100000],", rack, "b[1-100000]");
+  const std::string half = absl::StrCat(rack, "a[1-20000],", rack, "b[1-20000]");
   EXPECT_EQ(ExpandHostlist(half).status().code(), absl::StatusCode::kInvalidArgument);
   // What the largest job needs: 100,000 nodes of 64-character names.
   absl::StatusOr<Names> hosts =
@@ -292,10 +292,10 @@ const ErrorCase kTasksErrors[] = {
     {"2,,1", "empty entry"},
     {"2(x3),1,", "empty entry"},
     {"2(x3)4", "unexpected \"4\" after ')'"},
-    {"2000000", "task count \"2000000\" is over 262144"},
-    {"1(x2000000)", "repeat count \"2000000\" is over 262144"},
+    {"2000000", "task count \"2000000\" is over 200000"},
+    {"1(x2000000)", "repeat count \"2000000\" is over 200000"},
     {"1(x99999999999999999999)", "repeat count"},
-    {"1(x150000),1(x150000)", "over 262144 nodes in all"},
+    {"1(x100001),1(x100000)", "over 200000 nodes in all"},
 };
 
 TEST(ExpandTasksPerNodeTest, RefusesMalformedInput) {
@@ -325,7 +325,7 @@ const FormatTasksCase kFormatTasksCases[] = {
     {{3, 2, 2}, "3,2(x2)"},
     {{8, 8, 4}, "8(x2),4"},
     {{2, 2, 1, 1, 2, 2}, "2(x2),1(x2),2(x2)"},
-    {{262144}, "262144"},
+    {{200000}, "200000"},
 };
 
 TEST(FormatTasksPerNodeTest, WritesSlurmsSyntax) {
@@ -368,7 +368,7 @@ TEST(FormatTasksPerNodeTest, RoundTripsGeneratedLists) {
 
 TEST(FormatTasksPerNodeTest, RoundTripsTheLargestAllocation) {
   const std::vector<int> counts(kMaxHostlistExpansion, 1);
-  EXPECT_EQ(FormatTasksPerNode(counts), "1(x262144)");
+  EXPECT_EQ(FormatTasksPerNode(counts), "1(x200000)");
   EXPECT_EQ(ExpandTasksPerNode(FormatTasksPerNode(counts)).value(), counts);
 }
 

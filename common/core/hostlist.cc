@@ -388,8 +388,8 @@ absl::StatusOr<std::vector<std::string>> ExpandHostlist(std::string_view hostlis
     characters += *count * groups.back().longest;
     if (characters > kMaxHostlistCharacters) {
       return absl::InvalidArgumentError(absl::StrCat(
-          Quote(hostlist), " is too large (expands to over ", kMaxHostlistCharacters >> 20,
-          " MiB of host names); expected fewer or shorter names"));
+          Quote(hostlist), " is too large (expands to over ", kMaxHostlistCharacters >> 10,
+          " KiB of host names); expected fewer or shorter names"));
     }
   }
   std::vector<std::string> hosts;
