@@ -141,6 +141,14 @@ struct RendezvousState::Job {
   int32_t spares = 0;
   int32_t spares_left = 0;
 
+  // The job's sizes as `spec` gives them, for its round.
+  void TakeSizes(const JoinSpec& spec) {
+    min_agents = spec.min_agents;
+    max_agents = spec.max_agents;
+    spare_nodes = spec.spare_nodes;
+    last_call = spec.last_call;
+  }
+
   // The most agents this round can still have.
   int32_t Expected() const { return std::max(0, max_agents - excluded_agents - gone_agents); }
   // The fewest agents a round may start with: --nnodes MIN, and with spares no more than the
@@ -536,10 +544,7 @@ void RendezvousState::OpenRound(Job& job, const JoinSpec& spec, bool fresh, Deci
   job.round += 1;
   job.restart_count = spec.restart_count;
   job.max_restarts = spec.max_restarts;
-  job.min_agents = spec.min_agents;
-  job.max_agents = spec.max_agents;
-  job.spare_nodes = spec.spare_nodes;
-  job.last_call = spec.last_call;
+  job.TakeSizes(spec);
   job.world_size = 0;
   job.abort.reset();
 }
@@ -557,10 +562,7 @@ void RendezvousState::Rebuild(Job& job, Micros now, const JoinSpec& spec) {
   job.ran = true;
   job.round = held.round;
   job.restart_count = held.restart_count;
-  job.min_agents = spec.min_agents;
-  job.max_agents = spec.max_agents;
-  job.spare_nodes = spec.spare_nodes;
-  job.last_call = spec.last_call;
+  job.TakeSizes(spec);
   job.world_size = held.world_size;
   job.assignment = held;
   job.assignment.slot = Slot{};
