@@ -482,8 +482,21 @@ bool RendezvousService::MayReattach(StreamId id) {
   return options_.connections->ConnectionUp(peer);
 }
 
+bool RendezvousService::RelayAlive(StreamId id) {
+  if (options_.connections == nullptr) return false;
+  std::string peer;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = streams_.find(id);
+    if (it == streams_.end() || !it->second.group) return false;
+    peer = it->second.peer;
+  }
+  return options_.connections->ConnectionUp(peer);
+}
+
 void RendezvousService::StreamDone(StreamId id, bool cancelled) {
   const bool may_reattach = cancelled && MayReattach(id);
+  const bool relay_alive = cancelled && RelayAlive(id);
   std::vector<JoinStream*> writers;
   {
     absl::MutexLock lock(&mu_);
@@ -511,14 +524,14 @@ void RendezvousService::StreamDone(StreamId id, bool cancelled) {
       return;
     }
     Decisions decisions;
-    LoseStreamLocked(it, now, decisions);
+    LoseStreamLocked(it, now, decisions, relay_alive);
     Apply(decisions, writers);
   }
   StartWrites(std::move(writers));
 }
 
 void RendezvousService::LoseStreamLocked(absl::flat_hash_map<StreamId, Stream>::iterator it,
-                                         Micros now, Decisions& decisions) {
+                                         Micros now, Decisions& decisions, bool relay_alive) {
   const StreamId id = it->first;
   RendezvousState* state = it->second.state;
   // Every member of a group still on it is lost with it, as its own stream would have been.
@@ -527,6 +540,7 @@ void RendezvousService::LoseStreamLocked(absl::flat_hash_map<StreamId, Stream>::
   EraseStream(it);
   for (const StreamId member : lost) {
     if (options_.metrics != nullptr) options_.metrics->OnStreamGone(now, member);
+    if (relay_alive && !state->Runs(member) && state->Awaits(member)) continue;
     state->StreamClosed(now, member, decisions);
   }
 }
