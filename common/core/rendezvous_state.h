@@ -9,7 +9,14 @@
 // at least min_agents have and the last-call window has passed since the latest join. Then the
 // ranks are assigned (rank_assignment.h) and every member gets its Assignment. After that, a
 // failure report or a lost stream ends the job and every attached member gets the Abort. A
-// member that joins again with a higher restart count opens the next round.
+// member that joins again with a higher restart count opens the next round, which never waits
+// for an agent of the last run that cannot come: one that left (its workers succeeded, or it
+// gave up) or whose stream ended without a word after the end; it forms without them when it
+// still can and otherwise ends at once with the last run's own end, naming one of them.
+// A job this state does not know, or knows only as a round that never formed here, is rebuilt
+// from the assignments its resuming agents bring back (the server restarted, or took the job
+// over); an agent that lost its assignment with the old server and joins afresh gets its ranks
+// once every agent is back.
 //
 // Not thread-safe: the shell serialises calls.
 #ifndef RDZV_COMMON_CORE_RENDEZVOUS_STATE_H_
@@ -118,7 +125,9 @@ class RendezvousState {
 
   // An agent is done with the job (its workers ended, or it gave up). Closes its stream
   // cleanly; the job is forgotten once every member has left. A member that left already may
-  // leave again (OK) while the job is kept; NotFound for a job or agent this state does not know.
+  // leave again (OK) while the job is kept, and so may an agent of the last run that a restart
+  // awaits (the restart then does not wait for it); NotFound for a job or agent this state does
+  // not know.
   absl::Status Leave(Micros now, const std::string& job_id, const std::string& agent_id,
                      Decisions& out);
 
