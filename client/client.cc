@@ -79,6 +79,8 @@ struct Client::Impl {
   uint64_t join_generation ABSL_GUARDED_BY(mu) = 0;
   bool joining ABSL_GUARDED_BY(mu) = false;
   std::shared_ptr<JoinCall> call ABSL_GUARDED_BY(mu);
+  // The server the relay at `endpoints` reached for the last join that got an assignment.
+  std::string relayed_server ABSL_GUARDED_BY(mu);
   const std::shared_ptr<LiveCalls> live_calls = std::make_shared<LiveCalls>();
   std::string job_id ABSL_GUARDED_BY(mu);  // of the latest Join; empty before any
   std::string agent_id ABSL_GUARDED_BY(mu);
@@ -230,6 +232,11 @@ std::string Client::EndpointNames() const {
 
 std::string Client::endpoint() const { return impl_->endpoints[impl_->current].name; }
 
+std::string Client::relayed_server() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->relayed_server;
+}
+
 Client::~Client() {
   Cancel();
   {
@@ -307,11 +314,18 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
       if (stopped()) return absl::CancelledError("join cancelled");
       previous = std::exchange(impl_->call, call);
     }
-    if (previous) {
-      // A new round (or a retry) replaces the earlier stream; its end is no loss.
-      previous->MarkLeaving();
-      previous->Cancel();
-    }
+    // A new round (or a retry) replaces the earlier stream; its end is no loss. It is ended
+    // once the new stream has its answer's headers (or has failed): a server hosted by an agent
+    // that waits for the others to go (agent.cc AwaitOthers) must never see none of this
+    // agent's streams open in between, as it would at a restart.
+    struct EndLater {
+      std::shared_ptr<JoinCall> call;
+      void Now() {
+        if (call) std::exchange(call, nullptr)->Cancel();
+      }
+      ~EndLater() { Now(); }
+    } previous_end{previous};
+    if (previous) previous->MarkLeaving();
     if (attempt > 0 && absl::Now() >= deadline) {
       return unreachable();
     }
@@ -338,12 +352,17 @@ absl::StatusOr<AssignmentEvent> Client::Join(const JoinSpec& spec, Handlers hand
     const absl::Status proof = impl_->ProveJoin(
         *call, spec.job_id, nonce, several || ProofRequiredAt(endpoint),
         several ? std::min(deadline, absl::Now() + impl_->options.rpc_timeout) : deadline);
+    previous_end.Now();
     if (proof.ok()) {
       call->Await(deadline);
     } else {
       call->AwaitDone();
     }
-    if (std::optional<AssignmentEvent> a = call->assignment()) return *a;
+    if (std::optional<AssignmentEvent> a = call->assignment()) {
+      absl::MutexLock lock(&impl_->mu);
+      impl_->relayed_server = call->server();
+      return *a;
+    }
     std::optional<absl::Status> status = call->final_status();
     if (!status) {
       // Still waiting at the deadline: the round did not fill in time.

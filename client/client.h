@@ -206,6 +206,9 @@ class Client {
 
   // The endpoint in use: the first, or the one the latest Join stuck to.
   std::string endpoint() const;
+  // When `endpoint()` is a node's relay: the rendezvous server the relay reached for the last
+  // join that got an assignment ("host:port"); "" otherwise.
+  std::string relayed_server() const;
 
   // Ends a Join in progress, if any (it returns Cancelled); later Joins work as usual. The event
   // stream of a Join that has returned stays open.

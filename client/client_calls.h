@@ -216,6 +216,10 @@ class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows with the status.
+    if (!event_.server().empty()) {
+      absl::MutexLock lock(&mu_);
+      server_ = event_.server();
+    }
     switch (event_.event_case()) {
       case v1::JoinEvent::kProgress:
         if (handlers_.on_progress) handlers_.on_progress(FromProto(event_.progress()));
@@ -288,6 +292,12 @@ class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
     absl::MutexLock lock(&mu_);
     return early_abort_;
   }
+  // The server a relay said its stream reached ("" when none said).
+  std::string server() {
+    absl::MutexLock lock(&mu_);
+    return server_;
+  }
+
   void MarkLeaving() {
     absl::MutexLock lock(&mu_);
     leaving_ = true;
@@ -316,6 +326,7 @@ class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
   absl::Mutex mu_;
   std::optional<AssignmentEvent> assignment_ ABSL_GUARDED_BY(mu_);
   std::optional<AbortEvent> early_abort_ ABSL_GUARDED_BY(mu_);
+  std::string server_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   bool leaving_ ABSL_GUARDED_BY(mu_) = false;
   bool held_ ABSL_GUARDED_BY(mu_) = false;

@@ -206,7 +206,8 @@ absl::StatusOr<Caller> Authenticator::CallerOf(const MungeIdentity& id) const {
                 IsAdmin(id.uid, id.gid)};
 }
 
-absl::Status Authenticator::CheckHeaders(const CallCredentials& credentials) const {
+absl::Status Authenticator::CheckHeaders(const CallCredentials& credentials,
+                                         std::optional<uid_t>* proven) const {
   switch (policy_.mode) {
     case AuthMode::kNone:
       return absl::OkStatus();
@@ -219,6 +220,7 @@ absl::Status Authenticator::CheckHeaders(const CallCredentials& credentials) con
   if (absl::Status s = CheckMungeCredentialSize(cred); !s.ok()) return s;
   absl::StatusOr<MungeIdentity> id = MungeDecode(cred, policy_.munge_socket);
   if (!id.ok()) return id.status();
+  if (proven != nullptr) *proven = id->uid;
   if (absl::Status s = CallerOf(*id).status(); !s.ok()) return s;
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);

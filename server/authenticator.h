@@ -112,8 +112,10 @@ class Authenticator {
   // decodes it (blocking on munged for about a tenth of a millisecond) and keeps what it proved
   // for Authenticate; with a token checks that there is one (and that it is the one, when the
   // server has one). The refusals are Authenticate's; Unavailable also when the caller's uid
-  // has kMaxPendingPerUid calls checked and not yet handled.
-  absl::Status CheckHeaders(const CallCredentials& credentials) const;
+  // has kMaxPendingPerUid calls checked and not yet handled. Under MUNGE, `proven` (when given)
+  // gets the uid a decoded credential proved, whatever the outcome after the decode.
+  absl::Status CheckHeaders(const CallCredentials& credentials,
+                            std::optional<uid_t>* proven = nullptr) const;
 
   // Checks the credentials of a call of `method` on `job_id`. Unauthenticated (no or a bad
   // credential: the message says what to check), PermissionDenied (a valid caller this server

@@ -16,13 +16,13 @@
 #include <climits>
 #include <cstring>
 #include <optional>
+#include <random>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "server/core/connection_table.h"
 
 // gRPC's socket mutator, as gRPC 1.51's core defines it (src/core/lib/iomgr/socket_mutator.h,
 // which Debian does not ship): its only hook at a server's accept. server/CMakeLists.txt refuses
@@ -115,6 +115,18 @@ std::optional<uint64_t> InodeOf(int fd) {
 
 bool IsOpen(const ConnectionTable::Handle& handle) { return InodeOf(handle.fd) == handle.inode; }
 
+// Shuts down the connection of `handle` if it is still that socket; true when it was. A
+// duplicate pins the socket: once its inode matches, the shutdown reaches that socket even if
+// gRPC closes the number meanwhile.
+bool ShutDown(const ConnectionTable::Handle& handle) {
+  const int dup = fcntl(handle.fd, F_DUPFD_CLOEXEC, 0);
+  if (dup < 0) return false;
+  const bool same = InodeOf(dup) == handle.inode;
+  if (same) shutdown(dup, SHUT_RDWR);
+  close(dup);
+  return same;
+}
+
 // Turns TCP keepalive on for `fd` as `k` says; a failure leaves the socket as it was (gRPC's
 // own pings, when on, still watch it).
 void ApplyKeepalive(int fd, const TcpKeepalive& k) {
@@ -141,8 +153,8 @@ void ApplyKeepalive(int fd, const TcpKeepalive& k) {
 }  // namespace
 
 struct ConnectionGuard::State {
-  State(int max_per_host, absl::Duration first_call_within, TcpKeepalive keepalive)
-      : table(max_per_host, first_call_within), keepalive(keepalive) {}
+  State(ConnectionTable::Limits limits, TcpKeepalive keepalive)
+      : table(limits), keepalive(keepalive) {}
 
   // At accept, on one of gRPC's threads. A refused socket is shut down here, and gRPC, finding
   // it closed, drops it: returning false would stop gRPC 1.51's listener from accepting anything
@@ -155,7 +167,19 @@ struct ConnectionGuard::State {
     const std::optional<uint64_t> inode = InodeOf(fd);
     if (!peer || !inode) return;
     absl::MutexLock lock(&mu);
-    if (table.Admit(peer->host, peer->port, {fd, *inode}, absl::Now(), IsOpen)) {
+    const ConnectionTable::Admission admission = table.Admit(
+        peer->host, peer->port, {fd, *inode}, absl::Now(), IsOpen, rng());
+    for (const ConnectionTable::Handle& handle : admission.dropped) ShutDown(handle);
+    if (!admission.dropped.empty() &&
+        (table.dropped() == 1 || absl::Now() - last_drop_log >= absl::Seconds(10))) {
+      last_drop_log = absl::Now();
+      spdlog::warn(
+          "dropped a connection from {} that had not authenticated, to make room for a new one: "
+          "that host is at its bound of connections (--max-unproven-connections-per-host, "
+          "--max-connections-per-host); {} dropped so far",
+          peer->host, table.dropped());
+    }
+    if (admission.admitted) {
       ApplyKeepalive(fd, keepalive);
       return;
     }
@@ -164,7 +188,7 @@ struct ConnectionGuard::State {
       last_refusal_log = absl::Now();
       spdlog::warn(
           "refused a connection from {}: that host holds the most connections one host may "
-          "(--max-connections-per-host); {} refused so far",
+          "(--max-connections-per-host), all of them authenticated; {} refused so far",
           peer->host, table.refused());
     }
   }
@@ -173,6 +197,8 @@ struct ConnectionGuard::State {
   ConnectionTable table ABSL_GUARDED_BY(mu);
   const TcpKeepalive keepalive;
   absl::Time last_refusal_log ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  absl::Time last_drop_log ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  std::mt19937_64 rng ABSL_GUARDED_BY(mu){std::random_device{}()};
   absl::Time last_sweep ABSL_GUARDED_BY(mu) = absl::Now();
   int64_t closed_unused ABSL_GUARDED_BY(mu) = 0;
 };
@@ -216,9 +242,8 @@ class Option final : public grpc::ServerBuilderOption {
 
 }  // namespace
 
-ConnectionGuard::ConnectionGuard(int max_per_host, absl::Duration first_call_within,
-                                 TcpKeepalive keepalive)
-    : state_(std::make_shared<State>(max_per_host, first_call_within, keepalive)) {}
+ConnectionGuard::ConnectionGuard(ConnectionTable::Limits limits, TcpKeepalive keepalive)
+    : state_(std::make_shared<State>(limits, keepalive)) {}
 
 ConnectionGuard::~ConnectionGuard() = default;
 
@@ -245,17 +270,7 @@ void ConnectionGuard::Tick() {
     }
   }
   int64_t closed = 0;
-  for (const ConnectionTable::Handle& handle : overdue) {
-    // A duplicate pins the socket: once its inode matches, the shutdown reaches that socket even
-    // if gRPC closes the number meanwhile.
-    const int dup = fcntl(handle.fd, F_DUPFD_CLOEXEC, 0);
-    if (dup < 0) continue;
-    if (InodeOf(dup) == handle.inode) {
-      shutdown(dup, SHUT_RDWR);
-      ++closed;
-    }
-    close(dup);
-  }
+  for (const ConnectionTable::Handle& handle : overdue) closed += ShutDown(handle) ? 1 : 0;
   if (closed > 0) {
     absl::MutexLock lock(&state_->mu);
     state_->closed_unused += closed;
@@ -288,6 +303,11 @@ bool ConnectionGuard::ConnectionUp(absl::string_view peer) const {
 int64_t ConnectionGuard::refused() const {
   absl::MutexLock lock(&state_->mu);
   return state_->table.refused();
+}
+
+int64_t ConnectionGuard::dropped() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->table.dropped();
 }
 
 int64_t ConnectionGuard::closed_unused() const {

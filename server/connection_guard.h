@@ -1,7 +1,10 @@
 // ConnectionGuard: the bounds rdzvd keeps on connections before any credential is shown
-// (ConnectionTable): at most so many open connections per host, refused at accept; and a
-// connection that has carried no accepted call some time after it opened is closed, whatever
-// it holds (silence, streams that never send their message, refused calls).
+// (ConnectionTable, which decides): at most so many open connections per host, and of them
+// fewer that have not yet carried an accepted (authenticated) call; at a bound an unproven
+// connection of that host is dropped to make room (a newcomer is refused only when all of the
+// host's connections are proven); and a connection that has carried no accepted call some time
+// after it opened is closed, whatever it holds (silence, streams that never send their message,
+// refused calls).
 //
 // It sees each connection gRPC accepts through a socket mutator, the one hook gRPC's listener
 // offers at accept, on plaintext and TLS alike (before the handshake); a refused socket is shut
@@ -22,6 +25,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/core/connection_table.h"
 
 namespace rdzv {
 
@@ -37,8 +41,13 @@ struct TcpKeepalive {
 
 class ConnectionGuard {
  public:
-  // `max_per_host`: 0 for no bound; `first_call_within`: zero for no time limit.
-  ConnectionGuard(int max_per_host, absl::Duration first_call_within, TcpKeepalive keepalive = {});
+  explicit ConnectionGuard(ConnectionTable::Limits limits, TcpKeepalive keepalive = {});
+  // `max_per_host` for all connections and unproven ones alike, no grace: 0 for no bound;
+  // `first_call_within`: zero for no time limit.
+  ConnectionGuard(int max_per_host, absl::Duration first_call_within, TcpKeepalive keepalive = {})
+      : ConnectionGuard(
+            ConnectionTable::Limits{max_per_host, 0, absl::ZeroDuration(), first_call_within},
+            keepalive) {}
   ~ConnectionGuard();
   ConnectionGuard(const ConnectionGuard&) = delete;
   ConnectionGuard& operator=(const ConnectionGuard&) = delete;
@@ -57,8 +66,10 @@ class ConnectionGuard {
   // once a second; does not block on the network.
   void Tick();
 
-  // Connections refused at accept, and closed for carrying no accepted call, since the start.
+  // Connections refused at accept, unproven ones dropped to make room for a newcomer of their
+  // host, and ones closed for carrying no accepted call, since the start.
   int64_t refused() const;
+  int64_t dropped() const;
   int64_t closed_unused() const;
 
   struct State;

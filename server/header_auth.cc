@@ -3,11 +3,12 @@
 #include <grpc/grpc_security.h>
 #include <spdlog/spdlog.h>
 
-#include <asio/post.hpp>
+#include <optional>
 #include <string>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/auth.h"
 #include "common/logging.h"
@@ -19,6 +20,36 @@ namespace {
 // munged answers one decode at a time per connection; a few threads keep a burst of joins
 // moving without letting a flood of bad credentials take more.
 constexpr size_t kDecodeThreads = 4;
+// The auth context property that holds the uid a connection proved (gRPC keeps one auth context
+// per connection and hands it to every call's check).
+constexpr char kProvenUidProperty[] = "rdzv_proven_uid";
+// Guards the properties this code reads and adds: the checks of one connection's calls run at
+// once on several threads.
+absl::Mutex proven_mu;
+
+// The queue share of a call on the connection of `context`: "uid:N" once a call on it proved N,
+// else CredentialQueue::kUnproven.
+std::string ProvenShare(grpc_auth_context* context) {
+  if (context == nullptr) return std::string(CredentialQueue::kUnproven);
+  absl::MutexLock lock(&proven_mu);
+  grpc_auth_property_iterator it =
+      grpc_auth_context_find_properties_by_name(context, kProvenUidProperty);
+  if (const grpc_auth_property* p = grpc_auth_property_iterator_next(&it); p != nullptr) {
+    return absl::StrCat("uid:", absl::string_view(p->value, p->value_length));
+  }
+  return std::string(CredentialQueue::kUnproven);
+}
+
+// Keeps `uid` on the connection of `context` as the user it proved, unless one is kept already.
+void NoteProven(grpc_auth_context* context, uid_t uid) {
+  if (context == nullptr) return;
+  absl::MutexLock lock(&proven_mu);
+  grpc_auth_property_iterator it =
+      grpc_auth_context_find_properties_by_name(context, kProvenUidProperty);
+  if (grpc_auth_property_iterator_next(&it) != nullptr) return;
+  grpc_auth_context_add_cstring_property(context, kProvenUidProperty,
+                                         absl::StrCat(uid).c_str());
+}
 constexpr char kHealthPrefix[] = "/grpc.health.v1.Health/";
 
 absl::string_view View(const grpc_slice& slice) {
@@ -51,11 +82,39 @@ grpc_status_code CoreCode(const absl::Status& status) {
 }  // namespace
 
 HeaderAuth::HeaderAuth(const Authenticator* auth, std::function<void(absl::string_view)> on_refused)
-    : auth_(auth), on_refused_(std::move(on_refused)), pool_(kDecodeThreads) {}
+    : auth_(auth), on_refused_(std::move(on_refused)), queue_(CredentialQueue::Limits{}) {
+  for (size_t i = 0; i < kDecodeThreads; ++i) decoders_.emplace_back([this] { Decode(); });
+}
 
 HeaderAuth::~HeaderAuth() { Stop(); }
 
-void HeaderAuth::Stop() { pool_.join(); }
+void HeaderAuth::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  // The decoders finish what is queued (each check's callback must run), then end.
+  for (std::thread& t : decoders_) t.join();
+  decoders_.clear();
+}
+
+void HeaderAuth::Decode() {
+  for (;;) {
+    std::optional<CredentialQueue::Item> item;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](HeaderAuth* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+            return self->stopping_ || self->queue_.size() > 0;
+          },
+          this));
+      item = queue_.Pop();
+      if (!item) return;  // stopping, nothing left
+    }
+    (*item)();
+  }
+}
 
 std::shared_ptr<grpc::ServerCredentials> HeaderAuth::Credentials(const TlsServerIdentity& tls) {
   grpc_server_credentials* creds;
@@ -71,7 +130,7 @@ std::shared_ptr<grpc::ServerCredentials> HeaderAuth::Credentials(const TlsServer
   return std::make_shared<CoreServerCredentials>(creds);
 }
 
-void HeaderAuth::Process(void* state, grpc_auth_context* /*context*/, const grpc_metadata* md,
+void HeaderAuth::Process(void* state, grpc_auth_context* context, const grpc_metadata* md,
                          size_t num_md, grpc_process_auth_metadata_done_cb cb, void* user_data) {
   auto* self = static_cast<HeaderAuth*>(state);
   absl::string_view path, munge, token;
@@ -96,24 +155,38 @@ void HeaderAuth::Process(void* state, grpc_auth_context* /*context*/, const grpc
     cb(user_data, nullptr, 0, nullptr, 0, CoreCode(status), message.c_str());
     return;
   }
-  if (self->queued_.fetch_add(1, std::memory_order_relaxed) >= kMaxQueued) {
-    self->queued_.fetch_sub(1, std::memory_order_relaxed);
-    const absl::Status busy = absl::UnavailableError(absl::StrFormat(
-        "the rendezvous server has %d credentials waiting for munged; try again shortly",
-        kMaxQueued));
+  // The user this connection proved with an earlier call, if any: its share of the queue.
+  const std::string share = ProvenShare(context);
+  auto check = [self, context, path = std::string(path), munge = std::string(munge), cb,
+                user_data] {
+    std::optional<uid_t> proven;
+    const absl::Status status = self->auth_->CheckHeaders({munge, {}, {}}, &proven);
+    if (proven) NoteProven(context, *proven);
+    if (!status.ok()) self->Refused(path, status);
+    const std::string message(status.message());
+    cb(user_data, nullptr, 0, nullptr, 0, CoreCode(status), message.c_str());
+  };
+  CredentialQueue::Pushed pushed;
+  {
+    absl::MutexLock lock(&self->mu_);
+    pushed = self->stopping_ ? CredentialQueue::Pushed::kFull
+                             : self->queue_.Push(share, std::move(check));
+  }
+  if (pushed != CredentialQueue::Pushed::kQueued) {
+    const absl::Status busy = absl::UnavailableError(
+        pushed == CredentialQueue::Pushed::kShareFull
+            ? absl::StrFormat("%s has %d credentials waiting for munged on this rendezvous server; "
+                              "try again shortly",
+                              share.empty() ? std::string("this connection's host")
+                                            : absl::StrCat("uid ", share.substr(4)),
+                              share.empty() ? CredentialQueue::Limits{}.unproven
+                                            : CredentialQueue::Limits{}.per_user)
+            : absl::StrFormat(
+                  "the rendezvous server has %d credentials waiting for munged; try again shortly",
+                  CredentialQueue::Limits{}.total));
     self->Refused(path, busy);
     cb(user_data, nullptr, 0, nullptr, 0, CoreCode(busy), std::string(busy.message()).c_str());
-    return;
   }
-  // The metadata lives until cb runs, but copies keep the task independent of it.
-  asio::post(self->pool_,
-             [self, path = std::string(path), munge = std::string(munge), cb, user_data] {
-               const absl::Status status = self->auth_->CheckHeaders({munge, {}, {}});
-               self->queued_.fetch_sub(1, std::memory_order_relaxed);
-               if (!status.ok()) self->Refused(path, status);
-               const std::string message(status.message());
-               cb(user_data, nullptr, 0, nullptr, 0, CoreCode(status), message.c_str());
-             });
 }
 
 void HeaderAuth::Refused(absl::string_view path, const absl::Status& status) const {

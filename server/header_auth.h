@@ -7,7 +7,10 @@
 // It installs itself as gRPC core's auth metadata processor on the credentials it makes
 // (Credentials()), plaintext or TLS alike: gRPC's C++ InsecureServerCredentials() cannot take a
 // processor, its C core can. MUNGE credentials are decoded on a few threads of its own, so that
-// a slow munged holds none of gRPC's.
+// a slow munged holds none of gRPC's, and wait for them in shares (server/core/
+// credential_queue.h): the share of the user its connection proved with its first decoded call
+// (kept on the connection's auth context), or the one of connections not yet proven; so one
+// user's flood while munged is slow delays only that user's calls.
 //
 // Thread-safe. Must outlive the grpc::Server it serves: Stop() after that server has stopped,
 // then destroy.
@@ -17,10 +20,10 @@
 #include <grpc/grpc_security.h>
 #include <grpcpp/security/server_credentials.h>
 
-#include <asio/thread_pool.hpp>
-#include <atomic>
 #include <functional>
 #include <memory>
+#include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
@@ -28,6 +31,7 @@
 #include "absl/time/time.h"
 #include "common/tls.h"
 #include "server/authenticator.h"
+#include "server/core/credential_queue.h"
 
 namespace rdzv {
 
@@ -57,11 +61,15 @@ class HeaderAuth {
   mutable absl::Time last_log_ ABSL_GUARDED_BY(log_mu_) = absl::InfinitePast();
   mutable int64_t unlogged_ ABSL_GUARDED_BY(log_mu_) = 0;
   const std::function<void(absl::string_view)> on_refused_;
-  // Decodes waiting for, or on, the pool: past kMaxQueued new ones are refused (UNAVAILABLE,
-  // which clients retry) rather than queued, while munged is slow.
-  static constexpr int64_t kMaxQueued = 20'000;
-  std::atomic<int64_t> queued_{0};
-  asio::thread_pool pool_;
+  // The decoders' loop: the queue's next credential, in turn, until Stop().
+  void Decode();
+
+  // Credentials waiting for a decoder, in shares: past a share's bound (or the queue's) new
+  // ones are refused (UNAVAILABLE, which clients retry) rather than queued, while munged is slow.
+  absl::Mutex mu_;
+  CredentialQueue queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> decoders_;
 };
 
 }  // namespace rdzv

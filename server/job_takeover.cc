@@ -11,7 +11,6 @@
 #include "absl/strings/str_format.h"
 #include "common/auth.h"
 #include "common/grpc_status.h"
-#include "common/logging.h"
 #include "server/metrics.h"
 #include "server/rendezvous_service.h"
 #include "server/request_limits.h"
@@ -58,7 +57,6 @@ void RendezvousService::PeersAnswered(const std::string& key, const std::string&
       parked_jobs_.erase(n);
     }
     const JobClaims::Verdict verdict = claims_->Decide(key, !holder.empty(), clock_());
-    const std::string job = EscapeControl(parked.job_id);
     Decisions decisions;
     if (verdict != JobClaims::Verdict::kTakeUp) {
       const absl::Status elsewhere = absl::NotFoundError(
@@ -73,19 +71,10 @@ void RendezvousService::PeersAnswered(const std::string& key, const std::string&
         if (options_.metrics != nullptr) options_.metrics->OnPeerRefusal();
       }
     } else {
-      bool resumed = false;
+      // A job taken up from its resuming agents is counted and logged where any is (Apply).
       for (const ParkedJoin& join : parked.joins) {
         if (!streams_.contains(join.id)) continue;
-        resumed = resumed || join.request.has_resume() ||
-                  (join.request.members_size() > 0 && join.request.members(0).has_resume());
         JoinStateLocked(join.id, *parked.state, join.request, join.peer, nullptr, decisions);
-      }
-      if (resumed) {
-        if (options_.metrics != nullptr) options_.metrics->OnFailover();
-        spdlog::warn(
-            "job {}: taken up from its resuming agents; no other rdzvd of the list "
-            "serves it",
-            job);
       }
       ChargeExcluded(*parked.state);
     }

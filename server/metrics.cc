@@ -290,8 +290,16 @@ Metrics::Metrics(absl::string_view version) {
   restarts_ = &AddCounter("rdzv_restarts_total",
                           "Rounds started again after a failure, within --max-restarts.");
   failovers_ = &AddCounter("rdzv_failovers_total",
-                           "Jobs this server (started with --peers) took up from their resuming "
-                           "agents after the server that ran them was lost.");
+                           "Jobs this server took up from their resuming agents: after the server "
+                           "that ran them was lost, or after this server restarted.");
+  connections_refused_ = &AddCounter(
+      "rdzv_connections_refused_total",
+      "Connections refused at accept: their host's connections were all authenticated and at "
+      "--max-connections-per-host.");
+  connections_dropped_ = &AddCounter(
+      "rdzv_connections_dropped_total",
+      "Connections that had not authenticated, dropped to make room for a newer one of their "
+      "host (--max-unproven-connections-per-host, --max-connections-per-host).");
   peer_refusals_ = &AddCounter(
       "rdzv_peer_refusals_total",
       "Joins refused because another rdzvd of the server list serves the job (--peers).");

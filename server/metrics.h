@@ -172,9 +172,15 @@ class Metrics {
   Counter& rounds_completed() { return *rounds_completed_; }
   // rdzv_restarts_total: rounds started again after a failure (--max-restarts).
   Counter& restarts() { return *restarts_; }
-  // rdzv_failovers_total: jobs this server (with --peers) took up from their resuming agents
-  // after the server that ran them was lost.
+  // rdzv_failovers_total: jobs this server took up from their resuming agents: after the
+  // server that ran them was lost (a failover to this one), or after this one restarted.
   Counter& failovers() { return *failovers_; }
+  // rdzv_connections_refused_total: connections refused at accept (their host's were all
+  // authenticated and at --max-connections-per-host).
+  Counter& connections_refused() { return *connections_refused_; }
+  // rdzv_connections_dropped_total: connections that had not authenticated, dropped to make room
+  // for a newer one of their host.
+  Counter& connections_dropped() { return *connections_dropped_; }
   // rdzv_peer_refusals_total: joins refused because another server of the list serves the job.
   Counter& peer_refusals() { return *peer_refusals_; }
   // rdzv_rendezvous_duration_seconds: from a round's first join to its assignment.
@@ -237,6 +243,8 @@ class Metrics {
   Counter* rounds_completed_ = nullptr;
   Counter* restarts_ = nullptr;
   Counter* failovers_ = nullptr;
+  Counter* connections_refused_ = nullptr;
+  Counter* connections_dropped_ = nullptr;
   Counter* peer_refusals_ = nullptr;
   Histogram* rendezvous_duration_ = nullptr;
   Family<Counter>* aborts_ = nullptr;

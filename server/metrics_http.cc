@@ -9,15 +9,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
@@ -27,35 +32,50 @@ namespace rdzv {
 namespace {
 
 constexpr int kThreads = 4;
-constexpr size_t kMaxQueued = 8;
-constexpr time_t kTimeoutSeconds = 2;
-// How long a connection may stay open without a request. Shutdown() waits this long at most
-// for a connection that sends nothing.
-constexpr time_t kIdleSeconds = 1;
-// Connections waiting for their request's first bytes, on one thread that holds no worker; past
-// this many the one waiting longest is closed.
-constexpr size_t kMaxWaiting = 4096;
+// How long a connection has for its whole request, from its accept, and for the answer, from
+// when it is ready. Shutdown() waits for neither: it closes what is left.
+constexpr absl::Duration kTimeout = absl::Seconds(2);
+// A request is read whole before any worker sees it: its request line and headers, and a body of
+// at most kMaxBodyBytes. Past kMaxHeadBytes without the end of its headers it is closed.
+constexpr size_t kMaxHeadBytes = 8 * 1024;
 constexpr size_t kMaxBodyBytes = 1024;
+// Connections held (reading their request, or being answered), per host and in all. Past a
+// bound the oldest of that host is closed, or past kMaxHeld the oldest of the host that holds
+// the most: one host's connections never push out another's.
+constexpr size_t kMaxPerHost = 256;
+constexpr size_t kMaxHeld = 4096;
 constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8";
 
-// httplib's own pool queues accepted connections without limit. This one makes the accepting
-// thread wait while kMaxQueued connections are waiting for a worker.
-class BoundedPool : public httplib::TaskQueue {
+// httplib hands each accepted connection to its task queue on the accepting thread; this one
+// runs the task there at once (it only gives the socket to the Gate below), so that accepting
+// never waits for a worker.
+class InlineQueue final : public httplib::TaskQueue {
  public:
-  BoundedPool(int threads, size_t max_queued) : max_queued_(max_queued) {
+  void enqueue(std::function<void()> task) override { task(); }
+  void shutdown() override {}
+};
+
+// The workers: they only turn a request read whole into an answer (a render of the metrics),
+// never touch the network, and so never wait on a client. Their queue holds at most what the Gate
+// holds.
+class Workers {
+ public:
+  explicit Workers(int threads) {
     for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Work(); });
   }
+  ~Workers() { Stop(); }
 
-  void enqueue(std::function<void()> task) override {
+  void Run(std::function<void()> task) {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &BoundedPool::HasRoom));
+    if (stopping_) return;
     tasks_.push_back(std::move(task));
   }
 
   // Runs what is queued, then joins the workers.
-  void shutdown() override {
+  void Stop() {
     {
       absl::MutexLock lock(&mu_);
+      if (stopping_) return;
       stopping_ = true;
     }
     for (std::thread& thread : threads_) thread.join();
@@ -63,7 +83,6 @@ class BoundedPool : public httplib::TaskQueue {
   }
 
  private:
-  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return tasks_.size() < max_queued_; }
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !tasks_.empty() || stopping_; }
 
   void Work() {
@@ -71,7 +90,7 @@ class BoundedPool : public httplib::TaskQueue {
       std::function<void()> task;
       {
         absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(this, &BoundedPool::HasWork));
+        mu_.Await(absl::Condition(this, &Workers::HasWork));
         if (tasks_.empty()) return;  // stopping, nothing left
         task = std::move(tasks_.front());
         tasks_.pop_front();
@@ -80,128 +99,29 @@ class BoundedPool : public httplib::TaskQueue {
     }
   }
 
-  const size_t max_queued_;
   absl::Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 
-// Connections that have sent nothing yet wait here, on one thread, rather than on a worker: a
-// scraper's request arrives with its connection, and connections that send nothing (hundreds, from
-// anyone who can reach the port) would otherwise hold every worker for their idle time while real
-// scrapes queue behind them. A connection whose bytes arrive goes to `ready`; one silent for
-// kIdleSeconds is closed.
-class WaitingConnections {
+// A request as httplib reads it, from memory, and its answer as httplib writes it, to memory.
+class MemoryStream final : public httplib::Stream {
  public:
-  explicit WaitingConnections(std::function<void(int)> ready) : ready_(std::move(ready)) {
-    if (pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) wake_[0] = wake_[1] = -1;
-    thread_ = std::thread([this] { Run(); });
-  }
-  ~WaitingConnections() { Stop(); }
+  MemoryStream(int fd, const std::string& request, std::string& answer)
+      : fd_(fd), request_(request), answer_(answer) {}
 
-  // Takes `fd` over.
-  void Add(int fd) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) {
-        close(fd);
-        return;
-      }
-      if (waiting_.size() >= kMaxWaiting) {
-        close(waiting_.front().first);
-        waiting_.pop_front();
-      }
-      waiting_.emplace_back(fd, absl::Now() + absl::Seconds(kIdleSeconds));
-    }
-    Wake();
-  }
-
-  // Closes what waits and joins the thread.
-  void Stop() {
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return;
-      stopping_ = true;
-    }
-    Wake();
-    thread_.join();
-    for (const auto& [fd, deadline] : waiting_) close(fd);
-    waiting_.clear();
-    close(wake_[0]);
-    close(wake_[1]);
-  }
-
- private:
-  void Wake() {
-    const char byte = 0;
-    [[maybe_unused]] ssize_t n = write(wake_[1], &byte, 1);
-  }
-
-  void Run() {
-    std::vector<pollfd> fds;
-    for (;;) {
-      const absl::Time now = absl::Now();
-      std::vector<int> ready;
-      fds.assign(1, pollfd{wake_[0], POLLIN, 0});
-      absl::Time next = now + absl::Seconds(kIdleSeconds);
-      {
-        absl::MutexLock lock(&mu_);
-        if (stopping_) return;
-        while (!waiting_.empty() && waiting_.front().second <= now) {
-          close(waiting_.front().first);
-          waiting_.pop_front();
-        }
-        for (const auto& [fd, deadline] : waiting_) {
-          fds.push_back(pollfd{fd, POLLIN, 0});
-          next = std::min(next, deadline);
-        }
-      }
-      const int timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(next - now)) + 1;
-      if (poll(fds.data(), fds.size(), timeout_ms) <= 0) continue;
-      if (fds[0].revents != 0) {
-        char buf[64];
-        while (read(wake_[0], buf, sizeof(buf)) > 0) {
-        }
-      }
-      {
-        absl::MutexLock lock(&mu_);
-        for (size_t i = 1; i < fds.size(); ++i) {
-          if (fds[i].revents == 0) continue;
-          auto it = std::find_if(waiting_.begin(), waiting_.end(),
-                                 [&](const auto& w) { return w.first == fds[i].fd; });
-          if (it == waiting_.end()) continue;  // closed meanwhile
-          waiting_.erase(it);
-          ready.push_back(fds[i].fd);
-        }
-      }
-      for (const int fd : ready) ready_(fd);
-    }
-  }
-
-  const std::function<void(int)> ready_;
-  int wake_[2];
-  std::thread thread_;
-  absl::Mutex mu_;
-  std::deque<std::pair<int, absl::Time>> waiting_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-};
-
-// A connection as httplib reads and writes it, with one deadline for the whole request and
-// answer, so that a client that trickles its bytes holds a worker for kTimeoutSeconds at most.
-class DeadlineStream final : public httplib::Stream {
- public:
-  DeadlineStream(int fd, absl::Time deadline) : fd_(fd), deadline_(deadline) {}
-
-  bool is_readable() const override { return Wait(POLLIN); }
-  bool is_writable() const override { return Wait(POLLOUT); }
+  bool is_readable() const override { return read_ < request_.size(); }
+  bool is_writable() const override { return true; }
   ssize_t read(char* ptr, size_t size) override {
-    if (!Wait(POLLIN)) return -1;
-    return recv(fd_, ptr, size, 0);
+    const size_t n = std::min(size, request_.size() - read_);
+    std::memcpy(ptr, request_.data() + read_, n);
+    read_ += n;
+    return static_cast<ssize_t>(n);
   }
   ssize_t write(const char* ptr, size_t size) override {
-    if (!Wait(POLLOUT)) return -1;
-    return send(fd_, ptr, size, MSG_NOSIGNAL);
+    answer_.append(ptr, size);
+    return static_cast<ssize_t>(size);
   }
   void get_remote_ip_and_port(std::string& ip, int& port) const override {
     Address(getpeername, ip, port);
@@ -212,13 +132,6 @@ class DeadlineStream final : public httplib::Stream {
   socket_t socket() const override { return fd_; }
 
  private:
-  bool Wait(short events) const {
-    const int64_t ms = absl::ToInt64Milliseconds(deadline_ - absl::Now());
-    if (ms <= 0) return false;
-    pollfd p{fd_, events, 0};
-    return poll(&p, 1, static_cast<int>(ms)) > 0;
-  }
-
   void Address(int (*get)(int, sockaddr*, socklen_t*), std::string& ip, int& port) const {
     sockaddr_storage addr{};
     socklen_t len = sizeof(addr);
@@ -239,50 +152,286 @@ class DeadlineStream final : public httplib::Stream {
   }
 
   const int fd_;
-  const absl::Time deadline_;
+  const std::string& request_;
+  std::string& answer_;
+  size_t read_ = 0;
+};
+
+// Whether `data` holds a whole request: its headers' end, and the body they announce (at most
+// kMaxBodyBytes of it: httplib refuses a longer one from its headers alone). Nullopt while more
+// is to come; false for one that will never be whole within the bounds.
+std::optional<bool> WholeRequest(const std::string& data) {
+  const size_t end = data.find("\r\n\r\n");
+  if (end == std::string::npos) {
+    if (data.size() > kMaxHeadBytes) return false;
+    return std::nullopt;
+  }
+  if (end > kMaxHeadBytes) return false;
+  size_t body = 0;
+  const std::string head = absl::AsciiStrToLower(absl::string_view(data).substr(0, end));
+  if (size_t at = head.find("\r\ncontent-length:"); at != std::string::npos) {
+    absl::string_view value = absl::string_view(head).substr(at + 17);
+    value = value.substr(0, value.find("\r\n"));
+    uint64_t length = 0;
+    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(value), &length)) {
+      if (length > kMaxBodyBytes) return true;  // refused from its headers
+      body = static_cast<size_t>(length);
+    }
+  }
+  if (data.size() < end + 4 + body) return std::nullopt;
+  return true;
+}
+
+// The host (address) at the other end of `fd`, or "" when unknown.
+std::string HostOf(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
+  char text[INET6_ADDRSTRLEN] = "";
+  if (addr.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&addr)->sin_addr, text, sizeof(text));
+  } else if (addr.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr, text,
+              sizeof(text));
+  }
+  return text;
+}
+
+// Every connection, from its accept to its close, is read and written here, on one thread, with
+// non-blocking calls: its request is read whole (WholeRequest) within kTimeout of its accept
+// before a worker answers it, and the answer is written back here within kTimeout, so that
+// neither a client that trickles its request (or sends none) nor one that does not read its
+// answer holds a worker. Per host at most kMaxPerHost connections are held, and kMaxHeld in all.
+class Gate {
+ public:
+  // `answer` turns a whole request into the bytes of its answer; it runs on a worker (`run`).
+  Gate(std::function<void(std::function<void()>)> run,
+       std::function<std::string(int fd, const std::string& request)> answer)
+      : run_(std::move(run)), answer_(std::move(answer)) {
+    if (pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) wake_[0] = wake_[1] = -1;
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Gate() { Stop(); }
+
+  // Takes `fd` over.
+  void Add(int fd) {
+    const int flags = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+    std::string host = HostOf(fd);
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) {
+        close(fd);
+        return;
+      }
+      std::deque<uint64_t>& mine = by_host_[host];
+      if (mine.size() >= kMaxPerHost) CloseLocked(mine.front());
+      if (held_.size() >= kMaxHeld) {
+        // The oldest connection of the host that holds the most.
+        auto most = std::max_element(
+            by_host_.begin(), by_host_.end(),
+            [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+        if (most != by_host_.end() && !most->second.empty()) CloseLocked(most->second.front());
+      }
+      const uint64_t id = ++next_id_;
+      Connection& c = held_[id];
+      c.fd = fd;
+      c.host = std::move(host);
+      c.deadline = absl::Now() + kTimeout;
+      by_host_[c.host].push_back(id);
+    }
+    Wake();
+  }
+
+  // Closes every connection and joins the thread. Answers still being made are dropped.
+  void Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    Wake();
+    thread_.join();
+    absl::MutexLock lock(&mu_);
+    while (!held_.empty()) CloseLocked(held_.begin()->first);
+    close(wake_[0]);
+    close(wake_[1]);
+  }
+
+ private:
+  enum class Phase { kReading, kAnswering, kWriting };
+  struct Connection {
+    int fd = -1;
+    std::string host;
+    absl::Time deadline;
+    Phase phase = Phase::kReading;
+    std::string data;  // the request as read, then the answer being written
+    size_t written = 0;
+  };
+
+  void Wake() {
+    const char byte = 0;
+    [[maybe_unused]] ssize_t n = write(wake_[1], &byte, 1);
+  }
+
+  void CloseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = held_.find(id);
+    if (it == held_.end()) return;
+    close(it->second.fd);
+    auto host = by_host_.find(it->second.host);
+    if (host != by_host_.end()) {
+      std::deque<uint64_t>& ids = host->second;
+      ids.erase(std::find(ids.begin(), ids.end(), id));
+      if (ids.empty()) by_host_.erase(host);
+    }
+    held_.erase(it);
+  }
+
+  // A worker made the answer of connection `id`: it is written from here.
+  void Answered(uint64_t id, std::string answer) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = held_.find(id);
+      if (it == held_.end()) return;  // closed meanwhile (pushed out, or stopping)
+      it->second.phase = Phase::kWriting;
+      it->second.data = std::move(answer);
+      it->second.written = 0;
+      it->second.deadline = absl::Now() + kTimeout;
+    }
+    Wake();
+  }
+
+  // Reads what connection `c` has sent; true when it is to be closed.
+  bool ReadSome(uint64_t id, Connection& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = recv(c.fd, buf, sizeof(buf), 0);
+      if (n == 0) return true;  // gone before its request was whole
+      if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+      c.data.append(buf, static_cast<size_t>(n));
+      const std::optional<bool> whole = WholeRequest(c.data);
+      if (!whole) continue;
+      if (!*whole) return true;
+      c.phase = Phase::kAnswering;
+      run_([this, id, fd = c.fd, request = std::move(c.data)] {
+        Answered(id, answer_(fd, request));
+      });
+      c.data.clear();
+      return false;
+    }
+  }
+
+  // Writes what connection `c` can take of its answer; true when it is to be closed.
+  bool WriteSome(Connection& c) {
+    while (c.written < c.data.size()) {
+      const ssize_t n =
+          send(c.fd, c.data.data() + c.written, c.data.size() - c.written, MSG_NOSIGNAL);
+      if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+      c.written += static_cast<size_t>(n);
+    }
+    shutdown(c.fd, SHUT_WR);
+    return true;
+  }
+
+  void Loop() {
+    std::vector<pollfd> fds;
+    std::vector<uint64_t> ids;
+    for (;;) {
+      const absl::Time now = absl::Now();
+      absl::Time next = now + absl::Seconds(1);
+      fds.assign(1, pollfd{wake_[0], POLLIN, 0});
+      ids.assign(1, 0);
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) return;
+        std::vector<uint64_t> late;
+        for (auto& [id, c] : held_) {
+          if (c.phase == Phase::kAnswering) continue;  // a worker has it
+          if (c.deadline <= now) {
+            late.push_back(id);
+            continue;
+          }
+          next = std::min(next, c.deadline);
+          fds.push_back(pollfd{c.fd, static_cast<short>(c.phase == Phase::kReading ? POLLIN
+                                                                                   : POLLOUT),
+                               0});
+          ids.push_back(id);
+        }
+        for (uint64_t id : late) CloseLocked(id);
+      }
+      const int timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(next - now)) + 1;
+      if (poll(fds.data(), fds.size(), timeout_ms) <= 0) continue;
+      if (fds[0].revents != 0) {
+        char buf[64];
+        while (read(wake_[0], buf, sizeof(buf)) > 0) {
+        }
+      }
+      absl::MutexLock lock(&mu_);
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        auto it = held_.find(ids[i]);
+        if (it == held_.end() || it->second.fd != fds[i].fd) continue;  // closed meanwhile
+        Connection& c = it->second;
+        const bool done = c.phase == Phase::kReading   ? ReadSome(ids[i], c)
+                          : c.phase == Phase::kWriting ? WriteSome(c)
+                                                       : false;
+        if (done) CloseLocked(ids[i]);
+      }
+    }
+  }
+
+  const std::function<void(std::function<void()>)> run_;
+  const std::function<std::string(int, const std::string&)> answer_;
+  int wake_[2];
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, Connection> held_ ABSL_GUARDED_BY(mu_);
+  // Each host's connections, oldest first.
+  absl::flat_hash_map<std::string, std::deque<uint64_t>> by_host_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: it starts running in the constructor
 };
 
 }  // namespace
 
-// httplib's server, with connections that have not sent their request yet kept off the workers
-// (WaitingConnections) and one deadline per request (DeadlineStream).
+// httplib's server, fed by the Gate: httplib parses each request whole from memory and writes its
+// answer to memory, on a worker.
 class MetricsHttpServer::Http final : public httplib::Server {
  public:
-  Http() : waiting_([this](int fd) { pool_->enqueue([this, fd] { Serve(fd); }); }) {
-    new_task_queue = [this] {
-      pool_ = new BoundedPool(kThreads, kMaxQueued);
-      return pool_;
-    };
+  Http()
+      : workers_(kThreads),
+        gate_([this](std::function<void()> task) { workers_.Run(std::move(task)); },
+              [this](int fd, const std::string& request) { return Answer(fd, request); }) {
+    new_task_queue = [] { return new InlineQueue(); };
   }
 
-  // Closes the connections waiting and those that would wait from now on. Before the listening
-  // loop ends (it deletes the workers' queue).
-  void StopWaiting() { waiting_.Stop(); }
+  // Closes every connection and stops the workers. Before the listening loop ends.
+  void StopConnections() {
+    gate_.Stop();
+    workers_.Stop();
+  }
+
+  // The listening socket, as httplib made it (its options callback sees it before the bind).
+  std::atomic<int> listen_fd{-1};
 
  private:
-  // Runs on a worker, for each accepted connection.
+  // Runs on the accepting thread, for each accepted connection.
   bool process_and_close_socket(socket_t sock) override {
-    pollfd p{sock, POLLIN, 0};
-    if (poll(&p, 1, 0) <= 0) {
-      waiting_.Add(sock);
-      return true;
-    }
-    Serve(sock);
+    gate_.Add(sock);
     return true;
   }
 
-  void Serve(int fd) {
-    DeadlineStream stream(fd, absl::Now() + absl::Seconds(kTimeoutSeconds));
+  std::string Answer(int fd, const std::string& request) {
+    std::string answer;
+    MemoryStream stream(fd, request, answer);
     bool closed = false;
     process_request(stream, /*close_connection=*/true, closed,
                     std::function<void(httplib::Request&)>());
-    shutdown(fd, SHUT_RDWR);
-    close(fd);
+    return answer;
   }
 
-  // Made by httplib's listening loop through new_task_queue, and deleted by it.
-  BoundedPool* pool_ = nullptr;
-  WaitingConnections waiting_;
+  Workers workers_;
+  Gate gate_;
 };
 
 namespace {
@@ -320,12 +469,12 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   if (!address.ok()) return address.status();
 
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
-  httplib::Server& http = *server->http_;
-  http.set_socket_options(SetSocketOptions);
+  Http& http = *server->http_;
+  http.set_socket_options([&http](socket_t sock) {
+    SetSocketOptions(sock);
+    http.listen_fd = sock;
+  });
   http.set_keep_alive_max_count(1);
-  http.set_keep_alive_timeout(kIdleSeconds);
-  http.set_read_timeout(kTimeoutSeconds, 0);
-  http.set_write_timeout(kTimeoutSeconds, 0);
   http.set_payload_max_length(kMaxBodyBytes);
 
   http.Get("/metrics", [metrics](const httplib::Request&, httplib::Response& response) {
@@ -375,6 +524,10 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     return absl::FailedPreconditionError(absl::StrFormat(
         "cannot serve metrics on %s (%s); choose another --metrics-listen address", listen, why));
   }
+  // httplib listens with a backlog of 5: a burst of connections (a flood from one host) would
+  // overflow it and drop other hosts' connection attempts for a second each. The Gate bounds
+  // what is held; the kernel may queue as many as it allows.
+  if (const int fd = http.listen_fd.load(); fd >= 0) ::listen(fd, SOMAXCONN);
   server->port_ = port;
   auto loop_ended = std::make_shared<std::atomic<bool>>(false);
   server->thread_ = std::thread([&http, loop_ended] {
@@ -401,9 +554,9 @@ MetricsHttpServer::~MetricsHttpServer() { Shutdown(); }
 
 void MetricsHttpServer::Shutdown() {
   if (stopped_.exchange(true)) return;
-  // First, while the workers' queue still exists: a waiting connection goes there when it
-  // speaks; once stopped, connections handed to it are closed.
-  http_->StopWaiting();
+  // Every connection is closed and the workers stop; a connection accepted after that is closed
+  // at once.
+  http_->StopConnections();
   http_->stop();
   if (thread_.joinable()) thread_.join();
 }

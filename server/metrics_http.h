@@ -2,12 +2,15 @@
 // --metrics-listen: GET /metrics (text exposition format 0.0.4) and GET /healthz ("ok").
 //
 // Bounded by construction, so that a scraper (or anyone who can reach the port) cannot take
-// resources from the rendezvous service, nor keep the metrics from others: four worker threads
-// behind a short queue (when all are busy the accepting thread waits, and further connections
-// wait in the kernel's backlog), one request per connection, request bodies of at most 1 KiB,
-// and 2 s for a request and its answer. A connection that has sent nothing yet waits on one
-// thread of its own, not on a worker, and is closed after 1 s; thousands of idle connections
-// delay nobody's scrape.
+// resources from the rendezvous service, nor keep the metrics from others: every connection is
+// read and written by one thread without blocking, and a request reaches one of the four
+// workers only once it has been read whole (headers of at most 8 KiB, a body of at most 1 KiB,
+// within 2 s of the accept); the worker renders the answer to memory and that thread writes it
+// back (within 2 s), so that neither a client that sends part of a request (or none) nor one
+// that does not read its answer holds a worker. One request per connection; at most 256
+// connections per host are held (past that the host's oldest is closed) and 4,096 in all (past
+// that the oldest of the host holding the most), so a flood from one host delays no other
+// host's scrape.
 // It uses cpp-httplib (Debian's libcpp-httplib-dev), hidden from this header.
 //
 // Does not own the Metrics, which must outlive the server. Thread-safe; Shutdown() is
@@ -43,9 +46,8 @@ class MetricsHttpServer final : public MetricsEndpoint {
   // The port actually bound.
   int port() const override { return port_; }
 
-  // Stops accepting, lets the requests in progress finish and joins the threads. Returns
-  // within about a second (longer only while a client is in the middle of sending a request
-  // or reading a response, up to the 2 s timeouts).
+  // Stops accepting, closes every connection (answers being made are dropped) and joins the
+  // threads. Returns within about a second.
   void Shutdown() override;
 
  private:

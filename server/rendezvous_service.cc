@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
 #include <asio/post.hpp>
 #include <list>
 #include <optional>
@@ -472,7 +473,22 @@ bool RendezvousService::MayReattach(StreamId id) {
   {
     absl::MutexLock lock(&mu_);
     auto it = streams_.find(id);
-    if (it == streams_.end() || it->second.group || !it->second.state->Runs(id)) return false;
+    if (it == streams_.end() || it->second.group ||
+        !(it->second.state->Runs(id) || it->second.state->Awaits(id))) {
+      return false;
+    }
+    peer = it->second.peer;
+  }
+  return options_.connections->ConnectionUp(peer);
+}
+
+bool RendezvousService::RelayAlive(StreamId id) {
+  if (options_.connections == nullptr) return false;
+  std::string peer;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = streams_.find(id);
+    if (it == streams_.end() || !it->second.group) return false;
     peer = it->second.peer;
   }
   return options_.connections->ConnectionUp(peer);
@@ -480,12 +496,21 @@ bool RendezvousService::MayReattach(StreamId id) {
 
 void RendezvousService::StreamDone(StreamId id, bool cancelled) {
   const bool may_reattach = cancelled && MayReattach(id);
+  const bool relay_alive = cancelled && RelayAlive(id);
   std::vector<JoinStream*> writers;
   {
     absl::MutexLock lock(&mu_);
     auto it = streams_.find(id);
     if (it == streams_.end()) return;
     const Micros now = clock_();
+    if (may_reattach && !it->second.state->Runs(id)) {
+      // An agent the ended job still counts on (it may restart), whose process is alive: it
+      // comes back, leaves, or is lost when its connection closes; until then it is not lost.
+      reattaching_[id] = Reattaching{it->second.state, it->second.peer,
+                                     std::numeric_limits<Micros>::max()};
+      EraseStream(it);
+      return;
+    }
     if (may_reattach) {
       if (options_.log_jobs) {
         spdlog::info(
@@ -499,14 +524,14 @@ void RendezvousService::StreamDone(StreamId id, bool cancelled) {
       return;
     }
     Decisions decisions;
-    LoseStreamLocked(it, now, decisions);
+    LoseStreamLocked(it, now, decisions, relay_alive);
     Apply(decisions, writers);
   }
   StartWrites(std::move(writers));
 }
 
 void RendezvousService::LoseStreamLocked(absl::flat_hash_map<StreamId, Stream>::iterator it,
-                                         Micros now, Decisions& decisions) {
+                                         Micros now, Decisions& decisions, bool relay_alive) {
   const StreamId id = it->first;
   RendezvousState* state = it->second.state;
   // Every member of a group still on it is lost with it, as its own stream would have been.
@@ -515,12 +540,20 @@ void RendezvousService::LoseStreamLocked(absl::flat_hash_map<StreamId, Stream>::
   EraseStream(it);
   for (const StreamId member : lost) {
     if (options_.metrics != nullptr) options_.metrics->OnStreamGone(now, member);
+    if (relay_alive && !state->Runs(member) && state->Awaits(member)) continue;
     state->StreamClosed(now, member, decisions);
   }
 }
 
 void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& writers) {
   if (options_.metrics != nullptr) options_.metrics->OnDecisions(clock_(), decisions);
+  for (const std::string& job : decisions.taken_up) {
+    // Counted in rdzv_failovers_total, with or without --peers.
+    spdlog::warn(
+        "job {}: taken up from its resuming agents (this rdzvd restarted, or the one that ran it "
+        "was lost)",
+        EscapeControl(job));
+  }
   std::vector<StreamId> overfull;
   const auto push = [&](StreamId id, JoinStream* stream, std::shared_ptr<const v1::JoinEvent> event,
                         int64_t bytes) {
@@ -876,7 +909,7 @@ void RendezvousService::Tick() {
     for (auto it = reattaching_.begin(); it != reattaching_.end();) {
       const Reattaching& r = it->second;
       const bool lost = now >= r.deadline || absl::c_linear_search(gone, it->first);
-      if (r.state->Runs(it->first) && !lost) {
+      if ((r.state->Runs(it->first) || r.state->Awaits(it->first)) && !lost) {
         ++it;
         continue;
       }

@@ -245,9 +245,15 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   void EraseStream(absl::flat_hash_map<StreamId, Stream>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stream `it` ended from the agent's side: forgets it and tells the state that its agent (each
-  // member still on a group's stream) is gone.
+  // member still on a group's stream) is gone. With `relay_alive` (a group's stream that its
+  // relay ended with its connection still up), members that the state only awaits after their
+  // job's end are not: they are on their way back through the relay, which reports the loss of
+  // any of them (ReportExit member_lost) itself.
   void LoseStreamLocked(absl::flat_hash_map<StreamId, Stream>::iterator it, Micros now,
-                        Decisions& decisions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                        Decisions& decisions, bool relay_alive = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether stream `id` is a group's whose relay's connection is still up.
+  bool RelayAlive(StreamId id);
   // Why `caller` may not open another stream into `job_id` of `state`, one that holds
   // `join_bytes` (ServiceOptions' memory limits), or OK.
   absl::Status CheckUserLimits(const Caller& caller, const RendezvousState& state,

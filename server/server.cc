@@ -35,9 +35,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     server->service_metrics_ = std::make_unique<ServiceMetrics>(server->metrics_.get());
     service_options.metrics = server->service_metrics_.get();
   }
+  ConnectionTable::Limits limits;
+  limits.max_per_host = options.max_connections_per_host;
+  // No bound on a host's connections is no bound on its unproven ones either.
+  limits.max_unproven_per_host =
+      options.max_connections_per_host == 0 ? 0 : options.max_unproven_connections_per_host;
+  limits.grace = kUnprovenGrace;
+  limits.first_call_within = options.unused_connection_timeout;
   server->connections_ = std::make_unique<ConnectionGuard>(
-      options.max_connections_per_host, options.unused_connection_timeout,
-      TcpKeepalive{options.keepalive, options.keepalive_timeout});
+      limits, TcpKeepalive{options.keepalive, options.keepalive_timeout});
   service_options.connections = server->connections_.get();
   server->service_ = std::make_unique<RendezvousService>(SteadyClock(), service_options);
   if (server->metrics_ != nullptr) {
@@ -157,6 +163,14 @@ void Server::ArmTimer() {
     service_->Tick();
     if (++ticks_ % kGuardEveryTicks == 0) {
       connections_->Tick();
+      if (metrics_ != nullptr) {
+        const int64_t refused = connections_->refused();
+        const int64_t dropped = connections_->dropped();
+        metrics_->connections_refused().Inc(static_cast<uint64_t>(refused - counted_refused_));
+        metrics_->connections_dropped().Inc(static_cast<uint64_t>(dropped - counted_dropped_));
+        counted_refused_ = refused;
+        counted_dropped_ = dropped;
+      }
       ReturnMemory();
     }
     ArmTimer();

@@ -30,6 +30,10 @@
 
 namespace rdzv {
 
+// How long a new connection is spared when its host is at a bound and room is made among the
+// unproven connections, if an older one can go instead: its time to authenticate.
+inline constexpr absl::Duration kUnprovenGrace = absl::Seconds(2);
+
 struct ServerOptions {
   // "host:port"; port 0 picks a free one (see Server::port()).
   std::string listen = "0.0.0.0:29400";
@@ -64,6 +68,12 @@ struct ServerOptions {
   // most request_limits.h's kMaxStreamsPerConnection streams. An agent needs one; a node's
   // per-task agents one each.
   int max_connections_per_host = 512;
+  // Of those, how many may not have carried an authenticated call yet (0: the same bound). Past
+  // either bound one of the host's unproven connections is dropped for the newcomer (a random one
+  // past kUnprovenGrace, else the oldest: server/core/connection_table.h), so that a host's user
+  // without credentials cannot keep its other users out; the newcomer is refused only when all
+  // of the host's connections are authenticated.
+  int max_unproven_connections_per_host = 128;
   // A connection that has carried no authenticated call this long after it opened is closed,
   // whatever it holds (silence, refused calls, streams that never send their message); zero:
   // never. Long enough for a burst of joins to a busy server to be answered.
@@ -122,6 +132,9 @@ class Server {
   // The guard's work is done every kGuardEveryTicks ticks (about once a second).
   static constexpr int kGuardEveryTicks = 10;
   int64_t ticks_ = 0;
+  // What the guard had refused and dropped when the metrics last counted it.
+  int64_t counted_refused_ = 0;
+  int64_t counted_dropped_ = 0;
   // Renews the credential vouching for the server's key (Authenticator::RefreshServerKey) on a
   // thread of its own, so that a munged that does not answer never holds up the timer.
   void RenewServerKey();

@@ -131,9 +131,15 @@ FlagParser MakeParser(ServerFlags& f, Converted& c) {
          "(default 1024)",
          CountSetter(&c.max_queued_kb, 16, 1 << 20)});
   p.Add({"max-connections-per-host", "RDZV_MAX_CONNECTIONS_PER_HOST", "N",
-         "connections one host (one address) may hold open; its next one is refused\n"
-         "(default 512; 0: no bound)",
+         "connections one host (one address) may hold open; past it one of the host's\n"
+         "connections that has not authenticated is dropped for the next one (refused\n"
+         "only when all have) (default 512; 0: no bound, nor on unauthenticated ones)",
          IntSetter(&o.max_connections_per_host, 0, 1'000'000, "a whole number from 0 to 1000000")});
+  p.Add({"max-unproven-connections-per-host", "RDZV_MAX_UNPROVEN_CONNECTIONS_PER_HOST", "N",
+         "of those, how many may not have carried an authenticated call yet; past it one of\n"
+         "them is dropped for the next one (default 128; 0: --max-connections-per-host)",
+         IntSetter(&o.max_unproven_connections_per_host, 0, 1'000'000,
+                   "a whole number from 0 to 1000000")});
   p.Add({"unused-connection-timeout-ms", "RDZV_UNUSED_CONNECTION_TIMEOUT_MS", "MS",
          "close a connection that has carried no authenticated call this long after it\n"
          "opened (default 60000; 0: never)",

@@ -46,6 +46,7 @@ void ServiceMetrics::OnJoin(Micros now, StreamId stream, const JoinSpec& spec) {
 
 void ServiceMetrics::OnDecisions(Micros now, const Decisions& decisions) {
   absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < decisions.taken_up.size(); ++i) metrics_->failovers().Inc();
   for (const Decisions::Send& send : decisions.sends) {
     const auto stream = stream_jobs_.find(send.stream);
     if (stream == stream_jobs_.end()) continue;
@@ -90,7 +91,6 @@ void ServiceMetrics::OnStreamGone(Micros now, StreamId stream) {
 
 void ServiceMetrics::OnRefused(absl::string_view reason) { metrics_->refused_calls(reason).Inc(); }
 
-void ServiceMetrics::OnFailover() { metrics_->failovers().Inc(); }
 
 void ServiceMetrics::OnPeerRefusal() { metrics_->peer_refusals().Inc(); }
 

@@ -48,8 +48,6 @@ class ServiceMetrics {
   void OnStreamGone(Micros now, StreamId stream);
   // A call refused before it reached a job (Metrics::kRefused*).
   void OnRefused(absl::string_view reason);
-  // This server took up a job from its resuming agents (rdzv_failovers_total).
-  void OnFailover();
   // A join refused because another server of the list serves its job.
   void OnPeerRefusal();
 

@@ -801,10 +801,33 @@ TEST(AgentLifecycleTest, ASpareTheJobDidNotNeedExitsZeroWhenLetGo) {
   EXPECT_TRUE(absl::StrContains(Logs(released), "done without needing n1, a spare"));
 }
 
-TEST(AgentLifecycleTest, ASpareThatLosesItsServerLeavesTheJobQuietly) {
+TEST(AgentLifecycleTest, ASpareThatLosesItsServerFollowsTheJobAndStaysASpare) {
   LifecycleOptions o = Options();
   o.spares = true;
   o.reconnect_timeout = absl::Seconds(30);
+  AgentLifecycle life(o);
+  const int32_t generation = One<act::Join>(life.Start())->generation;
+  life.Joined(generation, SpareAssignment());
+  const AgentActions lost = life.ServerLost(generation, absl::UnavailableError("gone"));
+  ASSERT_EQ(Kinds(lost), "Join") << Logs(lost);
+  const act::Join resume = *One<act::Join>(lost);
+  ASSERT_TRUE(resume.resume.has_value());
+  EXPECT_TRUE(resume.resume->spare);
+  EXPECT_EQ(resume.timeout, absl::Seconds(30));
+  EXPECT_TRUE(absl::StrContains(Logs(lost), "n1, a spare, rejoins the job as one")) << Logs(lost);
+  life.ServerAt("backup:29400");
+  const AgentActions back = life.Joined(resume.generation, SpareAssignment());
+  EXPECT_TRUE(absl::StrContains(Logs(back), "back in touch with the rendezvous server at "
+                                            "backup:29400"))
+      << Logs(back);
+  EXPECT_EQ(life.phase(), AgentLifecycle::Phase::kRunning);
+  // Let go there when the job is done without it: exit 0, as anywhere.
+  EXPECT_EQ(One<act::Exit>(life.Released(resume.generation))->code, 0);
+}
+
+TEST(AgentLifecycleTest, ASpareThatCannotReconnectLeavesTheJobQuietly) {
+  LifecycleOptions o = Options();
+  o.spares = true;
   AgentLifecycle life(o);
   const int32_t generation = One<act::Join>(life.Start())->generation;
   life.Joined(generation, SpareAssignment());

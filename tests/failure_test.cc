@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -352,6 +353,9 @@ TEST_F(FailureTest, RestartedRdzvdTakesTheRunningJobBack) {
   Subprocess& again = Start(argv);
   ASSERT_TRUE(testing::WaitForLoopbackPort(port_, kLongWait) && again.Running()) << again.Stderr();
   ASSERT_NO_FATAL_FAILURE(WaitForJoined("comeback", 2));
+  // Counted in rdzv_failovers_total as any takeover is, though this rdzvd has no --peers.
+  EXPECT_TRUE(again.WaitForOutput("job comeback: taken up from its resuming agents", kLongWait))
+      << again.Stderr();
   for (Subprocess* a : agents) {
     EXPECT_TRUE(a->WaitForOutput("back in touch with the rendezvous server", kLongWait))
         << Describe(*a);
@@ -484,6 +488,45 @@ TEST_F(FailureTest, MaxRestartsRestartsWithTheSameRanks) {
     EXPECT_EQ(second[i].at("TORCHELASTIC_RESTART_COUNT"), "1") << "rank " << i;
     EXPECT_EQ(second[i].at("TORCHELASTIC_MAX_RESTARTS"), "2") << "rank " << i;
   }
+  ExpectNothingLeft();
+}
+
+// A restart that would need a node whose workers already succeeded (its agent has left) cannot
+// be whole: every remaining agent ends at once with the failing rank's code, naming both the
+// failure and the node that had finished, instead of waiting for it until the join timeout.
+TEST_F(FailureTest, ARestartThatNeedsAFinishedNodeEndsAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(StartRdzvd());
+  // Node 0 succeeds at once; once its agent is gone, rank 1 fails (as in a crash at exit) and
+  // notes when; rank 2 would sleep.
+  const std::vector<Subprocess*> agents = StartAgents(
+      3, "finished", "3", {"--max-restarts", "1", "--join-timeout", "60"},
+      absl::StrCat("[ $RANK = 0 ] && exit 0; ",
+                   "if [ $RANK = 1 ]; then while [ ! -e $d/go ]; do sleep 0.02; done; ",
+                   "date +%s.%N > $d/failed-at; echo 'Segmentation fault' >&2; exit 3; fi; ",
+                   SleepLong()));
+  WaitForWorkers(0, 3);
+  ASSERT_EQ(agents[0]->Wait(kLongWait), 0) << Describe(*agents[0]);
+  std::ofstream(absl::StrCat(dir_.path(), "/go")).put('\n');
+  std::vector<int> codes;
+  WaitAll({agents[1], agents[2]}, codes);
+  const absl::Time ended = absl::Now();
+  double failed_at = 0;
+  ASSERT_TRUE(absl::SimpleAtod(
+      absl::StripAsciiWhitespace(testing::ReadFileOrEmpty(absl::StrCat(dir_.path(), "/failed-at"))),
+      &failed_at));
+  const absl::Duration took = ended - absl::FromUnixNanos(static_cast<int64_t>(failed_at * 1e9));
+  std::cout << "from rank 1's failure to the last agent's exit: " << took << std::endl;
+  EXPECT_LT(took, kPrompt) << "the restart waited for the node that had finished";
+  for (int i : {1, 2}) {
+    Subprocess& a = *agents[i];
+    EXPECT_EQ(codes[i - 1], 3) << Describe(a);
+    const std::string last = LineWith(a.Stderr(), "job finished failed");
+    EXPECT_TRUE(Contains(last, "rank 1 (local rank 0, node 1) on n1 exited with code 3"))
+        << Describe(a);
+    EXPECT_TRUE(Contains(last, "n0 (node 0) had already finished")) << Describe(a);
+    EXPECT_TRUE(LacksText(a.Stderr(), "waiting for 1 of 3 nodes")) << Describe(a);
+  }
+  EXPECT_TRUE(ReadWorkers(1).empty()) << "a restart ran without node 0";
   ExpectNothingLeft();
 }
 
@@ -798,6 +841,83 @@ TEST_F(FailoverTest, PrimaryKilledWhileRunningThenAWorkerFails) {
   }
   // The same workers ran throughout.
   EXPECT_TRUE(ReadWorkers(1).empty());
+  ExpectNothingLeft();
+}
+
+// The primary is lost just after a round formed, before one agent's assignment reached it (its
+// replies are dropped on the way, as a relay that had not passed them on yet). That agent joins
+// afresh, and its join reaches the backup before the others resume there: the backup holds it
+// in the round the others bring back and gives it its ranks once all are back. Before, the
+// backup opened a new round for it, refused the resuming agents (which then failed) and left
+// this one waiting until its join timeout.
+TEST_F(FailoverTest, AnAgentWhoseAssignmentWasLostWithThePrimaryGetsItsRanksOnTheBackup) {
+  ASSERT_NO_FATAL_FAILURE(StartPair());
+  testing::TcpProxy proxy(a_port_);
+  const std::vector<std::string> flags = {"--nproc-per-node", "1", "--failover-timeout", "1s",
+                                          "--join-timeout", "60"};
+  const std::string finish = absl::StrCat(AwaitFile("go"), "exit 0");
+  // Node 2 reaches the primary through the proxy, and is in the round first.
+  const std::string list = endpoint_;
+  endpoint_ = absl::StrCat("127.0.0.1:", proxy.port(), ",", Backup());
+  Subprocess& late = StartAgent("fo-lost", 2, "3", flags, finish);
+  endpoint_ = list;
+  const absl::Time deadline = absl::Now() + kLongWait;
+  while (absl::Now() < deadline) {
+    std::optional<JobStatusView> j = JobOn(a_port_, "fo-lost");
+    if (j && j->joined == 1) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  proxy.DropReplies();
+  std::vector<Subprocess*> agents = StartAgents(2, "fo-lost", "3", flags, finish);
+  agents.push_back(&late);
+  WaitForWorkers(0, 2);
+  ASSERT_TRUE(ReadWorkers(0).size() == 2) << "node 2 started its workers: its replies arrived";
+  a_->Kill();
+
+  const std::vector<WorkerEnv> workers = WaitForWorkers(0, 3);
+  ASSERT_EQ(workers.size(), 3u) << Describe(late) << Describe(*b_);
+  EXPECT_EQ(workers[2].at("TEST_AGENT"), "n2");
+  EXPECT_EQ(workers[2].at("WORLD_SIZE"), "3");
+  Touch("go");
+  std::vector<int> codes;
+  WaitAll(agents, codes);
+  for (size_t i = 0; i < agents.size(); ++i) EXPECT_EQ(codes[i], 0) << Describe(*agents[i]);
+  EXPECT_TRUE(Contains(b_->Stderr(), "job fo-lost: taken up from its resuming agents"));
+  EXPECT_TRUE(ReadWorkers(1).empty());
+  ExpectNothingLeft();
+}
+
+// A spare follows its job to the backup and stays a spare there; a node lost afterwards is
+// replaced by it, as on the primary.
+TEST_F(FailoverTest, ASpareFollowsItsJobToTheBackupAndTakesALostNodesPlace) {
+  ASSERT_NO_FATAL_FAILURE(StartPair());
+  const std::vector<Subprocess*> agents = StartAgents(
+      3, "fo-spare", "3",
+      {"--nproc-per-node", "1", "--spare-nodes", "1", "--max-restarts", "1",
+       "--failover-timeout", "1s"},
+      absl::StrCat("if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then ", SleepLong(), "; fi; exit 0"));
+  WaitForWorkers(0, 2);
+  a_->Kill();
+  ASSERT_TRUE(WaitForRunning(b_port_, "fo-spare", 3)) << Describe(*b_);
+  EXPECT_TRUE(agents[2]->WaitForOutput(
+      absl::StrCat("back in touch with the rendezvous server at ", Backup()), kLongWait))
+      << Describe(*agents[2]);
+  std::optional<JobStatusView> job = JobOn(b_port_, "fo-spare");
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(std::count_if(job->agents.begin(), job->agents.end(),
+                          [](const AgentStatusView& a) { return a.state == "spare"; }),
+            1)
+      << "on the backup";
+  // Node 0 is lost: the spare (n2) takes its place in the restart, on the backup.
+  agents[0]->Signal(SIGKILL);
+  EXPECT_EQ(agents[0]->Wait(kLongWait), 128 + SIGKILL);
+  std::vector<int> codes;
+  WaitAll({agents[1], agents[2]}, codes);
+  EXPECT_EQ(codes, std::vector<int>({0, 0})) << Describe(*agents[1]) << Describe(*agents[2]);
+  const std::vector<WorkerEnv> second = ReadWorkers(1);
+  ASSERT_EQ(second.size(), 2u);
+  EXPECT_EQ(second[0].at("TEST_AGENT"), "n2");  // node 0's seat, rank 0
+  EXPECT_EQ(second[1].at("TEST_AGENT"), "n1");
   ExpectNothingLeft();
 }
 

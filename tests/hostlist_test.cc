@@ -93,16 +93,16 @@ const ErrorCase kExpandErrors[] = {
     {"a,", "empty host name"},
     {"n 1", "contains whitespace"},
     {"n[1-99999999999999999999]", "over 18 digits"},
-    {"n[1-2000000]", "expands to over 1000000 names"},
-    {"n[0-999999999999999999]", "expands to over 1000000 names"},
-    {"r[1-1001]n[1-1000]", "expands to over 1000000 names"},
-    {"a[1-600000],b[1-600000]", "expands to over 1000000 names"},
+    {"n[1-2000000]", "expands to over 200000 names"},
+    {"n[0-999999999999999999]", "expands to over 200000 names"},
+    {"r[1-401]n[1-500]", "expands to over 200000 names"},
+    {"a[1-100001],b[1-100000]", "expands to over 200000 names"},
     {"n1,n\x1b[2J", "contains a control character"},
     {std::string("n1\0n2", 5), "contains a control character"},
     // Names are bounded too, so that a few kilobytes cannot expand to gigabytes.
     {std::string(256, 'n'),
      "names are up to 256 characters long); expected host names of at most 255"},
-    {absl::StrCat(std::string(3000, 'x'), "[0-999999]"), "names are up to 3006 characters long"},
+    {absl::StrCat(std::string(3000, 'x'), "[0-99999]"), "names are up to 3005 characters long"},
     {absl::StrCat("login1,", std::string(251, 'r'), "[1-2]n[001-100]"),
      "are up to 256 characters long"},
 };
@@ -128,11 +128,11 @@ TEST(ExpandHostlistTest, MessageEscapesControlCharactersAndShortensHugeInput) {
 }
 
 TEST(ExpandHostlistTest, AcceptsExactlyTheLimit) {
-  absl::StatusOr<Names> hosts = ExpandHostlist("n[1-1000000]");
+  absl::StatusOr<Names> hosts = ExpandHostlist("n[1-200000]");
   ASSERT_TRUE(hosts.ok()) << hosts.status();
   ASSERT_EQ(hosts->size(), kMaxHostlistExpansion);
   EXPECT_EQ(hosts->front(), "n1");
-  EXPECT_EQ(hosts->back(), "n1000000");
+  EXPECT_EQ(hosts->back(), "n200000");
 }
 
 TEST(ExpandHostlistTest, AcceptsNamesOfTheLongestLength) {
@@ -145,20 +145,24 @@ TEST(ExpandHostlistTest, AcceptsNamesOfTheLongestLength) {
 }
 
 TEST(ExpandHostlistTest, RefusesManyLongNamesTogether) {
-  // A million names and 255-character names are each accepted, but not both at once.
+  // The most names and 255-character names are each accepted, but not both at once; nor the
+  // million names of 67 characters the fuzzer once spent 8.6 s on (r x 60, then [1-1000000]).
   const std::string rack(200, 'r');
-  const absl::Status status = ExpandHostlist(absl::StrCat(rack, "[1-1000000]")).status();
+  EXPECT_EQ(ExpandHostlist(absl::StrCat(std::string(60, 'r'), "[1-1000000]")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const absl::Status status = ExpandHostlist(absl::StrCat(rack, "[1-200000]")).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(status.message(), "MiB of host names")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "KiB of host names")) << status;
   EXPECT_LT(status.message().size(), 400u) << status;
   // Split over groups, the names still count together.
-  const std::string half = absl::StrCat(rack, "a[1-500000],", rack, "b[1-500000]");
+  const std::string half = absl::StrCat(rack, "a[1-20000],", rack, "b[1-20000]");
   EXPECT_EQ(ExpandHostlist(half).status().code(), absl::StatusCode::kInvalidArgument);
-  // Just under the budget: 250,000 names of 255 characters.
+  // What the largest job needs: 100,000 nodes of 64-character names.
   absl::StatusOr<Names> hosts =
-      ExpandHostlist(absl::StrCat(std::string(249, 'r'), "[000001-250000]"));
+      ExpandHostlist(absl::StrCat(std::string(58, 'r'), "[000001-100000]"));
   ASSERT_TRUE(hosts.ok()) << hosts.status();
-  EXPECT_EQ(hosts->size(), 250000u);
+  EXPECT_EQ(hosts->size(), 100000u);
+  EXPECT_EQ(hosts->back().size(), 64u);
 }
 
 struct CompressCase {
@@ -288,10 +292,10 @@ const ErrorCase kTasksErrors[] = {
     {"2,,1", "empty entry"},
     {"2(x3),1,", "empty entry"},
     {"2(x3)4", "unexpected \"4\" after ')'"},
-    {"2000000", "task count \"2000000\" is over 1000000"},
-    {"1(x2000000)", "repeat count \"2000000\" is over 1000000"},
+    {"2000000", "task count \"2000000\" is over 200000"},
+    {"1(x2000000)", "repeat count \"2000000\" is over 200000"},
     {"1(x99999999999999999999)", "repeat count"},
-    {"1(x600000),1(x600000)", "over 1000000 nodes in all"},
+    {"1(x100001),1(x100000)", "over 200000 nodes in all"},
 };
 
 TEST(ExpandTasksPerNodeTest, RefusesMalformedInput) {
@@ -321,7 +325,7 @@ const FormatTasksCase kFormatTasksCases[] = {
     {{3, 2, 2}, "3,2(x2)"},
     {{8, 8, 4}, "8(x2),4"},
     {{2, 2, 1, 1, 2, 2}, "2(x2),1(x2),2(x2)"},
-    {{1000000}, "1000000"},
+    {{200000}, "200000"},
 };
 
 TEST(FormatTasksPerNodeTest, WritesSlurmsSyntax) {
@@ -364,7 +368,7 @@ TEST(FormatTasksPerNodeTest, RoundTripsGeneratedLists) {
 
 TEST(FormatTasksPerNodeTest, RoundTripsTheLargestAllocation) {
   const std::vector<int> counts(kMaxHostlistExpansion, 1);
-  EXPECT_EQ(FormatTasksPerNode(counts), "1(x1000000)");
+  EXPECT_EQ(FormatTasksPerNode(counts), "1(x200000)");
   EXPECT_EQ(ExpandTasksPerNode(FormatTasksPerNode(counts)).value(), counts);
 }
 

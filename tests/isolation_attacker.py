@@ -6,15 +6,18 @@ ctypes for credentials of the uid that runs it.
     isolation_attacker.py ATTACK HOST:PORT [--count N] [--munge-socket PATH] [--seconds S]
                           [--source ADDR]
 
-Each attack opens its connections, holds them for --seconds, prints one line of JSON (what it
-did), closes everything and exits 0. Traffic goes only to HOST:PORT, which the test makes a
+Each attack opens its connections, holds them for --seconds (connection-churn: opens them at
+--rate a second for --seconds, holding every one), prints one line of JSON (what it did),
+closes everything and exits 0. Traffic goes only to HOST:PORT, which the test makes a
 loopback address.
 """
 import argparse
 import ctypes
 import json
+import selectors
 import socket
 import struct
+import sys
 import threading
 import time
 
@@ -106,7 +109,7 @@ class H2:
     """One HTTP/2 connection. A reader thread answers SETTINGS and PING, as any client does, and
     notes which streams the server ended; it never grants the server more window than WINDOW."""
 
-    def __init__(self, address, window=65535):
+    def __init__(self, address, window=65535, reader=True):
         host, port = address.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=10,
                                              source_address=(SOURCE, 0) if SOURCE else None)
@@ -118,9 +121,11 @@ class H2:
         self.goaway = False
         self.closed = False
         self.authority = address
+        self.buf = b""
         self.send(PREFACE + frame(SETTINGS, 0, 0, struct.pack(">HI", SETTINGS_INITIAL_WINDOW_SIZE,
                                                                  window)))
-        threading.Thread(target=self._read, daemon=True).start()
+        if reader:
+            threading.Thread(target=self._read, daemon=True).start()
 
     def send(self, data):
         with self.lock:
@@ -130,33 +135,40 @@ class H2:
                 self.closed = True
 
     def _read(self):
-        buf = b""
         self.sock.settimeout(None)
         while True:
             try:
                 chunk = self.sock.recv(65536)
             except OSError:
                 chunk = b""
-            if not chunk:
-                self.closed = True
+            if not self.feed(chunk):
                 return
-            buf += chunk
-            while len(buf) >= 9:
-                length = int.from_bytes(buf[:3], "big")
-                if len(buf) < 9 + length:
-                    break
-                kind, flags = buf[3], buf[4]
-                stream = int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
-                payload = buf[9:9 + length]
-                buf = buf[9 + length:]
-                if kind == SETTINGS and not flags & ACK:
-                    self.send(frame(SETTINGS, ACK, 0))
-                elif kind == PING and not flags & ACK:
-                    self.send(frame(PING, ACK, 0, payload))
-                elif kind == GOAWAY:
-                    self.goaway = True
-                elif kind == RST_STREAM or (kind in (HEADERS, DATA) and flags & END_STREAM):
-                    self.ended.add(stream)
+
+    def feed(self, chunk):
+        """Takes what the server sent (b"": it closed); False once the connection is closed."""
+        if not chunk:
+            self.closed = True
+            return False
+        buf = self.buf + chunk
+        while len(buf) >= 9:
+            length = int.from_bytes(buf[:3], "big")
+            if len(buf) < 9 + length:
+                break
+            kind, flags = buf[3], buf[4]
+            stream = int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
+            payload = buf[9:9 + length]
+            buf = buf[9 + length:]
+            if kind == SETTINGS and not flags & ACK:
+                self.send(frame(SETTINGS, ACK, 0))
+            elif kind == PING and not flags & ACK:
+                self.send(frame(PING, ACK, 0, payload))
+            elif kind == GOAWAY:
+                self.goaway = True
+            elif kind == RST_STREAM or (kind in (HEADERS, DATA) and flags & END_STREAM):
+                self.ended.add(stream)
+        self.buf = buf
+        return True
+
 
     def open(self, method, metadata=(), body=None, end=True):
         """Opens a call of METHOD (e.g. rdzv.v1.Rendezvous/Join) with METADATA; sends BODY (bytes,
@@ -182,6 +194,41 @@ class H2:
         except OSError:
             pass
 
+
+class Pump(threading.Thread):
+    """Answers the server for many H2 connections made with reader=False, on one thread."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.selector = selectors.DefaultSelector()
+        self.lock = threading.Lock()
+
+    def add(self, conn):
+        conn.sock.setblocking(False)
+        with self.lock:
+            self.selector.register(conn.sock, selectors.EVENT_READ, conn)
+
+    def run(self):
+        while True:
+            with self.lock:
+                ready = self.selector.select(timeout=0) if self.selector.get_map() else []
+            if not ready:
+                time.sleep(0.01)
+                continue
+            for key, _ in ready:
+                conn = key.data
+                try:
+                    chunk = conn.sock.recv(65536)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not conn.feed(chunk):
+                    # Closed by the server: its socket goes, so that the attacker's open files
+                    # stay within its limit for as long as it keeps making new ones.
+                    with self.lock:
+                        self.selector.unregister(conn.sock)
+                    conn.close()
 
 SOURCE = ""
 
@@ -217,6 +264,11 @@ def main():
     parser.add_argument("--munge-socket", default="")
     parser.add_argument("--seconds", type=float, default=3)
     parser.add_argument("--job", default="attack")
+    parser.add_argument("--rate", type=float, default=60,
+                        help="connection-churn: new connections a second")
+    parser.add_argument("--slow-readers", type=int, default=64,
+                        help="partial-http: connections that send a whole request and never "
+                             "read the answer")
     parser.add_argument("--source", default="",
                         help="the local address to connect from (another loopback address "
                              "stands for another host)")
@@ -225,6 +277,7 @@ def main():
     SOURCE = args.source
     path = "rdzv.v1.Rendezvous/Join"
     opened = 0
+    failed = 0  # connections that could not be made
     conns = []
     raw = []
     started = time.monotonic()
@@ -285,11 +338,73 @@ def main():
                 conn.open(path, (("x-rdzv-munge", cred),), grpc_frame(message))
                 opened += 1
             time.sleep(0.005)  # a steady stream of joins, as agents that start together send
+    elif args.attack == "connection-churn":
+        # Without credentials, RATE new connections a second for SECONDS, each with a call that
+        # has no credential (refused on its headers), all held open: as a user of the victim's
+        # own host would, to fill the host's connection bound and keep it full.
+        deadline = started + args.seconds
+        pump = Pump()
+        pump.start()
+        while time.monotonic() < deadline:
+            due = started + opened / args.rate
+            if time.monotonic() < due:
+                time.sleep(min(due - time.monotonic(), 0.05))
+                continue
+            try:
+                conn = H2(args.address, reader=False)
+            except OSError:
+                failed += 1
+                opened += 1
+                continue
+            conn.open(path, body=None, end=False)
+            pump.add(conn)
+            conns.append(conn)
+            opened += 1
+    elif args.attack == "credential-flood":
+        # COUNT valid credentials (made first), sent on calls of connections that have proven
+        # this uid, each call cancelled as soon as it is sent: rdzvd decodes every one. Prints
+        # "ready" once the connections are proven and waits for a line on stdin, then floods.
+        munge = Munge(args.munge_socket)
+        creds = [munge.encode("rdzv.v1 Join " + args.job) for _ in range(args.count)]
+        conns = connections(args.address, 16 * 32, 16)[:32]
+        for conn in conns:
+            conn.open(path, (("x-rdzv-munge", munge.encode("rdzv.v1 Join " + args.job)),),
+                      body=None, end=False)
+        time.sleep(2)  # decoded: every connection has proven this uid
+        print("ready", flush=True)
+        sys.stdin.readline()
+        started = time.monotonic()
+        for i, cred in enumerate(creds):
+            conn = conns[i % len(conns)]
+            stream = conn.open(path, (("x-rdzv-munge", cred),), body=None, end=False)
+            conn.send(frame(RST_STREAM, 0, stream, struct.pack(">I", 8)))  # CANCEL
+            opened += 1
+        time.sleep(args.seconds)
+    elif args.attack == "partial-http":
+        # COUNT connections that send the start of a request and nothing more, and SLOW_READERS
+        # that send a whole request and never read the answer (a small receive buffer).
+        host, port = args.address.rsplit(":", 1)
+        for i in range(args.count + args.slow_readers):
+            try:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                if i >= args.count:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                if SOURCE:
+                    sock.bind((SOURCE, 0))
+                sock.settimeout(10)
+                sock.connect((host, int(port)))
+                sock.sendall(b"GET /metrics HTTP/1.1\r\n" if i < args.count
+                             else b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                raw.append(sock)
+                opened += 1
+            except OSError:
+                break
     else:
         raise SystemExit("unknown attack " + args.attack)
     open_for = time.monotonic() - started
-    time.sleep(args.seconds)
+    time.sleep(0 if args.attack == "connection-churn" else args.seconds)
     ended = sum(len(c.ended) for c in conns)
+    closed_conns = sum(1 for c in conns if c.closed)
     raw_closed = sum(1 for s in raw if server_closed(s))
     goaway = sum(1 for c in conns if c.goaway or c.closed)
     # Streams the server ended, one by one or with their connection.
@@ -301,6 +416,7 @@ def main():
     print(json.dumps({"attack": args.attack, "opened": opened, "connections": len(conns) + len(raw),
                       "ended_by_server": ended, "connections_closed_by_server": goaway,
                       "ended_or_closed": refused, "raw_closed_by_server": raw_closed,
+                      "closed_by_server": closed_conns, "failed": failed,
                       "open_s": round(open_for, 2)}), flush=True)
 
 

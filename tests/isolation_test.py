@@ -10,9 +10,11 @@ after; the victim's time against an unattacked run).
 Needs root (a second uid) and munged; skipped otherwise. Everything runs on loopback and is
 stopped when each test ends.
 """
+import http.client
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +35,10 @@ ATTACKER_HOST = "127.0.0.2"
 # Connections that carry no authenticated call go after 2 s (60 by default): the victim's, which
 # do, must outlive that.
 UNUSED_2S = ("--unused-connection-timeout-ms", "2000")
+# The authenticated floods open all their connections (hundreds) before sending a call on any,
+# as no real client does: the host's budget of connections not yet authenticated would drop
+# them before they prove themselves. What those tests bound is what comes after.
+UNPROVEN_ANY = ("--max-unproven-connections-per-host", "2000")
 MIB = 1 << 20
 # What rdzvd may keep of an attack's memory once it is over: it hands back more than this.
 RSS_KEPT = 64 * MIB
@@ -147,7 +153,8 @@ class IsolationTest(unittest.TestCase):
         return IsolationTest.unattacked_s
 
     def attack(self, name, target="grpc", count=1000, seconds=4, max_rss_mib=200,
-               during=None, memory_mb=256, rdzvd_args=(), max_extra_fds=None):
+               during=None, memory_mb=256, rdzvd_args=(), max_extra_fds=None,
+               source=ATTACKER_HOST):
         """Runs the victim and ATTACK (as nobody) against rdzvd's gRPC or metrics port, and
         checks the victim, rdzvd's bounds and what it gave back. DURING(rdzvd) runs as root while
         the attack holds its connections. The attacker's summary."""
@@ -171,7 +178,7 @@ class IsolationTest(unittest.TestCase):
             attacker = subprocess.Popen(
                 ["runuser", "-u", "nobody", "--", "/usr/bin/python3", ATTACKER, name,
                  "127.0.0.1:%d" % port, "--count", str(count), "--seconds", str(seconds),
-                 "--munge-socket", self.socket, "--source", ATTACKER_HOST],
+                 "--munge-socket", self.socket, "--source", source],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             if during is not None:
                 time.sleep(1.5)
@@ -245,7 +252,8 @@ class IsolationTest(unittest.TestCase):
         self.assertGreaterEqual(summary["ended_or_closed"], summary["opened"] * 9 // 10)
 
     def test_authenticated_padded_joins_up_to_the_user_limit(self):
-        self.attack("padded-joins", count=3500, seconds=3, max_rss_mib=400)
+        self.attack("padded-joins", count=3500, seconds=3, max_rss_mib=400,
+                    rdzvd_args=UNPROVEN_ANY)
         # Each join's padding is dropped, and nobody's calls waiting for their messages are
         # bounded (or, once they are in, the memory its agents hold).
         self.assertTrue("calls waiting to start" in self.log
@@ -253,11 +261,13 @@ class IsolationTest(unittest.TestCase):
 
     def test_authenticated_joins_past_the_users_memory_share(self):
         # 4,000 agents of ~37 KiB: past nobody's share of 96 MiB (3/8 of 256), refused, naming it.
-        self.attack("status-flood", count=4000, seconds=3, max_rss_mib=300)
+        self.attack("status-flood", count=4000, seconds=3, max_rss_mib=300,
+                    rdzvd_args=UNPROVEN_ANY)
         self.assertIn("--max-memory-per-user-mb", self.log)
 
     def test_non_reading_streams(self):
-        self.attack("non-reading", count=2000, seconds=4, max_rss_mib=300)
+        self.attack("non-reading", count=2000, seconds=4, max_rss_mib=300,
+                    rdzvd_args=UNPROVEN_ANY)
 
     def test_status_flood_does_not_break_the_admins_status(self):
         self.status_out = ""
@@ -271,8 +281,121 @@ class IsolationTest(unittest.TestCase):
 
         # Room for nobody's 8,000 agents (each user may hold 3/8 of the limit).
         self.attack("status-flood", count=8000, seconds=20, max_rss_mib=600, during=status,
-                    memory_mb=1024, rdzvd_args=("--max-connections-per-host", "2000"))
+                    memory_mb=1024,
+                    rdzvd_args=("--max-connections-per-host", "2000", *UNPROVEN_ANY))
         self.assertIn("left out", self.status_out)
+
+    def test_unauthenticated_connections_from_the_victims_host_do_not_keep_it_out(self):
+        """A user of the victim's own host without credentials opens 60 connections a second for
+        60 s and holds them all (a call without a credential on each): rdzvd's default bounds
+        (512 per host, 128 of them unauthenticated). The victim starts once the attacker holds
+        more than the host's bound and must take at most 1.1x its time alone."""
+        baseline = self.unattacked()
+        with self.rdzvd() as rdzvd:
+            fds0 = rss_and_fds(rdzvd.pid)[1]
+            sampler = Sampler(rdzvd.pid)
+            attacker = subprocess.Popen(
+                ["runuser", "-u", "nobody", "--", "/usr/bin/python3", ATTACKER,
+                 "connection-churn", rdzvd.endpoint, "--rate", "60", "--seconds", "60",
+                 "--source", "127.0.0.1"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            # Past the 512 of the host's bound: the old rule refused the victim from here on.
+            time.sleep(12)
+            self.assertIsNone(attacker.poll(), attacker.stderr.read() if attacker.poll() else "")
+            started = time.monotonic()
+            agents = self.victim(rdzvd)
+            self.check_victim(rdzvd, agents)
+            victim_s = time.monotonic() - started
+            scraped = self.scrape_counters(rdzvd)
+            out, err = attacker.communicate(timeout=120)
+            sampler.stop()
+            self.assertEqual(attacker.returncode, 0, err)
+            summary = json.loads(out.strip().splitlines()[-1])
+            figures = ("connection-churn: %s; rdzvd fds %d -> max %d; victim %.2f s against %.2f s "
+                       "unattacked (%.2fx); rdzv_connections_dropped_total %s" % (
+                           json.dumps(summary), fds0, sampler.max_fds, victim_s, baseline,
+                           victim_s / baseline, scraped.get("rdzv_connections_dropped_total")))
+            print(figures, flush=True)
+            self.assertGreater(summary["opened"] - summary["failed"], 3000, figures)
+            self.assertLessEqual(victim_s, baseline * 1.1, figures)
+            # The attacker's connections were dropped as the budget filled, and counted.
+            self.assertGreater(scraped.get("rdzv_connections_dropped_total", 0), 500, figures)
+            self.assertGreater(summary["closed_by_server"], summary["opened"] - 600, figures)
+            self.assertLess(sampler.max_fds, fds0 + 512 + 64, figures)
+
+    def scrape_counters(self, rdzvd):
+        """rdzvd's /metrics, its unlabelled samples by name."""
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % rdzvd.metrics_port,
+                                    timeout=5) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#") and "{" not in line:
+                name, value = line.split()[:2]
+                out[name] = float(value)
+        return out
+
+    def test_metrics_answer_beside_partial_requests_and_slow_readers(self):
+        self.latencies = []
+
+        def scrape(rdzvd):
+            # From another host (127.0.0.2) while one host (127.0.0.1) holds 1,000 partial
+            # requests and 64 connections that do not read their answers.
+            for path in ("/metrics", "/healthz", "/metrics"):
+                started = time.monotonic()
+                conn = http.client.HTTPConnection("127.0.0.1", rdzvd.metrics_port, timeout=5,
+                                                  source_address=(ATTACKER_HOST, 0))
+                conn.request("GET", path)
+                response = conn.getresponse()
+                response.read()
+                conn.close()
+                self.latencies.append(time.monotonic() - started)
+                self.assertEqual(response.status, 200)
+
+        self.attack("partial-http", target="metrics", count=1000, seconds=4, during=scrape,
+                    source="127.0.0.1")
+        print("scrapes from 127.0.0.2 beside 1,000 partial requests and 64 slow readers: %s" %
+              ", ".join("%.3f s" % t for t in self.latencies), flush=True)
+        self.assertLess(max(self.latencies), 1.0)
+
+    def test_a_credential_flood_while_munged_is_slow_delays_only_its_user(self):
+        """nobody floods rdzvd with 12,000 valid credentials on connections that proved its uid,
+        while munged is stopped (SIGSTOP) for a few seconds. root's status call, on a new
+        connection, is checked as soon as munged answers again, not after nobody's flood: its
+        uid's credentials wait in a share of their own (as do the calls of connections not yet
+        proven), and the shares take turns at the decoders."""
+        with self.rdzvd() as rdzvd:
+            attacker = subprocess.Popen(
+                ["runuser", "-u", "nobody", "--", "/usr/bin/python3", ATTACKER,
+                 "credential-flood", rdzvd.endpoint, "--count", "12000", "--seconds", "6",
+                 "--munge-socket", self.socket],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if attacker.stdout.readline().strip() != "ready":
+                attacker.kill()
+                self.fail("the attacker did not get ready: " + attacker.communicate()[1])
+            os.kill(self.munged.pid, signal.SIGSTOP)
+            try:
+                attacker.stdin.write("go\n")
+                attacker.stdin.flush()
+                time.sleep(2)  # the flood is queued behind the stopped munged
+                status = subprocess.Popen(
+                    [RDZVCTL, "--rdzv-endpoint", rdzvd.endpoint, "--munge-socket", self.socket,
+                     "status"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                    env={"PATH": os.environ.get("PATH", ""), "RDZV_CONFIG": "/dev/null"})
+                time.sleep(1)
+            finally:
+                os.kill(self.munged.pid, signal.SIGCONT)
+            resumed = time.monotonic()
+            out, err = status.communicate(timeout=60)
+            answered = time.monotonic() - resumed
+            attacker.communicate(timeout=60)
+            log = rdzvd.log()
+            print("root's status answered %.3f s after munged resumed, beside nobody's flood of "
+                  "12,000 credentials" % answered, flush=True)
+            self.assertEqual(status.returncode, 0, err + log[-2000:])
+            # nobody's own share filled and its calls were refused (UNAVAILABLE), not root's.
+            self.assertIn("uid 65534 has 8192 credentials waiting", log)
+            self.assertLess(answered, 1.0, log[-2000:])
 
     def test_idle_metrics_connections(self):
         def scrape(rdzvd):

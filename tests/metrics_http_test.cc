@@ -5,9 +5,11 @@
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -30,6 +32,24 @@ int64_t Threads() {
   const absl::StatusOr<ProcessStats> stats = ReadProcessStats();
   EXPECT_TRUE(stats.ok()) << stats.status();
   return stats.ok() ? stats->threads : 0;
+}
+
+// A TCP connection to the server from `source` (a loopback address), or -1.
+int ConnectFrom(const char* source, int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  inet_pton(AF_INET, source, &from.sin_addr);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 // A TCP connection to the server that sends nothing.
@@ -234,6 +254,64 @@ TEST(MetricsHttpTest, ShutdownRightAfterStartReturns) {
     ASSERT_TRUE(server.ok()) << server.status();
     server->reset();  // the destructor shuts down
   }
+}
+
+// A flood from one host (127.0.0.1): connections that send part of a request and stop, and
+// connections that send a whole request and never read the answer (an answer of ~1 MiB, more
+// than the socket's buffers hold). A scrape from another host (127.0.0.2) is answered at once.
+TEST(MetricsHttpTest, PartialRequestsAndSlowReadersFromOneHostDelayNoOtherHost) {
+  Metrics metrics("1");
+  Family<Counter>& many = metrics.AddCounterFamily("padding_total", "Makes the answer long.", "n");
+  for (int i = 0; i < 12000; ++i) many.WithLabel(absl::StrCat("label-value-", i)).Inc();
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start("127.0.0.1:0", &metrics);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  // The flood's ends and the server's share this process: room for both.
+  rlimit files{};
+  getrlimit(RLIMIT_NOFILE, &files);
+  files.rlim_cur = std::max<rlim_t>(files.rlim_cur, std::min<rlim_t>(files.rlim_max, 8192));
+  setrlimit(RLIMIT_NOFILE, &files);
+
+  std::vector<int> flood;
+  for (int i = 0; i < 1000; ++i) {
+    const int fd = ConnectFrom("127.0.0.1", port);
+    ASSERT_GE(fd, 0);
+    const std::string partial = "GET /metrics HTTP/1.1\r\n";
+    ASSERT_EQ(send(fd, partial.data(), partial.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(partial.size()));
+    flood.push_back(fd);
+  }
+  for (int i = 0; i < 64; ++i) {
+    const int fd = ConnectFrom("127.0.0.1", port);
+    ASSERT_GE(fd, 0);
+    const int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    const std::string whole = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    send(fd, whole.data(), whole.size(), MSG_NOSIGNAL);
+    flood.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+
+  const absl::Time start = absl::Now();
+  const int scraper = ConnectFrom("127.0.0.2", port);
+  ASSERT_GE(scraper, 0) << "127.0.0.2 is not a loopback address here";
+  const std::string request = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(send(scraper, request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  timeval limit{5, 0};
+  setsockopt(scraper, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  std::string answer;
+  char buf[4096];
+  for (ssize_t n; (n = recv(scraper, buf, sizeof(buf), 0)) > 0;) answer.append(buf, n);
+  const absl::Duration took = absl::Now() - start;
+  close(scraper);
+  for (int fd : flood) close(fd);
+  EXPECT_THAT(answer, HasSubstr("200 OK"));
+  EXPECT_THAT(answer, HasSubstr("ok"));
+  std::printf("a scrape from 127.0.0.2 beside 1,000 partial requests and 64 slow readers: %s\n",
+              absl::FormatDuration(took).c_str());
+  EXPECT_LT(took, absl::Seconds(1));
 }
 
 }  // namespace

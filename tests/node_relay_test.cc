@@ -4,7 +4,9 @@
 // ranks, a failure or a lost peer anywhere in the job, their departure, and the server's end.
 #include "client/agent/node_relay.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -212,6 +214,33 @@ TEST_F(NodeRelayTest, EachNodeIsOneStreamAndEveryTaskGetsItsRank) {
   }
   EXPECT_EQ(server_->open_streams(), 2u);
   for (const auto& relay : relays_) EXPECT_EQ(relay->upstream_streams(), 1);
+}
+
+// A relay whose first server does not answer goes on to the next of its list: its tasks hear
+// which one it reached, for their messages and their workers' RDZV_ENDPOINT.
+TEST_F(NodeRelayTest, TasksHearWhichServerOfTheListTheRelayReached) {
+  NodeRelayOptions options = RelayOptions("n0", 2);
+  const std::string backup = options.upstream.endpoint;
+  // Nothing listens on the first: a port bound but never listened on.
+  const int unused = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(unused, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  socklen_t length = sizeof(address);
+  getsockname(unused, reinterpret_cast<sockaddr*>(&address), &length);
+  options.upstream.endpoint = absl::StrCat("127.0.0.1:", ntohs(address.sin_port));
+  options.upstream.alternate_endpoints = {backup};
+  ASSERT_NE(StartRelay(options), nullptr);
+  StartTask(0, 0, 2);
+  StartTask(0, 1, 2);
+  for (auto& task : tasks_) {
+    absl::StatusOr<AssignmentEvent> a = task->Assignment();
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(task->client->relayed_server(), backup);
+    EXPECT_NE(task->client->endpoint(), backup);  // the relay's socket
+  }
+  close(unused);
 }
 
 TEST_F(NodeRelayTest, AWorkerFailureAbortsEveryOtherTask) {

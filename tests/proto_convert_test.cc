@@ -139,7 +139,8 @@ TEST(ProtoConvertTest, ResumeTimedOutWhenRestartedServerStopsWaiting) {
   EXPECT_EQ(abort.cause, AbortCause::kResumeTimedOut);
   EXPECT_NE(abort.exit_code, 0);
   EXPECT_EQ(abort.reason,
-            "1 of 2 agents did not come back within 10s after the rendezvous server restarted");
+            "1 of 2 agents did not come back within 10s after the rendezvous server restarted "
+            "or the job moved to this one");
 }
 
 }  // namespace

@@ -1122,16 +1122,18 @@ TEST_F(RunningJobTest, RestartOpensTheNextRound) {
   std::vector<JoinSpec> next = {Spec("j", "n1", 1, 3, 2), Spec("j", "n0", 0, 3, 2),
                                 Spec("j", "n2", 2, 3, 2)};
   for (JoinSpec& s : next) s.restart_count = 1;
-  // The first agent back opens round 2; the others' old streams are closed as stale.
+  // The first agent back opens round 2 and its old stream ends; the others keep theirs until
+  // they come back (should one end without a word, its agent is not coming).
   const Decisions opened = Join(6 * kSecond, 21, next[0]);
   EXPECT_TRUE(opened.sends.empty()) << Summary(opened);
-  for (const auto& [stream, status] : ClosesOf(opened)) {
-    EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << stream << ": " << status;
-  }
+  ASSERT_EQ(ClosesOf(opened).size(), 1u) << Summary(opened);
+  EXPECT_EQ(ClosesOf(opened).at(2).code(), absl::StatusCode::kAborted);
   EXPECT_EQ(state_.Status("j").at(0).state, "filling");
   EXPECT_EQ(state_.Status("j").at(0).round, 2);
 
-  EXPECT_TRUE(IsEmpty(Join(6 * kSecond, 22, next[1])));
+  const Decisions second = Join(6 * kSecond, 22, next[1]);
+  EXPECT_TRUE(second.sends.empty()) << Summary(second);
+  EXPECT_EQ(ClosesOf(second).size(), 1u) << Summary(second);  // n0's old stream
   const Decisions done = Join(7 * kSecond, 23, next[2]);
   const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(done);
   ASSERT_EQ(got.size(), 3u) << Summary(done);
@@ -1360,7 +1362,8 @@ TEST_F(ResumeTest, AgentsThatDoNotComeBackInTimeEndTheJob) {
   const std::map<StreamId, AbortEvent> aborts = EventsOf<AbortEvent>(d);
   ASSERT_EQ(aborts.size(), 2u) << Summary(d);
   EXPECT_EQ(aborts.at(10).reason,
-            "1 of 3 agents did not come back within 10s after the rendezvous server restarted");
+            "1 of 3 agents did not come back within 10s after the rendezvous server restarted "
+            "or the job moved to this one");
   EXPECT_EQ(aborts.at(12).exit_code, 1);
   // The cause says so, for agents and metrics that do not read the words.
   for (const auto& [stream, abort] : aborts) {
@@ -1966,6 +1969,329 @@ TEST_F(RendezvousStateTest, SparesAreRangeCheckedAndTheSameForEveryAgent) {
   // Only the server says a node was lost.
   EXPECT_EQ(ValidateJoinSpec(Unwell(Spec("j", "n0", 0, 2), "x", ExclusionKind::kNodeLost)).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// ---- A restart that needs an agent that already left ----
+
+// Nodes n0..n{count-1} of one worker each, the job's --nnodes `min`:`count`, a minute of
+// --last-call (so that an elastic round that forms at once shows it did not wait for it).
+std::vector<JoinSpec> Nodes(int32_t count, int32_t min, int32_t restart_count = 0) {
+  std::vector<JoinSpec> specs;
+  for (int32_t i = 0; i < count; ++i) {
+    JoinSpec s = Spec("j", absl::StrCat("n", i), i, count);
+    s.min_agents = min;
+    s.last_call = 60 * kSecond;
+    s.restart_count = restart_count;
+    s.max_restarts = 1;
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+FailureInfo RankFailed(const std::string& host, int32_t rank, int32_t exit_code) {
+  FailureInfo f;
+  f.host = host;
+  f.rank = rank;
+  f.group_rank = rank;
+  f.exit_code = exit_code;
+  f.stderr_tail = "Segmentation fault";
+  return f;
+}
+
+class GoneTest : public RendezvousStateTest {
+ protected:
+  // Forms round 1 of `specs` on streams 1.., then `finished` leave while it runs and `failed`
+  // (a node index) reports its rank's exit code 3.
+  void Run(const std::vector<JoinSpec>& specs, const std::vector<int>& finished, int failed) {
+    for (size_t i = 0; i < specs.size(); ++i) Join(0, 1 + i, specs[i]);
+    ASSERT_EQ(state_.Status("j").at(0).state, "running");
+    for (int f : finished) Leave(kSecond, "j", specs[f].agent.agent_id);
+    Decisions d;
+    ASSERT_TRUE(state_
+                    .ReportFailure(3 * kSecond, "j", specs[failed].agent.agent_id,
+                                   RankFailed(specs[failed].agent.host, failed, 3), d)
+                    .ok());
+  }
+
+  // The one abort `d` sends to `stream`, which it then closes cleanly.
+  AbortEvent EndOf(const Decisions& d, StreamId stream) {
+    const std::map<StreamId, AbortEvent> aborts = EventsOf<AbortEvent>(d);
+    EXPECT_EQ(aborts.count(stream), 1u) << Summary(d);
+    const std::map<StreamId, absl::Status> closes = ClosesOf(d);
+    EXPECT_TRUE(closes.contains(stream) && closes.at(stream).ok()) << Summary(d);
+    EXPECT_TRUE(EventsOf<AssignmentEvent>(d).empty()) << Summary(d);
+    return aborts.contains(stream) ? aborts.at(stream) : AbortEvent{};
+  }
+};
+
+TEST_F(GoneTest, ARestartThatNeedsAFinishedNodeEndsAtOnceNamingTheFailureAndTheNode) {
+  Run(Nodes(2, 2), {0}, 1);
+  // n1 restarts: its round could only wait for n0, whose agent has gone.
+  const AbortEvent end = EndOf(Join(4 * kSecond, 11, Nodes(2, 2, 1)[1]), 11);
+  EXPECT_EQ(end.exit_code, 3);
+  EXPECT_EQ(end.cause, AbortCause::kWorkerFailed);
+  ASSERT_TRUE(end.first_failure.has_value());
+  EXPECT_EQ(end.first_failure->stderr_tail, "Segmentation fault");
+  EXPECT_TRUE(absl::StrContains(end.reason, "rank 1 (local rank 0, node 1) on n1 exited with "
+                                            "code 3"))
+      << end.reason;
+  EXPECT_TRUE(absl::StrContains(end.reason, "n0 (node 0) had already finished")) << end.reason;
+  EXPECT_TRUE(absl::StrContains(end.reason, "needs 2 agents but can now have at most 1"))
+      << end.reason;
+  EXPECT_EQ(state_.Status("j").at(0).state, "ended");
+  // Nothing is left waiting, and the ended job goes after its TTL.
+  Tick(4 * kSecond + StateOptions{}.ended_job_ttl);
+  EXPECT_EQ(state_.job_count(), 0u);
+}
+
+TEST_F(GoneTest, EveryOtherRestartingAgentHearsTheSameEnd) {
+  Run(Nodes(3, 3), {0}, 1);
+  const std::vector<JoinSpec> again = Nodes(3, 3, 1);
+  const AbortEvent first = EndOf(Join(4 * kSecond, 12, again[2]), 12);
+  const AbortEvent second = EndOf(Join(4 * kSecond, 11, again[1]), 11);
+  EXPECT_EQ(first, second);
+  EXPECT_EQ(second.exit_code, 3);
+}
+
+TEST_F(GoneTest, AnAgentThatLeavesAfterTheFailureEndsTheRestartWaitingForIt) {
+  Run(Nodes(2, 2), {}, 1);
+  // n1 restarts first; n0, which heard the abort as its own workers succeeded, leaves.
+  EXPECT_TRUE(Join(4 * kSecond, 11, Nodes(2, 2, 1)[1]).sends.empty());
+  EXPECT_EQ(state_.Status("j").at(0).state, "filling");
+  const AbortEvent end = EndOf(Leave(5 * kSecond, "j", "n0/agent"), 11);
+  EXPECT_EQ(end.exit_code, 3);
+  EXPECT_TRUE(absl::StrContains(end.reason, "n0 (node 0) had already left the job")) << end.reason;
+  EXPECT_TRUE(absl::StrContains(end.reason, "on n1 exited with code 3")) << end.reason;
+}
+
+TEST_F(GoneTest, AnAgentThatLeftAfterTheEndIsNotWaitedFor) {
+  Run(Nodes(2, 2), {}, 1);
+  Leave(4 * kSecond, "j", "n0/agent");  // before n1's restart opens the next round
+  const AbortEvent end = EndOf(Join(5 * kSecond, 11, Nodes(2, 2, 1)[1]), 11);
+  EXPECT_TRUE(absl::StrContains(end.reason, "n0 (node 0) had already left the job")) << end.reason;
+}
+
+TEST_F(GoneTest, AnElasticRestartFormsAtOnceWithoutTheFinishedNode) {
+  Run(Nodes(3, 2), {0}, 1);
+  const std::vector<JoinSpec> again = Nodes(3, 2, 1);
+  EXPECT_TRUE(Join(4 * kSecond, 11, again[1]).sends.empty());
+  // No wait for --last-call: n0 is not coming back.
+  const Decisions d = Join(4 * kSecond, 12, again[2]);
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(d);
+  ASSERT_EQ(got.size(), 2u) << Summary(d);
+  EXPECT_EQ(got.at(11).world_size, 2);
+  EXPECT_EQ(got.at(11).restart_count, 1);
+}
+
+TEST_F(GoneTest, AnElasticRestartBelowItsMinimumEndsAtOnce) {
+  Run(Nodes(3, 2), {0, 1}, 2);
+  const AbortEvent end = EndOf(Join(4 * kSecond, 13, Nodes(3, 2, 1)[2]), 13);
+  EXPECT_EQ(end.exit_code, 3);
+  EXPECT_TRUE(absl::StrContains(end.reason, "had already finished (its workers succeeded and its "
+                                            "agent left) (and 1 more agents)"))
+      << end.reason;
+  EXPECT_TRUE(absl::StrContains(end.reason, "needs 2 agents but can now have at most 1"))
+      << end.reason;
+}
+
+TEST_F(GoneTest, AWaitingRestartNamesOnlyTheNodesStillToCome) {
+  Run(Nodes(4, 2), {0}, 1);
+  EXPECT_TRUE(Join(4 * kSecond, 11, Nodes(4, 2, 1)[1]).sends.empty());
+  const std::map<StreamId, ProgressEvent> p =
+      EventsOf<ProgressEvent>(Tick(4 * kSecond + StateOptions{}.progress_interval));
+  ASSERT_EQ(p.count(11), 1u);
+  EXPECT_EQ(p.at(11).expected, 3);
+  EXPECT_EQ(p.at(11).missing_node_indices, (std::vector<int64_t>{2, 3}));
+}
+
+TEST_F(GoneTest, ASpareTakesTheFinishedNodesSeat) {
+  std::vector<JoinSpec> specs = SpareJob(3, 1);
+  for (JoinSpec& s : specs) s.max_restarts = 1;
+  Run(specs, {0}, 1);
+  std::vector<JoinSpec> again = SpareJob(3, 1, 1);
+  for (JoinSpec& s : again) s.max_restarts = 1;
+  EXPECT_TRUE(Join(4 * kSecond, 11, again[1]).sends.empty());
+  const Decisions d = Join(4 * kSecond, 12, again[2]);
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(d);
+  ASSERT_EQ(got.size(), 2u) << Summary(d);
+  EXPECT_FALSE(got.at(12).spare);
+  EXPECT_EQ(got.at(12).world_size, 4);
+}
+
+TEST_F(GoneTest, ARequeuedJobForgetsTheAgentsItsLastRunLostToFinishing) {
+  Run(Nodes(2, 2), {0}, 1);
+  EndOf(Join(4 * kSecond, 11, Nodes(2, 2, 1)[1]), 11);
+  // The same job id again, afresh (new agents, restart count 0): both nodes are welcome.
+  std::vector<JoinSpec> requeued = Nodes(2, 2);
+  for (JoinSpec& s : requeued) s.agent.agent_id += "-requeued";
+  EXPECT_TRUE(IsEmpty(Join(5 * kSecond, 21, requeued[0])));
+  EXPECT_EQ(EventsOf<AssignmentEvent>(Join(5 * kSecond, 22, requeued[1])).size(), 2u);
+}
+
+// ---- A round whose assignments were lost with its server ----
+
+// An agent whose assignment never reached it (the server was lost just after the round formed)
+// joins afresh while the others resume: wherever its join lands first, it gets the ranks the
+// round gave it once every agent is back.
+TEST_F(ResumeTest, AnAgentThatLostItsAssignmentGetsItsRanksWhenEveryoneIsBack) {
+  ASSERT_EQ(EventsOf<AssignmentEvent>(Join(kSecond, 10, Resuming(0))).size(), 1u);
+  // n1 joins afresh: it waits, as the round is not whole yet.
+  EXPECT_TRUE(IsEmpty(Join(kSecond, 11, specs_[1])));
+  EXPECT_EQ(state_.Status("j").at(0).agents.size(), 2u);
+  const Decisions d = Join(2 * kSecond, 12, Resuming(2));
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(d);
+  ASSERT_EQ(got.size(), 2u) << Summary(d);
+  EXPECT_EQ(Describe(got.at(11)), Describe(held_[1]));
+  EXPECT_EQ(Describe(got.at(12)), Describe(held_[2]));
+  EXPECT_TRUE(IsEmpty(Tick(20 * kSecond)));  // no one is missing
+  EXPECT_EQ(state_.Status("j").at(0).state, "running");
+}
+
+TEST_F(ResumeTest, AFreshJoinThatCameFirstJoinsTheRoundTheOthersBringBack) {
+  // n1's fresh join reaches this server before anyone resumes: a round opens for it here...
+  Decisions first = Join(kSecond, 11, specs_[1]);
+  EXPECT_TRUE(IsEmpty(first)) << Summary(first);
+  EXPECT_EQ(state_.Status("j").at(0).state, "filling");
+  // ...which is the round the others ran, once the first of them is back.
+  const Decisions d0 = Join(2 * kSecond, 10, Resuming(0));
+  EXPECT_EQ(EventsOf<AssignmentEvent>(d0).size(), 1u) << Summary(d0);
+  EXPECT_TRUE(d0.closes.empty()) << Summary(d0);
+  EXPECT_EQ(d0.taken_up, std::vector<std::string>{"j"});
+  const Decisions d2 = Join(2 * kSecond, 12, Resuming(2));
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(d2);
+  ASSERT_EQ(got.size(), 2u) << Summary(d2);
+  EXPECT_EQ(Describe(got.at(11)), Describe(held_[1]));
+  EXPECT_EQ(state_.Status("j").at(0).world_size, 6);
+}
+
+TEST_F(ResumeTest, AFreshJoinerThatNeverGetsItsRanksHearsWhyTheJobEnded) {
+  ASSERT_EQ(EventsOf<AssignmentEvent>(Join(kSecond, 10, Resuming(0))).size(), 1u);
+  EXPECT_TRUE(IsEmpty(Join(kSecond, 11, specs_[1])));
+  // n2 never comes back: at the window's end everyone here hears it, the fresh joiner too.
+  const Decisions d = Tick(11 * kSecond);
+  const std::map<StreamId, AbortEvent> aborts = EventsOf<AbortEvent>(d);
+  ASSERT_EQ(aborts.size(), 2u) << Summary(d);
+  EXPECT_TRUE(absl::StrContains(aborts.at(11).reason, "1 of 3 agents did not come back"))
+      << aborts.at(11).reason;
+}
+
+TEST_F(ResumeTest, AFreshJoinerOfAnotherShapeEndsTheRebuiltJob) {
+  ASSERT_EQ(EventsOf<AssignmentEvent>(Join(kSecond, 10, Resuming(0))).size(), 1u);
+  ASSERT_EQ(EventsOf<AssignmentEvent>(Join(kSecond, 11, Resuming(1))).size(), 1u);
+  // n2 comes back afresh with one worker where the round gave it two: the round it ran cannot
+  // be worked out again, and no one waits out the window for it.
+  JoinSpec odd = specs_[2];
+  odd.agent.nproc = 1;
+  const Decisions d = Join(kSecond, 12, odd);
+  const std::map<StreamId, AbortEvent> aborts = EventsOf<AbortEvent>(d);
+  ASSERT_EQ(aborts.size(), 3u) << Summary(d);
+  EXPECT_TRUE(absl::StrContains(aborts.at(12).reason, "rank differently than the round they ran"))
+      << aborts.at(12).reason;
+  EXPECT_EQ(state_.Status("j").at(0).state, "ended");
+}
+
+TEST_F(ResumeTest, EveryJobTakenUpIsSaidOnce) {
+  const Decisions d0 = Join(kSecond, 10, Resuming(0));
+  EXPECT_EQ(d0.taken_up, std::vector<std::string>{"j"});
+  const Decisions d1 = Join(kSecond, 11, Resuming(1));
+  EXPECT_TRUE(d1.taken_up.empty());
+}
+
+TEST_F(RendezvousStateTest, ASpareFollowsItsJobToAnotherServerAndStaysASpare) {
+  RendezvousState before;
+  const std::vector<JoinSpec> specs = SpareJob(3, 1);
+  Decisions d;
+  for (size_t i = 0; i < specs.size(); ++i) before.Join(0, 1 + i, specs[i], d);
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(d);
+  ASSERT_EQ(got.size(), 3u) << Summary(d);
+  ASSERT_TRUE(got.at(3).spare);
+  // This server takes the job up: the spare first, then the two nodes.
+  std::vector<JoinSpec> back = specs;
+  for (size_t i = 0; i < back.size(); ++i) back[i].resume = got.at(1 + i);
+  const Decisions spare = Join(kSecond, 13, back[2]);
+  ASSERT_EQ(EventsOf<AssignmentEvent>(spare).size(), 1u) << Summary(spare);
+  EXPECT_TRUE(EventsOf<AssignmentEvent>(spare).at(13).spare);
+  Join(kSecond, 11, back[0]);
+  Join(kSecond, 12, back[1]);
+  EXPECT_TRUE(IsEmpty(Tick(60 * kSecond)));  // everyone is back; a spare is not awaited
+  const JobStatusView view = state_.Status("j").at(0);
+  EXPECT_EQ(view.state, "running");
+  EXPECT_EQ(view.agents.at(0).state, "spare");
+  // A node lost now: the spare takes its place in the restart, as before the move.
+  Closed(61 * kSecond, 11);
+  std::vector<JoinSpec> again = SpareJob(3, 1, 1);
+  Join(62 * kSecond, 23, again[2]);
+  const Decisions restarted = Join(62 * kSecond, 22, again[1]);
+  const std::map<StreamId, AssignmentEvent> ranks = EventsOf<AssignmentEvent>(restarted);
+  ASSERT_EQ(ranks.size(), 2u) << Summary(restarted);
+  EXPECT_FALSE(ranks.at(23).spare);
+  EXPECT_EQ(ranks.at(23).slot.group_rank, 0);  // n0's seat
+  EXPECT_EQ(ranks.at(22).slot.group_rank, 1);
+}
+
+TEST_F(RendezvousStateTest, ASpareResumingWithRanksOrWithoutSparesIsRefused) {
+  JoinSpec s = SpareJob(3, 1)[2];
+  AssignmentEvent held;
+  held.round = 1;
+  held.agents = 2;
+  held.group_world_size = 2;
+  held.world_size = 4;
+  held.spare = true;
+  held.slot.rank_offset = 2;
+  s.resume = held;
+  EXPECT_EQ(ValidateJoinSpec(s).code(), absl::StatusCode::kInvalidArgument);
+  held.slot = Slot{};
+  s.resume = held;
+  EXPECT_TRUE(ValidateJoinSpec(s).ok()) << ValidateJoinSpec(s);
+  s.spare_nodes = 0;
+  EXPECT_EQ(ValidateJoinSpec(s).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(GoneTest, AnAgentLostAfterTheFailureIsNotWaitedFor) {
+  Run(Nodes(3, 3), {}, 1);
+  // n2's agent dies while the others stop their workers: its stream ends without a word.
+  EXPECT_TRUE(state_.Awaits(3));
+  EXPECT_TRUE(IsEmpty(Closed(3 * kSecond, 3)));
+  const AbortEvent end = EndOf(Join(4 * kSecond, 11, Nodes(3, 3, 1)[1]), 11);
+  EXPECT_EQ(end.exit_code, 3);
+  EXPECT_TRUE(absl::StrContains(end.reason, "n2 (node 2) had already been lost")) << end.reason;
+}
+
+TEST_F(GoneTest, AnAwaitedAgentWhoseStreamEndsEndsTheRestartWaitingForIt) {
+  Run(Nodes(3, 3), {}, 1);
+  const std::vector<JoinSpec> again = Nodes(3, 3, 1);
+  EXPECT_TRUE(Join(4 * kSecond, 11, again[1]).sends.empty());
+  // n0 comes back; n2 is still stopping its workers on its old stream, then dies.
+  EXPECT_TRUE(Join(4 * kSecond, 10, again[0]).sends.empty());
+  EXPECT_TRUE(state_.Awaits(3));
+  EXPECT_FALSE(state_.Awaits(1));  // n0's old stream ended as it came back
+  const Decisions d = Closed(5 * kSecond, 3);
+  const AbortEvent end = EndOf(d, 11);
+  EXPECT_EQ(EndOf(d, 10), end);
+  EXPECT_TRUE(absl::StrContains(end.reason, "n2 (node 2) had already been lost")) << end.reason;
+}
+
+TEST_F(GoneTest, AnAwaitedAgentThatComesBackIsNotLostWhenItsOldStreamEnds) {
+  Run(Nodes(2, 2), {}, 1);
+  const std::vector<JoinSpec> again = Nodes(2, 2, 1);
+  EXPECT_TRUE(Join(4 * kSecond, 11, again[1]).sends.empty());
+  // n0 rejoins on a new stream before its old one (1) ends: the old one's end changes nothing.
+  const Decisions d = Join(4 * kSecond, 10, again[0]);
+  EXPECT_EQ(EventsOf<AssignmentEvent>(d).size(), 2u) << Summary(d);
+  EXPECT_TRUE(IsEmpty(Closed(4 * kSecond, 1)));
+  EXPECT_EQ(state_.Status("j").at(0).state, "running");
+}
+
+TEST_F(GoneTest, AnElasticRestartFormsWithoutAnAgentLostMeanwhile) {
+  Run(Nodes(3, 2), {}, 1);
+  const std::vector<JoinSpec> again = Nodes(3, 2, 1);
+  EXPECT_TRUE(Join(4 * kSecond, 11, again[1]).sends.empty());
+  EXPECT_TRUE(Join(4 * kSecond, 10, again[0]).sends.empty());
+  // n2 dies before coming back: the two others form the round at once, not after --last-call.
+  const Decisions d = Closed(5 * kSecond, 3);
+  const std::map<StreamId, AssignmentEvent> got = EventsOf<AssignmentEvent>(d);
+  ASSERT_EQ(got.size(), 2u) << Summary(d);
+  EXPECT_EQ(got.at(10).world_size, 2);
 }
 
 }  // namespace

@@ -43,6 +43,7 @@ TEST(ServerFlagsTest, Defaults) {
   EXPECT_EQ(o.service.max_queued_bytes_per_stream, int64_t{1} << 20);
   EXPECT_EQ(o.unused_connection_timeout, absl::Seconds(60));
   EXPECT_EQ(o.max_connections_per_host, 512);
+  EXPECT_EQ(o.max_unproven_connections_per_host, 128);
   EXPECT_EQ(o.stream_window_bytes, 16 << 10);
   EXPECT_TRUE(o.tls.cert_chain_pem.empty());
   EXPECT_EQ(f->log_level, "info");
@@ -140,6 +141,11 @@ INSTANTIATE_TEST_SUITE_P(
         FlagCase{"MaxConnectionsPerHost", "max-connections-per-host",
                  "RDZV_MAX_CONNECTIONS_PER_HOST", "64",
                  [](const ServerFlags& f) { EXPECT_EQ(f.options.max_connections_per_host, 64); }},
+        FlagCase{"MaxUnprovenConnectionsPerHost", "max-unproven-connections-per-host",
+                 "RDZV_MAX_UNPROVEN_CONNECTIONS_PER_HOST", "32",
+                 [](const ServerFlags& f) {
+                   EXPECT_EQ(f.options.max_unproven_connections_per_host, 32);
+                 }},
         FlagCase{"StreamWindow", "stream-window-kb", "RDZV_STREAM_WINDOW_KB", "8",
                  [](const ServerFlags& f) { EXPECT_EQ(f.options.stream_window_bytes, 8 << 10); }}),
     [](const testing::TestParamInfo<FlagCase>& info) { return info.param.name; });

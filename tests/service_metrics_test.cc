@@ -155,5 +155,15 @@ TEST(ServiceMetricsTest, TheScrapeSourcesReportThroughTheRegistry) {
   EXPECT_EQ(metrics.Render().find("\nrdzv_agents_attached "), std::string::npos);
 }
 
+TEST(ServiceMetricsTest, EveryJobTakenUpFromItsResumingAgentsIsCounted) {
+  Metrics metrics("test");
+  ServiceMetrics m(&metrics);
+  Decisions d;
+  d.taken_up = {"a", "b"};
+  m.OnDecisions(kSecond, d);
+  m.OnDecisions(kSecond, Decisions{});
+  EXPECT_EQ(metrics.failovers().value(), 2u);
+}
+
 }  // namespace
 }  // namespace rdzv

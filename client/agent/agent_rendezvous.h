@@ -51,6 +51,9 @@ class AgentRendezvous {
 
   // Where the server is, for the workers' RDZV_ENDPOINT; "" when there is none.
   virtual std::string endpoint() const = 0;
+
+  // Through a relay: the server the relay reached for the last assignment; "" otherwise.
+  virtual std::string relayed_server() const { return ""; }
 };
 
 // Over rdzv::Client. Joins run on a thread of the object's own (Client::Join blocks), the other

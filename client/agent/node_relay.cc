@@ -44,6 +44,10 @@ namespace rdzv {
 
 namespace {
 
+// A new connection's time to be let in before it may be dropped to make room for another of its
+// host (as rdzvd's kUnprovenGrace).
+constexpr absl::Duration kRelayUnprovenGrace = absl::Seconds(2);
+
 // How long a relay waits for the rest of its agents when they resume the same round after the
 // server's stream was lost: all of them heard it at the same moment.
 constexpr absl::Duration kResumeGather = absl::Milliseconds(200);
@@ -340,6 +344,10 @@ class GroupCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
 
   grpc::ClientContext& context() { return context_; }
 
+  // The server this call was made to ("host:port"): its members hear it with their events.
+  void set_server(std::string server) { server_ = std::move(server); }
+  const std::string& server() const { return server_; }
+
   void Start(v1::Rendezvous::Stub* stub) {
     self_ = shared_from_this();
     context_.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(24 * 30));
@@ -409,6 +417,7 @@ class GroupCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
   }
 
  private:
+  std::string server_;
   NodeRelay::Impl* const relay_;
   grpc::ClientContext context_;
   v1::JoinRequest request_;
@@ -493,13 +502,19 @@ absl::Status NodeRelay::Impl::ListenTcp() {
   if (options_.callers.mode != AuthMode::kNone) {
     header_auth_ = std::make_unique<HeaderAuth>(auth_.get(), [](absl::string_view) {});
   }
-  // As rdzvd bounds its callers' connections (server/connection_guard.h): a host may hold a few
-  // more than the whole group would need, and a connection that carries no call the relay lets
-  // in soon is closed.
+  // As rdzvd bounds its callers' connections (server/connection_guard.h), by the same rules: a
+  // host may hold a few more than the whole group would need, of which as many as the group has
+  // nodes (and a few more) not yet let in; at a bound one of those not let in makes room for the
+  // next; and a connection that carries no call the relay lets in soon is closed.
+  ConnectionTable::Limits limits;
+  limits.max_per_host = options_.max_connections_per_host < 0 ? options_.expected * 2 + 16
+                                                              : options_.max_connections_per_host;
+  limits.max_unproven_per_host =
+      options_.max_connections_per_host < 0 ? options_.expected + 16 : limits.max_per_host;
+  limits.grace = kRelayUnprovenGrace;
+  limits.first_call_within = options_.unused_connection_timeout;
   connections_ = std::make_unique<ConnectionGuard>(
-      options_.max_connections_per_host < 0 ? options_.expected * 2 + 16
-                                            : options_.max_connections_per_host,
-      options_.unused_connection_timeout, TcpKeepalive{options_.ping, options_.ping_timeout});
+      limits, TcpKeepalive{options_.ping, options_.ping_timeout});
   absl::Status last = absl::UnavailableError("no address to relay on");
   for (const std::string& listen : options_.listen) {
     grpc::ServerBuilder builder;
@@ -715,6 +730,8 @@ void NodeRelay::Impl::PushLocal(Member& m, const v1::JoinEvent& event) {
   if (m.local == nullptr || m.ended) return;
   v1::JoinEvent copy = event;
   copy.clear_agent_id();
+  // The member's agent names the server in use in its messages and its workers' RDZV_ENDPOINT.
+  if (m.group != nullptr) copy.set_server(m.group->server());
   m.local->Push(std::move(copy));
 }
 
@@ -893,6 +910,7 @@ void NodeRelay::Impl::Flush() {
     };
     const Endpoint& e = endpoints_[endpoint];
     auto call = std::make_shared<GroupCall>(this, request);
+    call->set_server(e.name);
     const std::string nonce = NewNonce();
     if (absl::Status s = AttachCredential(call->context(), options_.upstream.auth, "Join",
                                           options_.job_id, nonce);

@@ -76,7 +76,8 @@ struct NodeRelayOptions {
   // closed, so that strangers cannot use up the relay's connections.
   absl::Duration unused_connection_timeout = absl::Seconds(10);
   // How many TCP connections one host may hold open to the relay: -1 for a few more than the
-  // group needs (2 * expected + 16), 0 for no bound.
+  // group needs (2 * expected + 16, of which expected + 16 not yet let in), 0 for no bound. At
+  // the bound one that the relay has not let in is dropped for the newcomer, as rdzvd does.
   int max_connections_per_host = -1;
   // The server and how to reach it: endpoint and alternates (tried in turn when one is
   // unreachable, serves another job or does not prove itself), auth, TLS and rpc_timeout.

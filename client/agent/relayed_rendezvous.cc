@@ -77,7 +77,14 @@ class RelayedRendezvous final : public AgentRendezvous {
     direct_->Cancel();
   }
 
-  std::string endpoint() const override { return direct_->endpoint(); }
+  // The server in use: the one the relay reached, when the last join went through it and it
+  // said (it may be another of the list than the first), else the direct route's.
+  std::string endpoint() const override {
+    if (current_ == local_.get()) {
+      if (std::string reached = local_->relayed_server(); !reached.empty()) return reached;
+    }
+    return direct_->endpoint();
+  }
 
  private:
   AgentRendezvous& Current() { return current_ != nullptr ? *current_ : *direct_; }

@@ -76,6 +76,7 @@ class RemoteRendezvous final : public AgentRendezvous {
 
   // The server the client talks to now: the first of a list, or the one it moved to.
   std::string endpoint() const override { return client_->endpoint(); }
+  std::string relayed_server() const override { return client_->relayed_server(); }
 
  private:
   // `f`, run through post_; empty for an empty `f`.

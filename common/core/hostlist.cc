@@ -384,12 +384,12 @@ absl::StatusOr<std::vector<std::string>> ExpandHostlist(std::string_view hostlis
     if (!count.ok()) return count.status();
     if (*count > kMaxHostlistExpansion - total) return TooManyNames(hostlist);
     total += *count;
-    // At most a million names of at most 255 characters in all: no overflow.
+    // At most kMaxHostlistExpansion names of at most 255 characters in all: no overflow.
     characters += *count * groups.back().longest;
     if (characters > kMaxHostlistCharacters) {
       return absl::InvalidArgumentError(absl::StrCat(
-          Quote(hostlist), " is too large (expands to over ", kMaxHostlistCharacters >> 20,
-          " MiB of host names); expected fewer or shorter names"));
+          Quote(hostlist), " is too large (expands to over ", kMaxHostlistCharacters >> 10,
+          " KiB of host names); expected fewer or shorter names"));
     }
   }
   std::vector<std::string> hosts;

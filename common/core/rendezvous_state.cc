@@ -18,6 +18,14 @@ namespace rdzv {
 
 enum class Phase { kFilling, kRunning, kEnded };
 
+// An agent of an earlier run of a job that left it, as a restart's end names it.
+struct RendezvousState::GoneNode {
+  std::string host;
+  int32_t node = 0;       // its node rank in the run it left
+  int64_t position = -1;  // its claim (global position, else node index), or -1
+  GoneHow how = GoneHow::kLeft;
+};
+
 // Of its join, only what the rounds read: a job holds one per agent, and at scale (per-task
 // launches of 100,000 ranks) the rest of a JoinSpec would be most of the server's memory.
 struct RendezvousState::Member {
@@ -30,7 +38,12 @@ struct RendezvousState::Member {
   std::string peer_address;  // where it connected from, as the server saw it
   StreamId stream = 0;       // 0: not attached
   bool left = false;
-  bool spare = false;  // a hot spare of the running round: no ranks
+  bool finished = false;  // left while the job ran, not a spare: its workers succeeded
+  bool lost = false;      // its stream ended without a word after the job ended
+  bool spare = false;     // a hot spare of the running round: no ranks
+  // In a job rebuilt from resuming agents: it joined afresh (its assignment was lost with the
+  // server that formed the round) and waits for its ranks until every agent is back.
+  bool unranked = false;
   Slot slot;
 
   void Take(const JoinSpec& spec) {
@@ -98,6 +111,28 @@ struct RendezvousState::Job {
   absl::flat_hash_set<int64_t> excluded_positions;  // agents' ClaimKey, when they have one
   absl::flat_hash_set<int64_t> excluded_node_indices;
   absl::flat_hash_set<std::string> excluded_hosts;  // of nodes without an index
+  // Agents of the job's earlier runs that left it (their workers succeeded, or they gave up):
+  // they are not coming back for a restart, whose round can then not have them. A few for
+  // messages, how many, and their positions (for the missing ones a progress names). Kept over
+  // restarts, forgotten when the job id starts afresh.
+  std::vector<GoneNode> gone;
+  int32_t gone_agents = 0;
+  absl::flat_hash_set<int64_t> gone_positions;
+  // The agents of the last run not yet back in the round that fills, by agent id, with the
+  // stream of the last run each still holds (0: none): one that leaves instead, or whose stream
+  // ends without a word, is gone too.
+  struct Awaited {
+    GoneNode node;
+    StreamId stream = 0;
+  };
+  absl::flat_hash_map<std::string, Awaited> awaited;
+  // How the last run ended, for the end of a restart that cannot be whole.
+  std::optional<AbortEvent> last_run_end;
+  // The round that fills or runs formed here (or was rebuilt here from its resuming agents).
+  bool ran = false;
+  // The round was ended while it filled because it could never have --nnodes MIN: a peer that
+  // comes for it later hears that end at once.
+  bool cannot_form = false;
 
   // The seat (node rank) each node held in the last round that ranked it, by node index: with
   // spares, a node keeps its seat over restarts and a spare takes a lost node's.
@@ -106,8 +141,16 @@ struct RendezvousState::Job {
   int32_t spares = 0;
   int32_t spares_left = 0;
 
+  // The job's sizes as `spec` gives them, for its round.
+  void TakeSizes(const JoinSpec& spec) {
+    min_agents = spec.min_agents;
+    max_agents = spec.max_agents;
+    spare_nodes = spec.spare_nodes;
+    last_call = spec.last_call;
+  }
+
   // The most agents this round can still have.
-  int32_t Expected() const { return std::max(0, max_agents - excluded_agents); }
+  int32_t Expected() const { return std::max(0, max_agents - excluded_agents - gone_agents); }
   // The fewest agents a round may start with: --nnodes MIN, and with spares no more than the
   // nodes that run the job.
   int32_t Needed() const {
@@ -200,7 +243,8 @@ int64_t ClaimKey(const AgentSpec& a) { return a.order >= 0 ? a.order : a.node_in
 std::string ImpossibleResume(const JoinSpec& spec) {
   const AssignmentEvent& r = *spec.resume;
   const Slot& slot = r.slot;
-  if (r.spare) return "a spare's, which has no ranks to keep";
+  if (r.spare && slot != Slot{}) return "a spare's, with ranks";
+  if (r.spare && spec.spare_nodes < 1) return "a spare's, in a job without --spare-nodes";
   const int64_t last_rank = int64_t{slot.rank_offset} + spec.agent.nproc - 1;
   const int64_t last_local = int64_t{slot.local_rank_offset} + spec.agent.nproc - 1;
   if (r.round < 1) return absl::StrFormat("round %d", r.round);
@@ -210,15 +254,15 @@ std::string ImpossibleResume(const JoinSpec& spec) {
   if (r.group_world_size < 1 || r.group_world_size > r.agents) {
     return absl::StrFormat("%d nodes for %d agents", r.group_world_size, r.agents);
   }
-  if (slot.group_rank < 0 || slot.group_rank >= r.group_world_size) {
+  if (!r.spare && (slot.group_rank < 0 || slot.group_rank >= r.group_world_size)) {
     return absl::StrFormat("node %d of %d", slot.group_rank, r.group_world_size);
   }
-  if (slot.rank_offset < 0 || last_rank >= r.world_size) {
+  if (!r.spare && (slot.rank_offset < 0 || last_rank >= r.world_size)) {
     return absl::StrFormat("ranks %d-%d of world size %d", slot.rank_offset, last_rank,
                            r.world_size);
   }
-  if (slot.local_rank_offset < 0 || last_local >= slot.local_world_size ||
-      slot.local_world_size > r.world_size) {
+  if (!r.spare && (slot.local_rank_offset < 0 || last_local >= slot.local_world_size ||
+                   slot.local_world_size > r.world_size)) {
     return absl::StrFormat("local ranks %d-%d of %d on its node", slot.local_rank_offset,
                            last_local, slot.local_world_size);
   }
@@ -441,7 +485,35 @@ void RendezvousState::Detach(Job& job, Member& member) {
   --job.attached;
 }
 
-void RendezvousState::OpenRound(Job& job, const JoinSpec& spec, bool fresh) {
+void RendezvousState::OpenRound(Job& job, const JoinSpec& spec, bool fresh, Decisions& out) {
+  DropAwaited(job, absl::AbortedError("a new round started"), out);
+  job.awaited.clear();
+  if (!fresh) {
+    // A restart: of the last run's agents, those that left or were lost are not coming back;
+    // the others are awaited on the stream they still hold.
+    for (auto& [id, member] : job.members) {
+      if (job.Excludes(member.agent)) continue;  // counted as left out already
+      GoneNode node{member.agent.host,
+                    member.spare ? static_cast<int32_t>(member.agent.node_index)
+                                 : member.slot.group_rank,
+                    ClaimKey(member.agent),
+                    member.left   ? (member.finished ? GoneHow::kFinished
+                                                     : GoneHow::kLeft)
+                    : member.lost ? GoneHow::kLost
+                                  : GoneHow::kLeft};
+      if (member.left || member.lost) {
+        NoteGone(job, std::move(node));
+        continue;
+      }
+      // Its stream stays its own (streams_ still names it), out of the round's members.
+      job.awaited.emplace(id, Job::Awaited{std::move(node), member.stream});
+      if (member.stream != 0) {
+        member.stream = 0;
+        --job.attached;
+      }
+    }
+    job.last_run_end = job.abort;
+  }
   for (auto& [id, member] : job.members) Detach(job, member);
   job.members.clear();
   job.ClearOverrides();
@@ -461,15 +533,18 @@ void RendezvousState::OpenRound(Job& job, const JoinSpec& spec, bool fresh) {
     job.excluded_news = false;
     job.excluded_told.reset();
     job.seats.clear();
+    job.gone.clear();
+    job.gone_agents = 0;
+    job.gone_positions.clear();
+    job.last_run_end.reset();
   }
+  job.cannot_form = false;
+  job.ran = false;
   job.phase = Phase::kFilling;
   job.round += 1;
   job.restart_count = spec.restart_count;
   job.max_restarts = spec.max_restarts;
-  job.min_agents = spec.min_agents;
-  job.max_agents = spec.max_agents;
-  job.spare_nodes = spec.spare_nodes;
-  job.last_call = spec.last_call;
+  job.TakeSizes(spec);
   job.world_size = 0;
   job.abort.reset();
 }
@@ -481,29 +556,107 @@ void RendezvousState::Attach(Job& job, Member& member, StreamId stream) {
   ++job.attached;
 }
 
+void RendezvousState::Rebuild(Job& job, Micros now, const JoinSpec& spec) {
+  const AssignmentEvent& held = *spec.resume;
+  job.phase = Phase::kRunning;
+  job.ran = true;
+  job.round = held.round;
+  job.restart_count = held.restart_count;
+  job.TakeSizes(spec);
+  job.world_size = held.world_size;
+  job.assignment = held;
+  job.assignment.slot = Slot{};
+  job.assignment.spare = false;
+  job.resume_deadline = now + options_.resume_window;
+  if (job.node_list.empty()) job.node_list = spec.node_list;
+  // Agents that joined afresh wait for their ranks (FillRebuilt); resumed ones claim theirs.
+  job.claims.clear();
+  job.ClearOverrides();
+  for (auto& [id, member] : job.members) member.unranked = true;
+}
+
+int32_t RendezvousState::RankedBack(const Job& job, int32_t* unranked) const {
+  int32_t ranked = 0;
+  int32_t waiting = 0;
+  for (const auto& [id, m] : job.members) {
+    if (m.spare) continue;
+    if (m.unranked) {
+      ++waiting;
+    } else {
+      ++ranked;
+    }
+  }
+  if (unranked != nullptr) *unranked = waiting;
+  return ranked;
+}
+
+void RendezvousState::FillRebuilt(Job& job, Micros now, Decisions& out) {
+  int32_t unranked = 0;
+  const int32_t ranked = RankedBack(job, &unranked);
+  if (ranked + unranked < job.assignment.agents) return;
+  job.resume_deadline = 0;  // everyone is back
+  if (unranked == 0) return;
+  // The round's ranks worked out again over all of its agents, as when it formed: rank
+  // assignment depends on nothing else, so the resumed agents' ranks come out the same and the
+  // others get the ones the lost server gave them.
+  std::vector<Member*> all;
+  std::vector<AgentSpec> specs;
+  for (auto& [id, m] : job.members) {
+    if (m.spare) continue;
+    all.push_back(&m);
+    specs.push_back(m.agent);
+  }
+  absl::StatusOr<RankTable> table = AssignRanks(specs);
+  bool same = table.ok() && table->world_size == job.world_size &&
+              table->group_world_size == job.assignment.group_world_size;
+  for (size_t i = 0; same && i < all.size(); ++i) {
+    if (!all[i]->unranked && all[i]->slot != table->slots[i]) same = false;
+  }
+  if (!same) {
+    AbortEvent abort;
+    abort.cause = AbortCause::kResumeTimedOut;
+    abort.exit_code = 1;
+    abort.reason = absl::StrFormat(
+        "the agents of job %s that came back to this rendezvous server rank differently than the "
+        "round they ran (round %d, world size %d); restart the job",
+        job.id, job.round, job.world_size);
+    EndJob(job, now, std::move(abort), out);
+    return;
+  }
+  for (size_t i = 0; i < all.size(); ++i) {
+    Member& m = *all[i];
+    if (!m.unranked) continue;
+    m.unranked = false;
+    m.slot = table->slots[i];
+    if (m.agent.node_index >= 0) job.seats[m.agent.node_index] = m.slot.group_rank;
+    if (m.stream != 0) out.sends.push_back({m.stream, m.AssignmentIn(job.assignment)});
+  }
+}
+
 void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec,
                              const CallerInfo& caller, Decisions& out) {
   const AssignmentEvent& held = *spec.resume;
   Job* job = FindJob(spec.job_id);
+  if (job != nullptr && job->phase == Phase::kFilling && !job->ran &&
+      held.restart_count == job->restart_count && job->spare_nodes == 0 && !held.spare &&
+      job->min_agents == spec.min_agents && job->max_agents == spec.max_agents) {
+    // The round filling here never formed here: agents of the same run whose assignment was
+    // lost with the server that formed it joined afresh before any of the others came back. It
+    // is that run's round, rebuilt from the resuming agents; the fresh ones get their ranks
+    // once every agent is back.
+    Rebuild(*job, now, spec);
+    out.taken_up.push_back(job->id);
+  }
   if (job == nullptr) {
-    // This server does not know the job: it restarted while the job ran. The round is rebuilt
-    // from the assignments its agents bring back; the ones not back in time count as lost.
+    // This server does not know the job: it restarted while the job ran, or took it over from
+    // a lost one. The round is rebuilt from the assignments its agents bring back; the ones not
+    // back in time count as lost.
     auto created = std::make_unique<Job>();
     job = created.get();
     job->id = spec.job_id;
-    job->phase = Phase::kRunning;
-    job->round = held.round;
-    job->restart_count = held.restart_count;
-    job->min_agents = spec.min_agents;
-    job->max_agents = spec.max_agents;
-    job->spare_nodes = spec.spare_nodes;
-    job->last_call = spec.last_call;
-    job->world_size = held.world_size;
-    job->assignment = held;
-    job->assignment.slot = Slot{};
-    job->resume_deadline = now + options_.resume_window;
-    job->node_list = spec.node_list;
     jobs_.emplace(spec.job_id, std::move(created));
+    Rebuild(*job, now, spec);
+    out.taken_up.push_back(job->id);
   }
 
   switch (job->phase) {
@@ -536,47 +689,58 @@ void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec,
     return;
   }
   auto it = job->members.find(spec.agent.agent_id);
-  if (it == job->members.end()) {
+  const bool newcomer = it == job->members.end() || it->second.unranked;
+  if (newcomer) {
     if (job->resume_deadline == 0) {
       out.closes.push_back(
           {stream, absl::AbortedError(absl::StrFormat("round %d of job %s has no agent %s",
                                                       job->round, job->id, spec.agent.agent_id))});
       return;
     }
-    auto [claim, inserted] = job->claims.emplace(held.slot.rank_offset, spec.agent.agent_id);
-    if (!inserted) {
-      out.closes.push_back({stream, absl::FailedPreconditionError(absl::StrFormat(
-                                        "rank %d of job %s is already held by the agent on %s",
-                                        held.slot.rank_offset, job->id,
-                                        job->members.at(claim->second).agent.host))});
-      return;
+    if (!held.spare) {
+      auto [claim, inserted] = job->claims.emplace(held.slot.rank_offset, spec.agent.agent_id);
+      if (!inserted && claim->second != spec.agent.agent_id) {
+        out.closes.push_back({stream, absl::FailedPreconditionError(absl::StrFormat(
+                                          "rank %d of job %s is already held by the agent on %s",
+                                          held.slot.rank_offset, job->id,
+                                          job->members.at(claim->second).agent.host))});
+        return;
+      }
     }
-    it = job->members.emplace(spec.agent.agent_id, Member{}).first;
-    it->second.Take(spec);
-    it->second.peer_address = caller.peer_address;
-    it->second.slot = held.slot;
-    if (spec.agent.node_index >= 0) job->seats[spec.agent.node_index] = held.slot.group_rank;
-    if (static_cast<int32_t>(job->members.size()) >= job->assignment.agents) {
-      job->resume_deadline = 0;  // everyone is back
+    if (it == job->members.end()) it = job->members.emplace(spec.agent.agent_id, Member{}).first;
+    Member& m = it->second;
+    m.Take(spec);
+    m.peer_address = caller.peer_address;
+    m.unranked = false;
+    m.spare = held.spare;
+    m.slot = held.spare ? Slot{} : held.slot;
+    if (held.spare) {
+      ++job->spares;
+    } else if (spec.agent.node_index >= 0) {
+      job->seats[spec.agent.node_index] = held.slot.group_rank;
     }
   } else if (absl::Status s = SameShape(job->id, it->second.agent, spec.agent); !s.ok()) {
     out.closes.push_back({stream, std::move(s)});
     return;
-  } else if (it->second.spare || it->second.slot != held.slot) {
+  } else if (it->second.spare != held.spare || (!held.spare && it->second.slot != held.slot)) {
     // Its workers run other ranks than the job gave it (an assignment of an earlier run of the
-    // same job id): they are not this run's.
-    const std::string gave = it->second.spare
-                                 ? "no ranks (a spare)"
-                                 : absl::StrFormat("rank %d", it->second.slot.rank_offset);
+    // same job id), or it claims ranks as a spare or none as a node: they are not this run's.
+    const auto ranks = [](bool spare, const Slot& slot) {
+      return spare ? std::string("no ranks (a spare)")
+                   : absl::StrFormat("rank %d", slot.rank_offset);
+    };
     out.closes.push_back({stream, ForeignWorkers(spec.agent.host, held.round, job->id,
-                                                 absl::StrFormat("rank %d", held.slot.rank_offset),
-                                                 absl::StrCat("the job gave it ", gave))});
+                                                 ranks(held.spare, held.slot),
+                                                 absl::StrCat("the job gave it ",
+                                                              ranks(it->second.spare,
+                                                                    it->second.slot)))});
     return;
   } else if (it->second.stream != 0 && it->second.stream != stream) {
     out.closes.push_back({it->second.stream, absl::AbortedError("replaced by a newer join")});
   }
   Attach(*job, it->second, stream);
   out.sends.push_back({stream, it->second.AssignmentIn(job->assignment)});
+  if (job->resume_deadline != 0) FillRebuilt(*job, now, out);
 }
 
 void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
@@ -595,7 +759,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
     job = created.get();
     job->id = spec.job_id;
     jobs_.emplace(spec.job_id, std::move(created));
-    OpenRound(*job, spec, /*fresh=*/true);
+    OpenRound(*job, spec, /*fresh=*/true, out);
     job->last_progress = now;
   }
 
@@ -610,10 +774,11 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
       return;
     }
     if (!is_member && !next_round && job->abort &&
-        job->abort->cause == AbortCause::kNodeUnhealthy &&
+        (job->abort->cause == AbortCause::kNodeUnhealthy || job->cannot_form) &&
         spec.restart_count == job->restart_count) {
-      // A peer of the run that a node's failed health check ended: it hears why, at once,
-      // instead of opening a round that waits for that node.
+      // A peer of the run that a node's failed health check ended, or of a restart that could
+      // not be whole: it hears why, at once, instead of opening a round that waits for that
+      // node.
       out.sends.push_back({stream, *job->abort});
       out.closes.push_back({stream, absl::OkStatus()});
       return;
@@ -632,17 +797,22 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
                        "job %s is still ending its previous run; try again", job->id))});
       return;
     }
-    // A restart (next_round), or the same job id starting afresh (a requeued job).
+    // A restart (next_round), or the same job id starting afresh (a requeued job). The old
+    // run's streams end, but for a restart those of the agents awaited for it: their end tells
+    // the round whether they are coming.
     for (auto& [id, member] : job->members) {
-      if (member.stream != 0) {
+      if (member.stream != 0 && (!next_round || id == spec.agent.agent_id)) {
         out.closes.push_back({member.stream, absl::AbortedError("a new round started")});
+        Detach(*job, member);
       }
     }
-    OpenRound(*job, spec, /*fresh=*/!next_round);
+    OpenRound(*job, spec, /*fresh=*/!next_round, out);
     job->last_progress = now;
     if (job->Expected() < job->Needed()) {
-      // Nodes left out while the last run ran (lost, or asked out) leave too few for this one.
-      EndJob(*job, now, TooFewLeft(*job, nullptr), out);
+      // Nodes left out while the last run ran (lost, or asked out), or nodes that finished and
+      // left, leave too few for this one.
+      EndJob(*job, now, CannotForm(*job, nullptr), out);
+      job->cannot_form = true;
       out.sends.push_back({stream, *job->abort});
       out.closes.push_back({stream, absl::OkStatus()});
       job->last_detach = now;
@@ -693,10 +863,33 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
       out.closes.push_back({member.stream, absl::AbortedError("replaced by a newer join")});
     }
     Attach(*job, member, stream);
-    if (job->phase == Phase::kRunning) {
+    if (job->phase == Phase::kRunning && !member.unranked) {
       // A spare hears again that it is one.
       out.sends.push_back({stream, member.AssignmentIn(job->assignment)});
     }
+    return;
+  }
+
+  if (job->phase == Phase::kRunning && job->resume_deadline != 0 && job->spare_nodes == 0 &&
+      spec.restart_count == job->restart_count) {
+    // The job is being rebuilt from its resuming agents: this one lost its assignment with the
+    // server that formed the round, and gets its ranks once every agent is back.
+    int32_t unranked = 0;
+    const int32_t ranked = RankedBack(*job, &unranked);
+    if (ranked + unranked >= job->assignment.agents) {
+      out.closes.push_back(
+          {stream, absl::FailedPreconditionError(absl::StrFormat(
+                       "job %s already has all %d agents; this agent on %s is one too many: "
+                       "check --nnodes",
+                       job->id, job->assignment.agents, spec.agent.host))});
+      return;
+    }
+    Member& waiting = job->members[spec.agent.agent_id];
+    waiting.Take(spec);
+    waiting.peer_address = caller.peer_address;
+    waiting.unranked = true;
+    Attach(*job, waiting, stream);
+    FillRebuilt(*job, now, out);
     return;
   }
 
@@ -776,6 +969,14 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
   }
 
   Member& member = job->members[spec.agent.agent_id];
+  if (auto awaited = job->awaited.find(spec.agent.agent_id); awaited != job->awaited.end()) {
+    // Back: the stream of its last run is done with.
+    if (awaited->second.stream != 0 && awaited->second.stream != stream) {
+      out.closes.push_back({awaited->second.stream, absl::AbortedError("replaced by a newer join")});
+      streams_.erase(awaited->second.stream);
+    }
+    job->awaited.erase(awaited);
+  }
   if (!job->max_restarts) job->max_restarts = spec.max_restarts;
   if (job->node_list.empty()) job->node_list = spec.node_list;
   member.Take(spec);
@@ -814,6 +1015,32 @@ AbortEvent RendezvousState::TooFewLeft(const Job& job, const ExcludedNode* lates
                         : absl::StrFormat("%d agents were left out", job.excluded_agents),
       job.id, job.Needed(), job.Expected(), hosts.size() == 1 ? "" : "s",
       absl::StrJoin(hosts, ",")));
+}
+
+AbortEvent RendezvousState::CannotForm(const Job& job, const GoneNode* latest) const {
+  if (job.gone_agents == 0 || !job.last_run_end || job.gone.empty()) {
+    return TooFewLeft(job, nullptr);
+  }
+  if (latest == nullptr) latest = &job.gone.back();
+  // The run's own end (the failure, with its exit code and stderr) and why it is the last.
+  AbortEvent abort = *job.last_run_end;
+  const std::string more =
+      job.gone_agents > 1 ? absl::StrFormat(" (and %d more agents)", job.gone_agents - 1) : "";
+  abort.reason = absl::StrFormat(
+      "%s; job %s cannot restart whole: %s (node %d) had already %s%s, and the job needs %d "
+      "agents but can now have at most %d",
+      abort.reason, job.id, latest->host, latest->node,
+      latest->how == GoneHow::kFinished ? "finished (its workers succeeded and its agent left)"
+      : latest->how == GoneHow::kLost   ? "been lost (its agent died after the job's failure)"
+                                              : "left the job (its agent exited)",
+      more, job.Needed(), job.Expected());
+  return abort;
+}
+
+void RendezvousState::NoteGone(Job& job, GoneNode node) {
+  ++job.gone_agents;
+  if (node.position >= 0) job.gone_positions.insert(node.position);
+  if (job.gone.size() < kKeptExcluded) job.gone.push_back(std::move(node));
 }
 
 bool RendezvousState::NoteExcluded(Job& job, const AgentSpec& agent, const ExcludedNode& node) {
@@ -907,6 +1134,10 @@ void RendezvousState::TellExcluded(Job& job, Micros now, Decisions& out) {
 }
 
 void RendezvousState::CompleteRound(Job& job, Micros now, Decisions& out) {
+  // The round forms without the agents of the last run that have not come (an elastic round
+  // after its last call): a later join of theirs is one too late.
+  DropAwaited(job, absl::AbortedError("the round formed without this agent"), out);
+  job.awaited.clear();
   // Agents hear of every node left out before their ranks, which the round gives without it.
   if (job.excluded_news) TellExcluded(job, now, out);
   std::vector<const Member*> members;
@@ -973,6 +1204,7 @@ void RendezvousState::CompleteRound(Job& job, Micros now, Decisions& out) {
   job.assignment = shared;
   job.world_size = table->world_size;
   job.phase = Phase::kRunning;
+  job.ran = true;
 
   for (size_t i = 0; i < members.size(); ++i) {
     Member& m = job.members.at(members[i]->agent.agent_id);
@@ -1040,6 +1272,8 @@ std::vector<bool> RendezvousState::SeatNodes(Job& job, std::vector<AgentSpec>& s
 
 void RendezvousState::EndJob(Job& job, Micros now, AbortEvent abort, Decisions& out) {
   const bool filling = job.phase == Phase::kFilling;
+  // Agents still awaited for the round hear how it ended when they come for it.
+  DropAwaited(job, absl::OkStatus(), out);
   job.phase = Phase::kEnded;
   job.ended_at = now;
   job.abort = std::move(abort);
@@ -1062,7 +1296,7 @@ bool RendezvousState::Runs(StreamId stream) const {
   if (job == jobs_.end() || job->second->phase != Phase::kRunning) return false;
   auto member = job->second->members.find(owner->second.agent_id);
   return member != job->second->members.end() && member->second.stream == stream &&
-         !member->second.left;
+         !member->second.left && !member->second.unranked;
 }
 
 void RendezvousState::StreamClosed(Micros now, StreamId stream, Decisions& out) {
@@ -1072,7 +1306,18 @@ void RendezvousState::StreamClosed(Micros now, StreamId stream, Decisions& out) 
   Job* job = FindJob(owner.job_id);
   if (job == nullptr) return;
   auto member_it = job->members.find(owner.agent_id);
-  if (member_it == job->members.end()) return;
+  if (member_it == job->members.end() || member_it->second.stream != stream) {
+    auto awaited = job->awaited.find(owner.agent_id);
+    if (awaited != job->awaited.end() && awaited->second.stream == stream) {
+      // An agent awaited for the restart lost the stream of its last run without a word: its
+      // process died; it is not coming.
+      streams_.erase(stream);
+      awaited->second.stream = 0;
+      AwaitedGone(*job, now, owner.agent_id, GoneHow::kLost, out);
+      EraseIfDone(owner.job_id);
+    }
+    return;
+  }
   Member& member = member_it->second;
   Detach(*job, member);
   job->last_detach = now;
@@ -1086,6 +1331,11 @@ void RendezvousState::StreamClosed(Micros now, StreamId stream, Decisions& out) 
       break;
     case Phase::kRunning:
       if (member.left) break;
+      if (member.unranked) {
+        // It waited for its ranks in a rebuilt job, and gave up: as a waiter of a round.
+        job->members.erase(member_it);
+        break;
+      }
       // A node lost while the job runs does not come back to it, even if its agent does.
       NoteExcluded(*job, member.agent,
                    ExcludedNode{member.agent.host, member.agent.node_index,
@@ -1103,9 +1353,54 @@ void RendezvousState::StreamClosed(Micros now, StreamId stream, Decisions& out) 
              out);
       break;
     case Phase::kEnded:
+      // Its agent died after the end, before any restart: a restart will not have it.
+      if (!member.left) member.lost = true;
       break;
   }
   EraseIfDone(owner.job_id);
+}
+
+bool RendezvousState::Awaits(StreamId stream) const {
+  auto owner = streams_.find(stream);
+  if (owner == streams_.end()) return false;
+  auto job_it = jobs_.find(owner->second.job_id);
+  if (job_it == jobs_.end()) return false;
+  const Job& job = *job_it->second;
+  if (auto awaited = job.awaited.find(owner->second.agent_id); awaited != job.awaited.end()) {
+    return awaited->second.stream == stream;
+  }
+  if (job.phase != Phase::kEnded) return false;
+  auto member = job.members.find(owner->second.agent_id);
+  return member != job.members.end() && member->second.stream == stream && !member->second.left;
+}
+
+void RendezvousState::AwaitedGone(Job& job, Micros now, const std::string& agent_id,
+                                  GoneHow how, Decisions& out) {
+  auto awaited = job.awaited.find(agent_id);
+  if (awaited == job.awaited.end()) return;
+  GoneNode node = std::move(awaited->second.node);
+  if (awaited->second.stream != 0) streams_.erase(awaited->second.stream);
+  job.awaited.erase(awaited);
+  node.how = how;
+  NoteGone(job, node);
+  job.last_detach = now;
+  if (job.phase != Phase::kFilling) return;
+  if (job.Expected() < job.Needed()) {
+    EndJob(job, now, CannotForm(job, &node), out);
+    job.cannot_form = true;
+  } else if (!job.members.empty() &&
+             static_cast<int32_t>(job.members.size()) >= job.Expected()) {
+    CompleteRound(job, now, out);  // it waited only for that agent
+  }
+}
+
+void RendezvousState::DropAwaited(Job& job, const absl::Status& status, Decisions& out) {
+  for (auto& [id, awaited] : job.awaited) {
+    if (awaited.stream == 0) continue;
+    out.closes.push_back({awaited.stream, status});
+    streams_.erase(awaited.stream);
+    awaited.stream = 0;
+  }
 }
 
 absl::StatusOr<AbortEvent> RendezvousState::ReportFailure(Micros now, const std::string& job_id,
@@ -1138,6 +1433,17 @@ absl::StatusOr<AbortEvent> RendezvousState::ReportFailure(Micros now, const std:
 absl::Status RendezvousState::Leave(Micros now, const std::string& job_id,
                                     const std::string& agent_id, Decisions& out) {
   Job* job = FindJob(job_id);
+  if (job != nullptr && !job->members.contains(agent_id)) {
+    if (auto awaited = job->awaited.find(agent_id); awaited != job->awaited.end()) {
+      // An agent of the last run leaves instead of coming back for the restart.
+      if (awaited->second.stream != 0) {
+        out.closes.push_back({awaited->second.stream, absl::OkStatus()});
+      }
+      AwaitedGone(*job, now, agent_id, GoneHow::kLeft, out);
+      EraseIfDone(job_id);
+      return absl::OkStatus();
+    }
+  }
   if (job == nullptr || !job->members.contains(agent_id)) {
     return absl::NotFoundError(absl::StrFormat(
         "job %s has no agent %s to leave (did the server restart?)", job_id, agent_id));
@@ -1151,8 +1457,11 @@ absl::Status RendezvousState::Leave(Micros now, const std::string& job_id,
     job->claims.erase(ClaimKey(member.agent));
     job->CountOverride(member, -1);
     job->members.erase(it);
+  } else if (member.unranked) {
+    job->members.erase(it);  // it never had ranks in this round
   } else if (!member.left) {
     member.left = true;
+    member.finished = job->phase == Phase::kRunning && !member.spare;
     ++job->left;
     if (member.spare) ++job->spares_left;
     if (job->phase == Phase::kRunning && job->spares > job->spares_left &&
@@ -1186,15 +1495,18 @@ void RendezvousState::EraseIfDone(const std::string& job_id) {
   Job* job = FindJob(job_id);
   if (job == nullptr) return;
   const bool everyone_left = job->left == job->members.size();
-  // A job that left nodes out and did not run stays (Tick ends it), so that their agents, late
-  // peers and its status can see why.
-  if (job->excluded_agents > 0 && job->phase != Phase::kRunning) return;
+  // A job that left nodes out and did not run, or whose restart could not be whole, stays
+  // (Tick ends it), so that their agents, late peers and its status can see why.
+  if ((job->excluded_agents > 0 || job->cannot_form) && job->phase != Phase::kRunning) return;
   if (job->phase == Phase::kFilling ? job->members.empty() : everyone_left) EraseJob(job_id);
 }
 
 void RendezvousState::EraseJob(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return;
+  for (const auto& [id, awaited] : it->second->awaited) {
+    if (awaited.stream != 0) streams_.erase(awaited.stream);
+  }
   excluded_agents_ -= it->second->excluded_agents;
   jobs_.erase(it);
 }
@@ -1215,7 +1527,8 @@ ProgressEvent RendezvousState::MakeProgress(const Job& job) const {
   if (!job.claims.empty()) {
     for (int64_t i = 0; i < job.max_agents && p.missing_node_indices.size() < kProgressMissing;
          ++i) {
-      if (!job.claims.contains(i) && !job.excluded_positions.contains(i)) {
+      if (!job.claims.contains(i) && !job.excluded_positions.contains(i) &&
+          !job.gone_positions.contains(i)) {
         p.missing_node_indices.push_back(i);
       }
     }
@@ -1250,10 +1563,12 @@ void RendezvousState::Tick(Micros now, Decisions& out) {
       job.resume_deadline = 0;
       AbortEvent abort;
       abort.cause = AbortCause::kResumeTimedOut;
+      int32_t unranked = 0;
+      const int32_t back = RankedBack(job, &unranked) + unranked;
       abort.reason = absl::StrFormat(
-          "%d of %d agents did not come back within %ds after the rendezvous server restarted",
-          job.assignment.agents - static_cast<int32_t>(job.members.size()), job.assignment.agents,
-          options_.resume_window / 1'000'000);
+          "%d of %d agents did not come back within %ds after the rendezvous server restarted "
+          "or the job moved to this one",
+          job.assignment.agents - back, job.assignment.agents, options_.resume_window / 1'000'000);
       abort.exit_code = 1;
       EndJob(job, now, std::move(abort), out);
     } else if (job.phase == Phase::kEnded && job.attached == 0 &&
@@ -1295,8 +1610,12 @@ std::vector<JobStatusView> RendezvousState::Status(const std::string& job_id) co
       a.host = m.agent.host;
       a.node_index = m.agent.node_index;
       a.nproc = m.agent.nproc;
-      a.rank_offset = job.phase == Phase::kFilling || m.spare ? -1 : m.slot.rank_offset;
-      a.state = m.left ? "left" : m.spare ? "spare" : (m.stream != 0 ? "attached" : "detached");
+      a.rank_offset =
+          job.phase == Phase::kFilling || m.spare || m.unranked ? -1 : m.slot.rank_offset;
+      a.state = m.left       ? "left"
+                : m.spare    ? "spare"
+                : m.unranked ? "waiting"
+                             : (m.stream != 0 ? "attached" : "detached");
       v.agents.push_back(std::move(a));
     }
     std::sort(v.agents.begin(), v.agents.end(),

@@ -9,7 +9,14 @@
 // at least min_agents have and the last-call window has passed since the latest join. Then the
 // ranks are assigned (rank_assignment.h) and every member gets its Assignment. After that, a
 // failure report or a lost stream ends the job and every attached member gets the Abort. A
-// member that joins again with a higher restart count opens the next round.
+// member that joins again with a higher restart count opens the next round, which never waits
+// for an agent of the last run that cannot come: one that left (its workers succeeded, or it
+// gave up) or whose stream ended without a word after the end; it forms without them when it
+// still can and otherwise ends at once with the last run's own end, naming one of them.
+// A job this state does not know, or knows only as a round that never formed here, is rebuilt
+// from the assignments its resuming agents bring back (the server restarted, or took the job
+// over); an agent that lost its assignment with the old server and joins afresh gets its ranks
+// once every agent is back.
 //
 // Not thread-safe: the shell serialises calls.
 #ifndef RDZV_COMMON_CORE_RENDEZVOUS_STATE_H_
@@ -51,6 +58,9 @@ struct Decisions {
   };
   std::vector<Send> sends;
   std::vector<Close> closes;
+  // Jobs this state took up from a resuming agent (it did not know the job, or only a round of
+  // it that never formed here): the server restarted, or took them over from a lost one.
+  std::vector<std::string> taken_up;
 };
 
 // The most workers one agent may run; rdzv-agent caps --nproc-per-node at the same
@@ -101,6 +111,10 @@ class RendezvousState {
   // Whether `stream` is the stream of an agent in a running round that has not left: one whose
   // loss ends the job.
   bool Runs(StreamId stream) const;
+  // Whether `stream` is the stream of an agent that the job still counts on after it ended: a
+  // member that has not left (it may restart), or one awaited by the restart's round. Its loss
+  // tells a restart that the agent is not coming.
+  bool Awaits(StreamId stream) const;
 
   // An agent's worker failed, or the agent was told to stop. Ends the job unless it already
   // ended; returns the job's first failure (which may be an earlier one from another agent).
@@ -111,7 +125,9 @@ class RendezvousState {
 
   // An agent is done with the job (its workers ended, or it gave up). Closes its stream
   // cleanly; the job is forgotten once every member has left. A member that left already may
-  // leave again (OK) while the job is kept; NotFound for a job or agent this state does not know.
+  // leave again (OK) while the job is kept, and so may an agent of the last run that a restart
+  // awaits (the restart then does not wait for it); NotFound for a job or agent this state does
+  // not know.
   absl::Status Leave(Micros now, const std::string& job_id, const std::string& agent_id,
                      Decisions& out);
 
@@ -136,13 +152,18 @@ class RendezvousState {
  private:
   struct Job;
   struct Member;
+  struct GoneNode;
+  // How an agent of an earlier run went: it left while the job ran (its workers had
+  // succeeded), left after the job ended (it gave up), or was lost after the job ended (its
+  // stream ended without a word: its process died).
+  enum class GoneHow { kFinished, kLeft, kLost };
 
   Job* FindJob(const std::string& job_id);
   void CompleteRound(Job& job, Micros now, Decisions& out);
   void EndJob(Job& job, Micros now, AbortEvent abort, Decisions& out);
   // Opens the job's next round for `spec`; `fresh`: the job id starts over (a requeue), not
   // restarts, and forgets the nodes its last run left out.
-  void OpenRound(Job& job, const JoinSpec& spec, bool fresh);
+  void OpenRound(Job& job, const JoinSpec& spec, bool fresh, Decisions& out);
   // With spares: gives each node of the round (`specs`, one agent per node) its seat, which it
   // keeps over restarts, and renumbers the seated agents' node indices to their seats. Returns,
   // per agent, whether it is a spare.
@@ -153,8 +174,29 @@ class RendezvousState {
   // How a job ends that its left-out nodes leave short of the agents it needs; names `latest`
   // (else the last one recorded) and every recorded node for sbatch --exclude.
   AbortEvent TooFewLeft(const Job& job, const ExcludedNode* latest) const;
+  // How a round ends that can never have --nnodes MIN: TooFewLeft, or, when agents of an earlier
+  // run left the job, the last run's own end (its failure, exit code and all) naming `latest`
+  // (else the last one recorded), the agent that had already finished.
+  AbortEvent CannotForm(const Job& job, const GoneNode* latest) const;
+  // Records an agent of the last run that left the job: a restart cannot have it.
+  void NoteGone(Job& job, GoneNode node);
+  // The restart of `job` awaited `agent_id`, which is gone (`how`): the round forms without it,
+  // or ends when it cannot.
+  void AwaitedGone(Job& job, Micros now, const std::string& agent_id, GoneHow how,
+                   Decisions& out);
+  // Ends the streams of the last run that agents awaited for `job`'s restart still hold.
+  void DropAwaited(Job& job, const absl::Status& status, Decisions& out);
   void Resume(Micros now, StreamId stream, const JoinSpec& spec, const CallerInfo& caller,
               Decisions& out);
+  // Makes `job` the running round that the resuming `spec` holds, waiting (resume_window) for
+  // the rest of its agents; members it has already wait for their ranks.
+  void Rebuild(Job& job, Micros now, const JoinSpec& spec);
+  // Of a rebuilt job's agents that run ranks (not spares), how many are back with their ranks;
+  // `unranked` gets how many joined afresh and wait for theirs.
+  int32_t RankedBack(const Job& job, int32_t* unranked) const;
+  // Once every agent of a rebuilt job is back, gives those that joined afresh their ranks (the
+  // round's rank assignment over all of them), or ends the job when the resumed ranks disagree.
+  void FillRebuilt(Job& job, Micros now, Decisions& out);
   // Makes `stream` the member's (detaching any earlier one).
   void Attach(Job& job, Member& member, StreamId stream);
   void Detach(Job& job, Member& member);

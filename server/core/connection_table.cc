@@ -1,11 +1,11 @@
 #include "server/core/connection_table.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace rdzv {
 
-ConnectionTable::ConnectionTable(int max_per_host, absl::Duration first_call_within)
-    : max_per_host_(max_per_host), first_call_within_(first_call_within) {}
+ConnectionTable::ConnectionTable(Limits limits) : limits_(limits) {}
 
 void ConnectionTable::Prune(Ports& ports, const IsOpen& is_open) {
   for (auto it = ports.begin(); it != ports.end();) {
@@ -18,23 +18,59 @@ void ConnectionTable::Prune(Ports& ports, const IsOpen& is_open) {
   }
 }
 
-bool ConnectionTable::Admit(absl::string_view host, uint16_t port, Handle handle, absl::Time now,
-                            const IsOpen& is_open) {
+bool ConnectionTable::Full(const Ports& ports) const {
+  const size_t all = limits_.max_per_host > 0 ? static_cast<size_t>(limits_.max_per_host) : 0;
+  if (all > 0 && ports.size() >= all) return true;
+  const size_t unproven_bound = limits_.max_unproven_per_host > 0
+                                    ? static_cast<size_t>(limits_.max_unproven_per_host)
+                                    : all;
+  if (unproven_bound == 0 || ports.size() < unproven_bound) return false;
+  size_t unproven = 0;
+  for (const auto& [port, c] : ports) unproven += c.called ? 0 : 1;
+  return unproven >= unproven_bound;
+}
+
+ConnectionTable::Admission ConnectionTable::Admit(absl::string_view host, uint16_t port,
+                                                  Handle handle, absl::Time now,
+                                                  const IsOpen& is_open, uint64_t random) {
+  Admission admission;
   Ports& ports = hosts_[host];
-  if (max_per_host_ > 0 && ports.size() >= static_cast<size_t>(max_per_host_)) {
-    Prune(ports, is_open);
-    if (ports.size() >= static_cast<size_t>(max_per_host_)) {
-      ++refused_;
-      return false;
-    }
-  }
   // A port seen before belongs to a connection that has closed: the host reuses it.
-  auto [it, added] = ports.insert_or_assign(port, Connection{handle, false});
-  if (added) ++size_;
-  if (first_call_within_ > absl::ZeroDuration()) {
+  if (auto reused = ports.find(port); reused != ports.end()) {
+    ports.erase(reused);
+    --size_;
+  }
+  if (Full(ports)) Prune(ports, is_open);
+  while (Full(ports)) {
+    // Room is made among the unproven: a random one past its grace, else the oldest.
+    std::vector<std::pair<absl::Time, uint16_t>> unproven;
+    for (const auto& [p, c] : ports) {
+      if (!c.called) unproven.emplace_back(c.opened, p);
+    }
+    if (unproven.empty()) {
+      ++refused_;
+      return admission;
+    }
+    std::sort(unproven.begin(), unproven.end());
+    size_t past_grace = 0;
+    while (past_grace < unproven.size() && now - unproven[past_grace].first >= limits_.grace) {
+      ++past_grace;
+    }
+    const uint16_t victim =
+        past_grace > 0 ? unproven[random % past_grace].second : unproven.front().second;
+    auto it = ports.find(victim);
+    admission.dropped.push_back(it->second.handle);
+    ports.erase(it);
+    --size_;
+    ++dropped_;
+  }
+  ports.emplace(port, Connection{handle, now, false});
+  ++size_;
+  if (limits_.first_call_within > absl::ZeroDuration()) {
     opened_.push_back(Opened{now, std::string(host), port, handle});
   }
-  return true;
+  admission.admitted = true;
+  return admission;
 }
 
 void ConnectionTable::CallAccepted(absl::string_view host, uint16_t port) {
@@ -55,7 +91,7 @@ std::optional<ConnectionTable::Handle> ConnectionTable::Find(absl::string_view h
 
 std::vector<ConnectionTable::Handle> ConnectionTable::TakeOverdue(absl::Time now) {
   std::vector<Handle> overdue;
-  while (!opened_.empty() && now - opened_.front().at >= first_call_within_) {
+  while (!opened_.empty() && now - opened_.front().at >= limits_.first_call_within) {
     const Opened& o = opened_.front();
     auto h = hosts_.find(o.host);
     if (h != hosts_.end()) {

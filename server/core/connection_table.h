@@ -1,15 +1,26 @@
-// ConnectionTable: the connections rdzvd holds open, by the host they come from, for two bounds
-// that no credential is needed to reach: how many connections one host may hold at once, and how
-// long a connection may stay open before it carries a call rdzvd accepted (an authenticated
-// one). A host past its bound is refused its next connection; a connection past its time is
-// handed back to be closed.
+// ConnectionTable: the connections rdzvd holds open, by the host they come from, and who makes
+// room when a host reaches its bounds. No credential is needed to open a connection, so the
+// bounds must not let one user of a host (a login node, a compute node that runs several jobs)
+// keep the host's other users out:
+//
+//   - A connection that has carried a call rdzvd accepted (an authenticated one) is proven: it
+//     is never closed to make room, nor for being unused.
+//   - The host's unproven connections share a smaller budget (max_unproven_per_host). When a
+//     new connection would take the host past it, or past its bound for all connections
+//     (max_per_host), an unproven connection of that host is dropped to make room: one chosen at
+//     random among those older than their grace (the time a newcomer has to prove itself), else
+//     the oldest. The newcomer is refused only when the host's connections are all proven. This
+//     is sshd's MaxStartups (random early drop) and LoginGraceTime, applied per host.
+//   - An unproven connection that has carried no accepted call first_call_within after it opened
+//     is overdue and handed back to be closed, whatever it holds.
 //
 // It sees connections open (Admit) but not close: gRPC closes them without telling. Whether a
-// recorded one is still open is asked of the caller (`is_open`) when a host reaches its bound and
+// recorded one is still open is asked of the caller (`is_open`) when a host reaches a bound and
 // in Sweep(). Each connection is named by its host and port, as gRPC names a call's peer, and
 // carries the caller's handle for it (a socket and its inode, in rdzvd).
 //
-// Pure: no clock, no I/O; the time is passed in. Not thread-safe.
+// Pure: no clock, no I/O, no randomness of its own; the time and a random number are passed in.
+// Not thread-safe.
 #ifndef RDZV_SERVER_CORE_CONNECTION_TABLE_H_
 #define RDZV_SERVER_CORE_CONNECTION_TABLE_H_
 
@@ -39,18 +50,39 @@ class ConnectionTable {
   };
   using IsOpen = std::function<bool(const Handle&)>;
 
-  // `max_per_host`: connections one host may hold open (0: any number). `first_call_within`: a
-  // connection that has carried no accepted call this long after it opened is overdue (zero:
-  // never).
-  ConnectionTable(int max_per_host, absl::Duration first_call_within);
+  struct Limits {
+    // Connections one host may hold open (0: any number).
+    int max_per_host = 0;
+    // Of those, how many may not have carried an accepted call yet (0: max_per_host).
+    int max_unproven_per_host = 0;
+    // How long a new connection is spared when room is made, if an older one can go instead.
+    absl::Duration grace = absl::ZeroDuration();
+    // An unproven connection this long after it opened is overdue (zero: never).
+    absl::Duration first_call_within = absl::ZeroDuration();
+  };
 
-  // Records a connection from `host` (its address as text) and `port`, opened at `now`. False,
-  // and nothing recorded, when `host` already holds max_per_host connections that `is_open`
-  // confirms.
-  bool Admit(absl::string_view host, uint16_t port, Handle handle, absl::Time now,
-             const IsOpen& is_open);
+  explicit ConnectionTable(Limits limits);
+  // `max_per_host` for all connections and unproven ones alike, no grace.
+  ConnectionTable(int max_per_host, absl::Duration first_call_within)
+      : ConnectionTable(Limits{max_per_host, 0, absl::ZeroDuration(), first_call_within}) {}
 
-  // The connection from `host`:`port` carried a call that rdzvd accepted: it is never overdue.
+  struct Admission {
+    // False when the host's connections are all proven and at max_per_host: the newcomer is
+    // refused and nothing recorded.
+    bool admitted = false;
+    // Unproven connections of the host dropped to make room, forgotten here: the caller closes
+    // those `is_open` still confirms.
+    std::vector<Handle> dropped;
+  };
+
+  // Records a connection from `host` (its address as text) and `port`, opened at `now`, making
+  // room as the class comment says. `random` is any uniformly random number; it picks the one
+  // dropped among several candidates.
+  Admission Admit(absl::string_view host, uint16_t port, Handle handle, absl::Time now,
+                  const IsOpen& is_open, uint64_t random = 0);
+
+  // The connection from `host`:`port` carried a call that rdzvd accepted: it is proven, never
+  // dropped nor overdue.
   void CallAccepted(absl::string_view host, uint16_t port);
 
   // The handle of the connection from `host`:`port`, if recorded.
@@ -66,21 +98,24 @@ class ConnectionTable {
 
   // Connections recorded (open, or closed since the last check).
   size_t size() const { return size_; }
-  // Connections refused since the start.
+  // Connections refused, and unproven connections dropped to make room, since the start.
   int64_t refused() const { return refused_; }
+  int64_t dropped() const { return dropped_; }
 
  private:
   struct Connection {
     Handle handle;
+    absl::Time opened;
     bool called = false;
   };
   using Ports = absl::flat_hash_map<uint16_t, Connection>;
 
   // Forgets `host`'s connections that are no longer open.
   void Prune(Ports& ports, const IsOpen& is_open);
+  // Whether one more connection would take `ports` past a bound.
+  bool Full(const Ports& ports) const;
 
-  const int max_per_host_;
-  const absl::Duration first_call_within_;
+  const Limits limits_;
   absl::flat_hash_map<std::string, Ports> hosts_;
   // Connections in the order they opened, for TakeOverdue: one not found (or found with another
   // handle) has closed or been replaced since.
@@ -93,6 +128,7 @@ class ConnectionTable {
   std::deque<Opened> opened_;
   size_t size_ = 0;
   int64_t refused_ = 0;
+  int64_t dropped_ = 0;
 };
 
 }  // namespace rdzv

@@ -7,6 +7,10 @@ Cases, all on loopback:
                running one `true` worker: wall time until every agent has exited
   fail-fast    2 agents x 2 workers; rank 1 exits 1 after 2 s, the others sleep 100 s: wall
                time until every agent and worker is gone (also counted from the failure)
+  finished     2 agents x 1 worker, --max-restarts 1: rank 0 exits 0 at once, rank 1 exits 3
+               two seconds later, so that the restart would need the node that finished: time
+               from the failure until both agents are gone (--finished-limit, 90 s, at most;
+               torchrun's join timeout is set 10 s below it), and their exit codes
 
 A case that needs a Slurm cluster with 3 usable nodes (deploy/slurm/local-cluster.sh start),
 not in the default --cases:
@@ -44,7 +48,8 @@ not in the default --cases:
 
 Usage: /usr/bin/python3 tests/bench/compare_torchrun.py --build-dir build/release [--reps 3]
        [--failfast-reps 1] [--nodes 8,32] [--csv FILE]
-       [--cases standalone,agents,failfast,srun-failfast,srun-hang,srun-spare] [--srun-sleep 60]
+       [--cases standalone,agents,failfast,finished,srun-failfast,srun-hang,srun-spare]
+       [--srun-sleep 60] [--finished-limit 90]
 
 Debian's torchrun 1.13 crashes under Python 3.11 in Std.from_str (iterating an IntFlag skips
 NONE), so torchrun runs as `python3 -c` with that one lookup replaced at run time; nothing on
@@ -204,13 +209,14 @@ class Tools:
             return [self.agent, "--standalone", "--nproc-per-node", "1", "--"] + worker
         return self.torchrun("--standalone", "--nproc_per_node", "1", "--no_python", *worker)
 
-    def member(self, tool, job, port, nnodes, nproc, worker):
+    def member(self, tool, job, port, nnodes, nproc, worker, rdzv_args=(), torchrun_args=()):
         if tool == "rdzv":
             return [self.agent, "--rdzv-endpoint", f"127.0.0.1:{self.rdzvd_port}", "--rdzv-id",
-                    job, "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--"] + worker
+                    job, "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), *rdzv_args,
+                    "--"] + worker
         return self.torchrun("--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
                              "--rdzv_id", job, "--nnodes", str(nnodes), "--nproc_per_node",
-                             str(nproc), "--no_python", *worker)
+                             str(nproc), *torchrun_args, "--no_python", *worker)
 
 
 def run_standalone(tools, tool):
@@ -259,6 +265,33 @@ def run_failfast(tools, tool, rep, sleep_s):
         since_failure = float("nan")
     ok = not left and None not in codes
     return gone, since_failure, ok
+
+
+def run_finished(tools, tool, rep, limit):
+    """2 agents x 1 worker, --max-restarts 1: rank 0 exits 0 at once (its agent is done), rank 1
+    exits 3 two seconds later. Seconds from rank 1's failure until both agents are gone (at most
+    `limit`: torchrun's restart waits for node 0 at its rendezvous until its join timeout, which
+    is set to `limit` - 10 s), and the agents' exit codes (None for one killed at the limit)."""
+    stamp = os.path.join(tools.logdir, f"{tool}-finished-failed-{rep}")
+    script = f'[ "$RANK" = 0 ] && exit 0; sleep 2; date +%s.%N > {stamp}; exit 3'
+    job = f"cmp-fin-{tool}-{rep}-{os.getpid()}"
+    port = free_port()
+    log = tools.log(f"{tool}-finished.log")
+    t0_wall, t0 = time.time(), time.monotonic()
+    procs = [start(tools.member(tool, job, port, 2, 1, ["sh", "-c", script],
+                                rdzv_args=("--max-restarts", "1"),
+                                torchrun_args=("--max_restarts", "1", "--rdzv_conf",
+                                               f"join_timeout={max(1, limit - 10)}")), log)
+             for _ in range(2)]
+    codes = wait_all(procs, limit)
+    gone = time.monotonic()
+    try:
+        with open(stamp) as f:
+            failed = t0 + (float(f.read()) - t0_wall)
+        since_failure = gone - failed
+    except (OSError, ValueError):
+        since_failure = float("nan")
+    return since_failure, codes
 
 
 def slurm_env(repo):
@@ -542,6 +575,8 @@ def main():
     ap.add_argument("--sleep", type=int, default=100, help="the healthy workers' sleep, seconds")
     ap.add_argument("--srun-sleep", type=int, default=60,
                     help="the healthy workers' sleep in srun-failfast, seconds (default 60)")
+    ap.add_argument("--finished-limit", type=int, default=90,
+                    help="finished: how long the agents may take after the failure (default 90)")
     ap.add_argument("--cases", default="standalone,agents,failfast",
                     help="comma-separated; also srun-failfast and srun-hang, which need a Slurm "
                     "cluster "
@@ -552,8 +587,8 @@ def main():
     ap.add_argument("--csv", help="also write one row per run to this file")
     args = ap.parse_args()
     cases = set(args.cases.split(","))
-    unknown = cases - {"standalone", "agents", "failfast", "srun-failfast", "srun-hang",
-                       "srun-spare"}
+    unknown = cases - {"standalone", "agents", "failfast", "finished", "srun-failfast",
+                       "srun-hang", "srun-spare"}
     if unknown:
         ap.error(f"unknown --cases {','.join(sorted(unknown))}")
     # SIGTERM unwinds like Ctrl-C, so that everything started is still killed.
@@ -583,7 +618,7 @@ def main():
               flush=True)
 
     try:
-        if "rdzv" in tool_list and cases & {"agents", "failfast"}:
+        if "rdzv" in tool_list and cases & {"agents", "failfast", "finished"}:
             tools.start_rdzvd()
         if "standalone" in cases:
             for tool in tool_list:
@@ -600,6 +635,16 @@ def main():
                     gone, since, ok = run_failfast(tools, tool, rep, args.sleep)
                     record(tool, "fail-fast: all gone", 2, rep, gone, ok)
                     record(tool, "fail-fast: after failure", 2, rep, since, ok)
+        if "finished" in cases:
+            for tool in tool_list:
+                for rep in range(args.reps if tool == "rdzv" else args.failfast_reps):
+                    since, codes = run_finished(tools, tool, rep, args.finished_limit)
+                    # rdzv: node 0 succeeded, node 1 ends with the rank's code at once.
+                    ok = sorted(codes) == [0, 3] if tool == "rdzv" else since == since
+                    failed = [c for c in codes if c != 0]
+                    record(tool, "finished: after failure", 2, rep, since, ok,
+                           failed[0] if failed else 0)
+                    print(f"  {'':9s} exit codes {codes}", flush=True)
         srun_env = None
         if cases & {"srun-failfast", "srun-hang", "srun-spare"}:
             srun_env = slurm_env(os.path.normpath(os.path.join(here, "..", "..")))

@@ -152,6 +152,38 @@ class WorkerFailureTest(FailureCase):
         self.assert_nothing_left(5)
 
 
+class FinishedNodeTest(FailureCase):
+
+    def test_a_restart_that_needs_a_finished_node_ends_at_once(self):
+        """--max-restarts 1: node 0's rank succeeds at once and its agent is done; rank 1 then
+        crashes. Its restart would need node 0 back, which is gone: the job ends within seconds
+        with the rank's code, not at --join-timeout (60 s here, 10 minutes by default), and the
+        last line names the failure and the node that had finished. Node 0's agent hosts the
+        job's server: it stays up, through node 1's restart, to tell it so."""
+        out_dir = self.out_dir()
+        script = (f'if [ "$RANK" = 0 ]; then touch {out_dir}/done-0; exit 0; fi; '
+                  f'while [ ! -e {out_dir}/done-0 ]; do sleep 0.05; done; sleep 1; '
+                  f'date +%s.%N > {out_dir}/failed-at; echo "rank 1: Segmentation fault" >&2; '
+                  'exit 3')
+        proc = self.start_srun(["-N2", "--ntasks-per-node=1"], ["/bin/sh", "-c", script],
+                               env=self.env(), agent_args=["--max-restarts", "1", "--join-timeout", "60s"])
+        code, out, err, seconds = self.finish(proc, 90)
+        ended = time.time()
+        output = out + err
+        self.assertEqual(code, 3, output)
+        failed_at = float(read_text(os.path.join(out_dir, "failed-at")) or "nan")
+        since = ended - failed_at
+        print(f"\nfrom rank 1's failure to srun's return: {since:.3f}s", flush=True)
+        self.assertLess(since, PROMPT, f"the restart waited for the node that finished\n{output}")
+        causes = re.findall(r"job slurm-\d+\.0 failed: (.*)", output)
+        self.assertEqual(len(causes), 1, output)  # node 0's agent had succeeded and says so
+        self.assertIn("rank 1 (local rank 0, node 1) on n2 exited with code 3", causes[0])
+        self.assertIn("n1 (node 0) had already finished", causes[0])
+        self.assertIn("rank 1: Segmentation fault", output)
+        self.assertNotIn("waiting for 1 of 2 nodes", output)
+        self.assert_nothing_left(5)
+
+
 class LostAgentTest(FailureCase):
 
     def test_sigkill_of_one_agent_ends_the_job(self):

@@ -262,14 +262,25 @@ AgentActions AgentLifecycle::Released(int32_t generation) {
 
 AgentActions AgentLifecycle::ServerLost(int32_t generation, const absl::Status& status) {
   if (generation != generation_ || phase_ != Phase::kRunning) return {};
-  if (assignment_.spare) {
-    // Nothing runs here to keep going, and a spare has no ranks to resume: it leaves the job,
+  if (assignment_.spare && options_.reconnect_timeout <= absl::ZeroDuration()) {
+    // Nothing runs here, and nothing brings the job back to this spare: it leaves the job,
     // which goes on without it.
     phase_ = Phase::kDone;
     return {Warn(absl::StrFormat(
                 "job %s: lost the rendezvous server at %s (%s); %s was a spare and leaves the job",
                 options_.job_id, endpoint_, status.message(), options_.host)),
             agent_action::Exit{0, false}};
+  }
+  if (assignment_.spare) {
+    // It follows the job wherever the job's nodes take it (the server back, or the next of the
+    // list), and stays a spare there.
+    AgentActions actions = {Warn(absl::StrFormat(
+        "job %s: lost the rendezvous server at %s (%s); %s, a spare, rejoins the job as one, for "
+        "up to %s",
+        options_.job_id, endpoint_, status.message(), options_.host,
+        absl::FormatDuration(options_.reconnect_timeout)))};
+    Append(actions, JoinRound(assignment_));
+    return actions;
   }
   if (options_.reconnect_timeout <= absl::ZeroDuration()) {
     return EndForLostServer(
