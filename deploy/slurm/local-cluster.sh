@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # local-cluster.sh: run a real 4-node Slurm cluster (nodes n1 to n4) on this
-# one machine, for development, the README demo and the test suite.
+# one machine, for development, the demo (deploy/demo.sh) and the test suite.
 #
 #   deploy/slurm/local-cluster.sh start    # idempotent; installs slurm-wlm + munge if missing
 #   eval "$(deploy/slurm/local-cluster.sh env)"
