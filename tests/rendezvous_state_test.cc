@@ -40,7 +40,8 @@ template <typename E>
 std::map<StreamId, E> EventsOf(const Decisions& d) {
   std::map<StreamId, E> out;
   for (const Decisions::Send& s : d.sends) {
-    if (const E* e = std::get_if<E>(&s.event)) {
+    const Event event = d.EventOf(s);
+    if (const E* e = std::get_if<E>(&event)) {
       EXPECT_TRUE(out.emplace(s.stream, *e).second)
           << "two events of a kind on stream " << s.stream;
     }
@@ -71,7 +72,7 @@ bool IsEmpty(const Decisions& d) { return d.sends.empty() && d.closes.empty(); }
 std::string Summary(const Decisions& d) {
   std::vector<std::string> parts;
   for (const Decisions::Send& s : d.sends) {
-    parts.push_back(absl::StrCat("send#", s.stream, ":", s.event.index()));
+    parts.push_back(absl::StrCat("send#", s.stream, ":", d.events[s.event].index()));
   }
   for (const Decisions::Close& c : d.closes) {
     parts.push_back(absl::StrCat("close#", c.stream, ":", c.status.ToString()));
