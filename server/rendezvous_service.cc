@@ -1,5 +1,7 @@
 #include "server/rendezvous_service.h"
 
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/proto_convert.h"
+#include "server/event_batches.h"
 #include "server/request_limits.h"
 #include "server/status_reply.h"
 
@@ -247,6 +250,27 @@ RendezvousService::~RendezvousService() { peers_.reset(); }
 
 namespace {
 
+// Whether `message`, or a message in it, holds fields this server does not know.
+bool HasUnknownFields(const google::protobuf::Message& message) {
+  const google::protobuf::Reflection* reflection = message.GetReflection();
+  if (!reflection->GetUnknownFields(message).empty()) return true;
+  const google::protobuf::Descriptor* descriptor = message.GetDescriptor();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
+    if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    if (field->is_repeated()) {
+      const int n = reflection->FieldSize(message, field);
+      for (int k = 0; k < n; ++k) {
+        if (HasUnknownFields(reflection->GetRepeatedMessage(message, field, k))) return true;
+      }
+    } else if (reflection->HasField(message, field) &&
+               HasUnknownFields(reflection->GetMessage(message, field))) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // "ipv4:10.0.0.5:41234" or "ipv6:[fd00::5]:41234" -> the address alone.
 std::string PeerAddress(const std::string& peer) {
   absl::string_view p = peer;
@@ -300,8 +324,9 @@ grpc::ServerWriteReactor<v1::JoinEvent>* RendezvousService::Join(
     stream = new JoinStream(this, 0);
     if (stream->PushClose(ToGrpcStatus(caller.status()))) writers.push_back(stream);
   } else {
-    // Fields this server does not know are not kept, whatever a caller pads its join with.
-    const_cast<v1::JoinRequest*>(request)->DiscardUnknownFields();
+    // Fields this server does not know are not kept, whatever a caller pads its join with. The
+    // check is cheaper than the discard, which walks every field of every member by reflection.
+    if (HasUnknownFields(*request)) const_cast<v1::JoinRequest*>(request)->DiscardUnknownFields();
     stream = JoinLocked(context, request, *caller, writers, ask);
     // The state keeps what it needs of the request; gRPC would keep the rest as long as the
     // stream is open.
@@ -439,7 +464,7 @@ void RendezvousService::JoinMembersLocked(StreamId id, RendezvousState& state,
   const std::string client = PeerAddress(peer);
   JoinSpec spec;
   for (size_t k = 0; k < count; ++k) {
-    spec = FromProto(request.members(static_cast<int>(k)));
+    FromProto(request.members(static_cast<int>(k)), &spec);
     spec.job_id = request.job_id();
     const StreamId member_id = group.first + k;
     // A member out of range is refused alone: the others of its node go on.
@@ -569,6 +594,50 @@ void RendezvousService::LoseStreamLocked(absl::flat_hash_map<StreamId, Stream>::
   }
 }
 
+namespace {
+
+// The messages of one Apply's events, each made once: one that every queue shares (an abort,
+// progress) and its serialized bytes for group batches; for a round's assignments, the parts
+// every member shares, which each member's copy starts from.
+class EventMessages {
+ public:
+  explicit EventMessages(const Decisions& decisions)
+      : decisions_(decisions),
+        messages_(decisions.events.size()),
+        bytes_(decisions.events.size()) {}
+
+  const std::shared_ptr<const v1::JoinEvent>& Message(uint32_t event) {
+    if (messages_[event] == nullptr) {
+      messages_[event] = std::make_shared<const v1::JoinEvent>(ToProto(decisions_.events[event]));
+    }
+    return messages_[event];
+  }
+  int64_t Bytes(uint32_t event) { return static_cast<int64_t>(Serialized(event).size()); }
+  const std::string& Serialized(uint32_t event) {
+    if (bytes_[event].empty()) bytes_[event] = Message(event)->SerializeAsString();
+    return bytes_[event];
+  }
+
+  // `send`'s assignment, the round's message with the agent's own part, into `out` (cleared).
+  void AssignmentInto(const Decisions::Send& send, v1::JoinEvent& out) {
+    out.Clear();
+    v1::Assignment* a = out.mutable_assignment();
+    *a = Message(send.event)->assignment();
+    a->set_rank_offset(send.slot.rank_offset);
+    a->set_group_rank(send.slot.group_rank);
+    a->set_local_rank_offset(send.slot.local_rank_offset);
+    a->set_local_world_size(send.slot.local_world_size);
+    a->set_spare(send.spare);
+  }
+
+ private:
+  const Decisions& decisions_;
+  std::vector<std::shared_ptr<const v1::JoinEvent>> messages_;
+  std::vector<std::string> bytes_;
+};
+
+}  // namespace
+
 void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& writers) {
   if (options_.metrics != nullptr) {
     options_.metrics->OnDecisions(clock_(), decisions,
@@ -613,16 +682,6 @@ void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& wr
     last_member = FindMember(id);
     return last_member;
   };
-  // A group's events of these decisions go out as one message per group stream, in order.
-  absl::flat_hash_map<StreamId, v1::JoinEvent> batches;
-  std::vector<StreamId> batch_order;
-  absl::flat_hash_set<StreamId> progressed;
-  absl::flat_hash_set<StreamId> aborted;
-  const auto batch_of = [&](StreamId group) -> v1::EventBatch& {
-    auto [it, fresh] = batches.try_emplace(group);
-    if (fresh) batch_order.push_back(group);
-    return *it->second.mutable_batch();
-  };
   // A job's abort that every member of a group gets goes once, for all of them, as progress
   // does: per group, the first abort and how many of its members get that same one.
   struct GroupAbort {
@@ -650,64 +709,52 @@ void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& wr
     }
     return g->second.event;
   };
-  // Each event made a message once: one that every queue shares (an abort, progress), or, for a
-  // round's assignments, the parts every member shares, which each member's copy starts from.
-  std::vector<std::shared_ptr<const v1::JoinEvent>> shared(decisions.events.size());
-  std::vector<int64_t> shared_bytes(decisions.events.size());
-  const auto message_of = [&](uint32_t event) -> const std::shared_ptr<const v1::JoinEvent>& {
-    if (shared[event] == nullptr) {
-      shared[event] = std::make_shared<const v1::JoinEvent>(ToProto(decisions.events[event]));
-      shared_bytes[event] = static_cast<int64_t>(shared[event]->ByteSizeLong());
-    }
-    return shared[event];
-  };
-  // One agent's assignment: the round's message with the agent's own part.
-  const auto assignment_into = [&](const Decisions::Send& send, v1::JoinEvent& event) {
-    v1::Assignment* a = event.mutable_assignment();
-    *a = message_of(send.event)->assignment();
-    a->set_rank_offset(send.slot.rank_offset);
-    a->set_group_rank(send.slot.group_rank);
-    a->set_local_rank_offset(send.slot.local_rank_offset);
-    a->set_local_world_size(send.slot.local_world_size);
-    a->set_spare(send.spare);
-  };
+  EventMessages messages(decisions);
+  // A group's events go out as one message per group stream, in order.
+  EventBatches batches;
+  absl::flat_hash_set<StreamId> progressed;
+  absl::flat_hash_set<StreamId> aborted;
+  v1::JoinEvent scratch;  // one member's event, made over and over
+  std::string scratch_bytes;
   for (const Decisions::Send& send : decisions.sends) {
     const Event& event = decisions.events[send.event];
     const bool assignment = std::holds_alternative<AssignmentEvent>(event);
     auto it = streams_.find(send.stream);
-    if (it == streams_.end()) {
-      const MemberRef member = member_of(send.stream);
-      if (member.stream == nullptr || member.state() != Group::Member::kJoined) continue;
-      // Progress is the same for every waiting member: the group hears it once, for all.
-      if (std::holds_alternative<ProgressEvent>(event)) {
-        if (progressed.insert(member.group_id).second) {
-          *batch_of(member.group_id).add_events() = *message_of(send.event);
-        }
+    if (it != streams_.end()) {
+      if (!assignment) {
+        push(send.stream, it->second.stream, messages.Message(send.event),
+             messages.Bytes(send.event));
         continue;
       }
-      if (const std::optional<uint32_t> once = whole_group_abort(member); once.has_value()) {
-        if (*once == send.event && aborted.insert(member.group_id).second) {
-          *batch_of(member.group_id).add_events() = *message_of(send.event);
-        }
-        continue;
-      }
-      v1::JoinEvent* out = batch_of(member.group_id).add_events();
-      if (assignment) {
-        assignment_into(send, *out);
-      } else {
-        *out = *message_of(send.event);
-      }
-      out->set_agent_id(std::string(member.agent_id()));
-      continue;
-    }
-    if (assignment) {
       auto own = std::make_shared<v1::JoinEvent>();
-      assignment_into(send, *own);
+      messages.AssignmentInto(send, *own);
       const auto bytes = static_cast<int64_t>(own->ByteSizeLong());
       push(send.stream, it->second.stream, std::move(own), bytes);
       continue;
     }
-    push(send.stream, it->second.stream, message_of(send.event), shared_bytes[send.event]);
+    const MemberRef member = member_of(send.stream);
+    if (member.stream == nullptr || member.state() != Group::Member::kJoined) continue;
+    // Progress is the same for every waiting member: the group hears it once, for all; so does a
+    // job's abort that all of them get.
+    if (std::holds_alternative<ProgressEvent>(event)) {
+      if (progressed.insert(member.group_id).second) {
+        batches.Add(member.group_id, messages.Serialized(send.event), "");
+      }
+      continue;
+    }
+    if (const std::optional<uint32_t> once = whole_group_abort(member); once.has_value()) {
+      if (*once == send.event && aborted.insert(member.group_id).second) {
+        batches.Add(member.group_id, messages.Serialized(send.event), "");
+      }
+      continue;
+    }
+    if (!assignment) {
+      batches.Add(member.group_id, messages.Serialized(send.event), member.agent_id());
+      continue;
+    }
+    messages.AssignmentInto(send, scratch);
+    scratch.SerializeToString(&scratch_bytes);
+    batches.Add(member.group_id, scratch_bytes, member.agent_id());
   }
   for (const Decisions::Close& close : decisions.closes) {
     auto it = streams_.find(close.stream);
@@ -719,10 +766,12 @@ void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& wr
     }
     if (it == streams_.end()) {
       if (!known) continue;
-      v1::JoinEvent* event = batch_of(member.group_id).add_events();
-      event->set_agent_id(std::string(member.agent_id()));
-      event->mutable_member_end()->set_code(static_cast<int32_t>(close.status.code()));
-      event->mutable_member_end()->set_message(std::string(close.status.message()));
+      // The member's own stream would have ended here: its group hears how, under its name.
+      scratch.Clear();
+      scratch.mutable_member_end()->set_code(static_cast<int32_t>(close.status.code()));
+      scratch.mutable_member_end()->set_message(std::string(close.status.message()));
+      scratch.SerializeToString(&scratch_bytes);
+      batches.Add(member.group_id, scratch_bytes, member.agent_id());
       EraseMember(close.stream);
       continue;
     }
@@ -733,16 +782,10 @@ void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& wr
     EraseStream(it);
     last_member = MemberRef{};  // it may have been the group it points into
   }
-  for (const StreamId group : batch_order) {
-    auto it = streams_.find(group);
+  for (EventBatches::Message& message : batches.Take()) {
+    auto it = streams_.find(message.group);
     if (it == streams_.end()) continue;
-    v1::JoinEvent& batch = batches[group];
-    auto event = batch.batch().events_size() == 1
-                     ? std::make_shared<const v1::JoinEvent>(
-                           std::move(*batch.mutable_batch()->mutable_events(0)))
-                     : std::make_shared<const v1::JoinEvent>(std::move(batch));
-    const auto bytes = static_cast<int64_t>(event->ByteSizeLong());
-    push(group, it->second.stream, std::move(event), bytes);
+    push(message.group, it->second.stream, std::move(message.event), message.bytes);
     // A group with no member left on it is over.
     if (it->second.group != nullptr && it->second.group->live == 0) {
       if (it->second.stream->PushClose(grpc::Status::OK)) writers.push_back(it->second.stream);
