@@ -82,6 +82,12 @@ v1::JoinRequest ToProto(const JoinSpec& spec) {
 
 JoinSpec FromProto(const v1::JoinRequest& r) {
   JoinSpec spec;
+  FromProto(r, &spec);
+  return spec;
+}
+
+void FromProto(const v1::JoinRequest& r, JoinSpec* out) {
+  JoinSpec& spec = *out;
   spec.job_id = r.job_id();
   spec.agent.agent_id = r.agent_id();
   spec.agent.host = r.host();
@@ -96,15 +102,17 @@ JoinSpec FromProto(const v1::JoinRequest& r) {
   spec.master_addr_override = r.master_addr_override();
   spec.master_port_override = r.master_port_override();
   spec.restart_count = r.restart_count();
+  spec.resume.reset();
   if (r.has_resume()) spec.resume = FromProto(r.resume());
+  spec.max_restarts.reset();
   if (r.has_max_restarts()) spec.max_restarts = r.max_restarts();
   spec.longest_heartbeat_interval = MicrosFromMillis(r.longest_heartbeat_interval_ms());
   spec.node_list = r.node_list();
   spec.spare_nodes = r.spare_nodes();
+  spec.unhealthy.reset();
   if (r.has_unhealthy()) {
     spec.unhealthy = Unhealthy{KindFromProto(r.unhealthy().kind()), r.unhealthy().detail()};
   }
-  return spec;
 }
 
 v1::WorkerFailure ToProto(const FailureInfo& f) {

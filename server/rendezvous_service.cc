@@ -1,5 +1,7 @@
 #include "server/rendezvous_service.h"
 
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/proto_convert.h"
+#include "server/event_batches.h"
 #include "server/request_limits.h"
 #include "server/status_reply.h"
 
@@ -247,19 +250,33 @@ RendezvousService::~RendezvousService() { peers_.reset(); }
 
 namespace {
 
+// Whether `message`, or a message in it, holds fields this server does not know.
+bool HasUnknownFields(const google::protobuf::Message& message) {
+  const google::protobuf::Reflection* reflection = message.GetReflection();
+  if (!reflection->GetUnknownFields(message).empty()) return true;
+  const google::protobuf::Descriptor* descriptor = message.GetDescriptor();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
+    if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    if (field->is_repeated()) {
+      const int n = reflection->FieldSize(message, field);
+      for (int k = 0; k < n; ++k) {
+        if (HasUnknownFields(reflection->GetRepeatedMessage(message, field, k))) return true;
+      }
+    } else if (reflection->HasField(message, field) &&
+               HasUnknownFields(reflection->GetMessage(message, field))) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // "ipv4:10.0.0.5:41234" or "ipv6:[fd00::5]:41234" -> the address alone.
 std::string PeerAddress(const std::string& peer) {
   absl::string_view p = peer;
   if (absl::ConsumePrefix(&p, "ipv4:")) return std::string(p.substr(0, p.rfind(':')));
   if (absl::ConsumePrefix(&p, "ipv6:[")) return std::string(p.substr(0, p.find(']')));
   return "";
-}
-
-// Whether `a` and `b` are the same abort (assignments differ per agent).
-bool SameBroadcast(const Event& a, const Event& b) {
-  const auto* x = std::get_if<AbortEvent>(&a);
-  const auto* y = std::get_if<AbortEvent>(&b);
-  return x != nullptr && y != nullptr && *x == *y;
 }
 
 }  // namespace
@@ -307,8 +324,9 @@ grpc::ServerWriteReactor<v1::JoinEvent>* RendezvousService::Join(
     stream = new JoinStream(this, 0);
     if (stream->PushClose(ToGrpcStatus(caller.status()))) writers.push_back(stream);
   } else {
-    // Fields this server does not know are not kept, whatever a caller pads its join with.
-    const_cast<v1::JoinRequest*>(request)->DiscardUnknownFields();
+    // Fields this server does not know are not kept, whatever a caller pads its join with. The
+    // check is cheaper than the discard, which walks every field of every member by reflection.
+    if (HasUnknownFields(*request)) const_cast<v1::JoinRequest*>(request)->DiscardUnknownFields();
     stream = JoinLocked(context, request, *caller, writers, ask);
     // The state keeps what it needs of the request; gRPC would keep the rest as long as the
     // stream is open.
@@ -369,7 +387,8 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
       return refuse(ToGrpcStatus(invalid));
     }
   }
-  streams_.emplace(id, Stream{stream, &state, context->peer(), {}, group, agents});
+  streams_.emplace(id, Stream{stream, &state, context->peer(), agents,
+                              group ? std::make_unique<Group>() : nullptr});
   agents_joined_ += agents;
   streams_per_user_[&state] += agents;
   std::shared_ptr<Usage>& usage = usage_[&state];
@@ -424,47 +443,67 @@ void RendezvousService::LogUnhealthy(const JoinSpec& spec) {
       EscapeControl(DescribeExcluded({spec.agent.host, spec.agent.node_index, *spec.unhealthy})));
 }
 
-std::string RendezvousService::MemberKey(const RendezvousState* state, absl::string_view job_id,
-                                         absl::string_view agent_id) {
-  return absl::StrCat(reinterpret_cast<uintptr_t>(state), "/", job_id.size(), "/", job_id, "/",
-                      agent_id);
-}
-
 void RendezvousService::JoinMembersLocked(StreamId id, RendezvousState& state,
                                           const v1::JoinRequest& request, const std::string& peer,
                                           Decisions& decisions) {
   const Micros now = clock_();
-  Stream& group = streams_.at(id);
+  Group& group = *streams_.at(id).group;
+  const auto count = static_cast<size_t>(request.members_size());
+  // The members' ids in one block, found from any of them by the block's start.
+  group.first = next_stream_;
+  next_stream_ += count;
+  groups_by_member_[group.first] = id;
+  group.ends.reserve(count);
+  group.members.reserve(count);
   for (const v1::JoinRequest& member : request.members()) {
-    JoinSpec spec = FromProto(member);
+    group.ids.append(member.agent_id());
+    group.ends.push_back(static_cast<uint32_t>(group.ids.size()));
+    group.members.push_back(Group::Member::kJoined);
+  }
+  group.live = count;
+  const std::string client = PeerAddress(peer);
+  JoinSpec spec;
+  for (size_t k = 0; k < count; ++k) {
+    FromProto(request.members(static_cast<int>(k)), &spec);
     spec.job_id = request.job_id();
-    const StreamId member_id = next_stream_++;
-    members_[member_id] = GroupMember{id, spec.job_id, spec.agent.agent_id};
-    group.members.push_back(member_id);
+    const StreamId member_id = group.first + k;
     // A member out of range is refused alone: the others of its node go on.
     if (absl::Status invalid = ValidateJoinSpec(spec); !invalid.ok()) {
       if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedInvalid);
+      group.members[k] = Group::Member::kRefused;
       decisions.closes.push_back({member_id, invalid});
       continue;
     }
-    member_ids_[MemberKey(&state, spec.job_id, spec.agent.agent_id)] = member_id;
-    if (options_.metrics != nullptr) options_.metrics->OnJoin(now, member_id, spec);
+    // The metrics count each member as an agent attached on the group's stream.
+    if (options_.metrics != nullptr) options_.metrics->OnJoin(now, id, spec);
     if (spec.unhealthy) LogUnhealthy(spec);
-    state.Join(now, member_id, spec, CallerInfo{PeerAddress(peer)}, decisions);
+    state.Join(now, member_id, spec, CallerInfo{client}, decisions);
   }
 }
 
+RendezvousService::MemberRef RendezvousService::FindMember(StreamId id) {
+  auto block = groups_by_member_.upper_bound(id);
+  if (block == groups_by_member_.begin()) return {};
+  --block;
+  auto it = streams_.find(block->second);
+  if (it == streams_.end() || it->second.group == nullptr) return {};
+  const Group& group = *it->second.group;
+  if (id < group.first || id - group.first >= group.members.size()) return {};
+  return MemberRef{it->first, &it->second, static_cast<size_t>(id - group.first)};
+}
+
+StreamId RendezvousService::CountedOn(StreamId id) {
+  if (streams_.contains(id)) return id;
+  const MemberRef member = FindMember(id);
+  if (member.stream == nullptr) return id;
+  return member.state() == Group::Member::kRefused ? 0 : member.group_id;
+}
+
 void RendezvousService::EraseMember(StreamId id) {
-  auto it = members_.find(id);
-  if (it == members_.end()) return;
-  if (auto group = streams_.find(it->second.group); group != streams_.end()) {
-    std::vector<StreamId>& list = group->second.members;
-    list.erase(std::remove(list.begin(), list.end(), id), list.end());
-    auto key =
-        member_ids_.find(MemberKey(group->second.state, it->second.job_id, it->second.agent_id));
-    if (key != member_ids_.end() && key->second == id) member_ids_.erase(key);
-  }
-  members_.erase(it);
+  const MemberRef member = FindMember(id);
+  if (member.stream == nullptr || member.state() == Group::Member::kGone) return;
+  member.group().members[member.index] = Group::Member::kGone;
+  --member.group().live;
 }
 
 bool RendezvousService::MayReattach(StreamId id) {
@@ -473,7 +512,7 @@ bool RendezvousService::MayReattach(StreamId id) {
   {
     absl::MutexLock lock(&mu_);
     auto it = streams_.find(id);
-    if (it == streams_.end() || it->second.group ||
+    if (it == streams_.end() || it->second.group != nullptr ||
         !(it->second.state->Runs(id) || it->second.state->Awaits(id))) {
       return false;
     }
@@ -488,7 +527,7 @@ bool RendezvousService::RelayAlive(StreamId id) {
   {
     absl::MutexLock lock(&mu_);
     auto it = streams_.find(id);
-    if (it == streams_.end() || !it->second.group) return false;
+    if (it == streams_.end() || it->second.group == nullptr) return false;
     peer = it->second.peer;
   }
   return options_.connections->ConnectionUp(peer);
@@ -535,18 +574,76 @@ void RendezvousService::LoseStreamLocked(absl::flat_hash_map<StreamId, Stream>::
   const StreamId id = it->first;
   RendezvousState* state = it->second.state;
   // Every member of a group still on it is lost with it, as its own stream would have been.
-  const std::vector<StreamId> lost =
-      it->second.group ? it->second.members : std::vector<StreamId>{id};
+  std::vector<StreamId> lost;
+  if (const Group* group = it->second.group.get(); group != nullptr) {
+    lost.reserve(group->live);
+    for (size_t k = 0; k < group->members.size(); ++k) {
+      if (group->members[k] == Group::Member::kJoined) lost.push_back(group->first + k);
+    }
+  } else {
+    lost.push_back(id);
+  }
+  // A group's stream takes its count in the metrics with it (EraseStream).
+  if (options_.metrics != nullptr && it->second.group == nullptr) {
+    options_.metrics->OnStreamGone(now, id);
+  }
   EraseStream(it);
   for (const StreamId member : lost) {
-    if (options_.metrics != nullptr) options_.metrics->OnStreamGone(now, member);
     if (relay_alive && !state->Runs(member) && state->Awaits(member)) continue;
     state->StreamClosed(now, member, decisions);
   }
 }
 
+namespace {
+
+// The messages of one Apply's events, each made once: one that every queue shares (an abort,
+// progress) and its serialized bytes for group batches; for a round's assignments, the parts
+// every member shares, which each member's copy starts from.
+class EventMessages {
+ public:
+  explicit EventMessages(const Decisions& decisions)
+      : decisions_(decisions),
+        messages_(decisions.events.size()),
+        bytes_(decisions.events.size()) {}
+
+  const std::shared_ptr<const v1::JoinEvent>& Message(uint32_t event) {
+    if (messages_[event] == nullptr) {
+      messages_[event] = std::make_shared<const v1::JoinEvent>(ToProto(decisions_.events[event]));
+    }
+    return messages_[event];
+  }
+  int64_t Bytes(uint32_t event) { return static_cast<int64_t>(Serialized(event).size()); }
+  const std::string& Serialized(uint32_t event) {
+    if (bytes_[event].empty()) bytes_[event] = Message(event)->SerializeAsString();
+    return bytes_[event];
+  }
+
+  // `send`'s assignment, the round's message with the agent's own part, into `out` (cleared).
+  void AssignmentInto(const Decisions::Send& send, v1::JoinEvent& out) {
+    out.Clear();
+    v1::Assignment* a = out.mutable_assignment();
+    *a = Message(send.event)->assignment();
+    a->set_rank_offset(send.slot.rank_offset);
+    a->set_group_rank(send.slot.group_rank);
+    a->set_local_rank_offset(send.slot.local_rank_offset);
+    a->set_local_world_size(send.slot.local_world_size);
+    a->set_spare(send.spare);
+  }
+
+ private:
+  const Decisions& decisions_;
+  std::vector<std::shared_ptr<const v1::JoinEvent>> messages_;
+  std::vector<std::string> bytes_;
+};
+
+}  // namespace
+
 void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& writers) {
-  if (options_.metrics != nullptr) options_.metrics->OnDecisions(clock_(), decisions);
+  if (options_.metrics != nullptr) {
+    options_.metrics->OnDecisions(clock_(), decisions,
+                                  [this](StreamId id)
+                                      ABSL_NO_THREAD_SAFETY_ANALYSIS { return CountedOn(id); });
+  }
   for (const std::string& job : decisions.taken_up) {
     // Counted in rdzv_failovers_total, with or without --peers.
     spdlog::warn(
@@ -571,89 +668,110 @@ void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& wr
         break;
     }
   };
-  // A group's events of these decisions go out as one message per group stream, in order.
-  absl::flat_hash_map<StreamId, v1::JoinEvent> batches;
-  std::vector<StreamId> batch_order;
-  absl::flat_hash_set<StreamId> progressed;
-  const auto batch_of = [&](StreamId group) -> v1::EventBatch& {
-    auto [it, fresh] = batches.try_emplace(group);
-    if (fresh) batch_order.push_back(group);
-    return *it->second.mutable_batch();
+  // The member a send or close names, looked up once per group of consecutive members (a round's
+  // sends go out member after member, a group's together).
+  MemberRef last_member;
+  const auto member_of = [&](StreamId id) -> MemberRef {
+    if (last_member.stream != nullptr) {
+      const Group& g = last_member.group();
+      if (id >= g.first && id - g.first < g.members.size()) {
+        last_member.index = static_cast<size_t>(id - g.first);
+        return last_member;
+      }
+    }
+    last_member = FindMember(id);
+    return last_member;
   };
   // A job's abort that every member of a group gets goes once, for all of them, as progress
   // does: per group, the first abort and how many of its members get that same one.
   struct GroupAbort {
-    const AbortEvent* first = nullptr;
+    uint32_t event = 0;
     size_t members = 0;
     bool same = true;
   };
   absl::flat_hash_map<StreamId, GroupAbort> group_aborts;
   for (const Decisions::Send& send : decisions.sends) {
-    const auto* abort = std::get_if<AbortEvent>(&send.event);
-    if (abort == nullptr || streams_.contains(send.stream)) continue;
-    auto member = members_.find(send.stream);
-    if (member == members_.end()) continue;
-    GroupAbort& g = group_aborts[member->second.group];
-    if (g.first == nullptr) g.first = abort;
-    g.same = g.same && *g.first == *abort;
-    ++g.members;
-  }
-  const auto whole_group_abort = [&](StreamId group) -> const AbortEvent* {
-    auto g = group_aborts.find(group);
-    auto stream = streams_.find(group);
-    if (g == group_aborts.end() || !g->second.same || stream == streams_.end() ||
-        g->second.members != stream->second.members.size()) {
-      return nullptr;
-    }
-    return g->second.first;
-  };
-  // A job's abort is the same event for every stream: it becomes one message that every queue
-  // shares.
-  std::shared_ptr<const v1::JoinEvent> last;
-  int64_t last_bytes = 0;
-  const Event* last_event = nullptr;
-  for (Decisions::Send& send : decisions.sends) {
-    auto it = streams_.find(send.stream);
-    if (it == streams_.end()) {
-      auto member = members_.find(send.stream);
-      if (member == members_.end()) continue;
-      const StreamId group = member->second.group;
-      // Progress is the same for every waiting member: the group hears it once, for all.
-      if (std::holds_alternative<ProgressEvent>(send.event)) {
-        if (progressed.insert(group).second) *batch_of(group).add_events() = ToProto(send.event);
-        continue;
-      }
-      if (const AbortEvent* once = whole_group_abort(group); once != nullptr) {
-        if (once == std::get_if<AbortEvent>(&send.event)) {
-          *batch_of(group).add_events() = ToProto(send.event);
-        }
-        continue;
-      }
-      v1::JoinEvent* event = batch_of(group).add_events();
-      *event = ToProto(send.event);
-      event->set_agent_id(member->second.agent_id);
+    if (!std::holds_alternative<AbortEvent>(decisions.events[send.event]) ||
+        streams_.contains(send.stream)) {
       continue;
     }
-    if (last_event == nullptr || !SameBroadcast(*last_event, send.event)) {
-      last = std::make_shared<const v1::JoinEvent>(ToProto(send.event));
-      last_bytes = static_cast<int64_t>(last->ByteSizeLong());
-      last_event = &send.event;
+    const MemberRef member = member_of(send.stream);
+    if (member.stream == nullptr || member.state() != Group::Member::kJoined) continue;
+    auto [g, fresh] = group_aborts.try_emplace(member.group_id);
+    if (fresh) g->second.event = send.event;
+    g->second.same = g->second.same && g->second.event == send.event;
+    ++g->second.members;
+  }
+  const auto whole_group_abort = [&](const MemberRef& member) -> std::optional<uint32_t> {
+    auto g = group_aborts.find(member.group_id);
+    if (g == group_aborts.end() || !g->second.same || g->second.members != member.group().live) {
+      return std::nullopt;
     }
-    push(send.stream, it->second.stream, last, last_bytes);
+    return g->second.event;
+  };
+  EventMessages messages(decisions);
+  // A group's events go out as one message per group stream, in order.
+  EventBatches batches;
+  absl::flat_hash_set<StreamId> progressed;
+  absl::flat_hash_set<StreamId> aborted;
+  v1::JoinEvent scratch;  // one member's event, made over and over
+  std::string scratch_bytes;
+  for (const Decisions::Send& send : decisions.sends) {
+    const Event& event = decisions.events[send.event];
+    const bool assignment = std::holds_alternative<AssignmentEvent>(event);
+    auto it = streams_.find(send.stream);
+    if (it != streams_.end()) {
+      if (!assignment) {
+        push(send.stream, it->second.stream, messages.Message(send.event),
+             messages.Bytes(send.event));
+        continue;
+      }
+      auto own = std::make_shared<v1::JoinEvent>();
+      messages.AssignmentInto(send, *own);
+      const auto bytes = static_cast<int64_t>(own->ByteSizeLong());
+      push(send.stream, it->second.stream, std::move(own), bytes);
+      continue;
+    }
+    const MemberRef member = member_of(send.stream);
+    if (member.stream == nullptr || member.state() != Group::Member::kJoined) continue;
+    // Progress is the same for every waiting member: the group hears it once, for all; so does a
+    // job's abort that all of them get.
+    if (std::holds_alternative<ProgressEvent>(event)) {
+      if (progressed.insert(member.group_id).second) {
+        batches.Add(member.group_id, messages.Serialized(send.event), "");
+      }
+      continue;
+    }
+    if (const std::optional<uint32_t> once = whole_group_abort(member); once.has_value()) {
+      if (*once == send.event && aborted.insert(member.group_id).second) {
+        batches.Add(member.group_id, messages.Serialized(send.event), "");
+      }
+      continue;
+    }
+    if (!assignment) {
+      batches.Add(member.group_id, messages.Serialized(send.event), member.agent_id());
+      continue;
+    }
+    messages.AssignmentInto(send, scratch);
+    scratch.SerializeToString(&scratch_bytes);
+    batches.Add(member.group_id, scratch_bytes, member.agent_id());
   }
   for (const Decisions::Close& close : decisions.closes) {
     auto it = streams_.find(close.stream);
-    if (options_.log_jobs && !close.status.ok() && !absl::IsAborted(close.status) &&
-        (it != streams_.end() || members_.contains(close.stream))) {
+    const MemberRef member = it == streams_.end() ? member_of(close.stream) : MemberRef{};
+    const bool known = it != streams_.end() ||
+                       (member.stream != nullptr && member.state() != Group::Member::kGone);
+    if (options_.log_jobs && !close.status.ok() && !absl::IsAborted(close.status) && known) {
       spdlog::info("refused a join: {}", EscapeControl(close.status.message()));
     }
     if (it == streams_.end()) {
-      auto member = members_.find(close.stream);
-      if (member == members_.end()) continue;
-      v1::JoinEvent* event = batch_of(member->second.group).add_events();
-      event->set_agent_id(member->second.agent_id);
-      event->mutable_member_end()->set_code(static_cast<int32_t>(close.status.code()));
-      event->mutable_member_end()->set_message(std::string(close.status.message()));
+      if (!known) continue;
+      // The member's own stream would have ended here: its group hears how, under its name.
+      scratch.Clear();
+      scratch.mutable_member_end()->set_code(static_cast<int32_t>(close.status.code()));
+      scratch.mutable_member_end()->set_message(std::string(close.status.message()));
+      scratch.SerializeToString(&scratch_bytes);
+      batches.Add(member.group_id, scratch_bytes, member.agent_id());
       EraseMember(close.stream);
       continue;
     }
@@ -662,19 +780,14 @@ void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& wr
     }
     // The stream is finished from our side: the state already forgot it.
     EraseStream(it);
+    last_member = MemberRef{};  // it may have been the group it points into
   }
-  for (const StreamId group : batch_order) {
-    auto it = streams_.find(group);
+  for (EventBatches::Message& message : batches.Take()) {
+    auto it = streams_.find(message.group);
     if (it == streams_.end()) continue;
-    v1::JoinEvent& batch = batches[group];
-    auto event = batch.batch().events_size() == 1
-                     ? std::make_shared<const v1::JoinEvent>(
-                           std::move(*batch.mutable_batch()->mutable_events(0)))
-                     : std::make_shared<const v1::JoinEvent>(std::move(batch));
-    const auto bytes = static_cast<int64_t>(event->ByteSizeLong());
-    push(group, it->second.stream, std::move(event), bytes);
+    push(message.group, it->second.stream, std::move(message.event), message.bytes);
     // A group with no member left on it is over.
-    if (it->second.members.empty()) {
+    if (it->second.group != nullptr && it->second.group->live == 0) {
       if (it->second.stream->PushClose(grpc::Status::OK)) writers.push_back(it->second.stream);
       EraseStream(it);
     }
@@ -702,12 +815,10 @@ void RendezvousService::EraseStream(absl::flat_hash_map<StreamId, Stream>::itera
   if (count != streams_per_user_.end() && (count->second -= it->second.agents) <= 0) {
     streams_per_user_.erase(count);
   }
-  for (const StreamId member : it->second.members) {
-    auto m = members_.find(member);
-    if (m == members_.end()) continue;
-    auto key = member_ids_.find(MemberKey(it->second.state, m->second.job_id, m->second.agent_id));
-    if (key != member_ids_.end() && key->second == member) member_ids_.erase(key);
-    members_.erase(m);
+  if (const Group* group = it->second.group.get(); group != nullptr) {
+    if (group->first != 0) groups_by_member_.erase(group->first);
+    // The metrics count a group's agents on its stream, which goes with them.
+    if (options_.metrics != nullptr) options_.metrics->OnStreamGone(clock_(), it->first);
   }
   streams_.erase(it);
 }
@@ -782,25 +893,27 @@ grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerCont
     if (request->member_lost()) {
       // A relay lost one of its group's members: as if that member's own stream had dropped.
       auto owner = states_.find(caller->owner);
-      auto id = owner == states_.end()
-                    ? member_ids_.end()
-                    : member_ids_.find(
-                          MemberKey(owner->second.get(), request->job_id(), request->agent_id()));
-      if (id == member_ids_.end()) {
+      const MemberRef member =
+          owner == states_.end()
+              ? MemberRef{}
+              : FindMember(owner->second->StreamOf(request->job_id(), request->agent_id()));
+      if (member.stream == nullptr || member.state() != Group::Member::kJoined ||
+          member.stream->state != owner->second.get()) {
         status = absl::NotFoundError(
             absl::StrFormat("job %s has no agent %s on a group stream of this caller",
                             EscapeControl(request->job_id()), EscapeControl(request->agent_id())));
       } else {
-        const StreamId member = id->second;
-        const StreamId group = members_.at(member).group;
+        const StreamId id = member.group().first + member.index;
+        const StreamId group = member.group_id;
         const Micros now = clock_();
         Decisions decisions;
-        if (options_.metrics != nullptr) options_.metrics->OnStreamGone(now, member);
-        EraseMember(member);
-        owner->second->StreamClosed(now, member, decisions);
+        if (options_.metrics != nullptr) options_.metrics->OnAgentGone(now, group);
+        EraseMember(id);
+        owner->second->StreamClosed(now, id, decisions);
         Apply(decisions, writers);
         // A group with no member left on it is over.
-        if (auto it = streams_.find(group); it != streams_.end() && it->second.members.empty()) {
+        if (auto it = streams_.find(group);
+            it != streams_.end() && it->second.group != nullptr && it->second.group->live == 0) {
           if (it->second.stream->PushClose(grpc::Status::OK)) writers.push_back(it->second.stream);
           EraseStream(it);
         }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
@@ -87,8 +88,10 @@ struct ServiceOptions {
 // at 10,000 agents (README, Performance), nearly all of it gRPC's.
 inline constexpr int64_t kAgentBaseBytes = 36 * 1024;
 // What each member of a group join (JoinRequest.members) costs beyond the first, which counts as
-// kAgentBaseBytes: the job state's entry, its member bookkeeping, and its share of the events.
-inline constexpr int64_t kGroupMemberBytes = 2 * 1024;
+// kAgentBaseBytes: the job state's record (agent_table.h), its member bookkeeping here, and its
+// share of the events at their peak, the round's assignments. Measured at about 450 bytes, with
+// 100,000 agents in groups of 64 and 80,000 in groups of 8 (README, Performance).
+inline constexpr int64_t kGroupMemberBytes = 512;
 // What the record of one agent left out of its job (a failed health check) costs, charged to its
 // user while the job keeps it: its entries in the job's sets, its host name at the longest.
 inline constexpr int64_t kExcludedAgentBytes = 512;
@@ -186,13 +189,10 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   void JoinMembersLocked(StreamId id, RendezvousState& state, const v1::JoinRequest& request,
                          const std::string& peer, Decisions& decisions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets the group member `id` (from members_, its group's list and member_ids_).
+  // Forgets the group member `id`: its group no longer answers for it.
   void EraseMember(StreamId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Logs an agent's report that its node is unhealthy.
   static void LogUnhealthy(const JoinSpec& spec);
-  // The key of member_ids_.
-  static std::string MemberKey(const RendezvousState* state, absl::string_view job_id,
-                               absl::string_view agent_id);
   // Queues the decisions' events and closes on their streams; `writers` receives the streams
   // whose writes must be started with StartWrites once mu_ is released.
   void Apply(Decisions& decisions, std::vector<JoinStream*>& writers)
@@ -217,24 +217,48 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   struct Usage {
     std::atomic<int64_t> bytes{0};
   };
+  // A group join's members. The core sees each as an agent on a stream of its own: member k has
+  // the id first + k, and its events go out on the group's stream under its agent id. Kept
+  // compact, as the group's one record of them: their agent ids back to back, and a byte each.
+  struct Group {
+    enum class Member : uint8_t {
+      kJoined,   // the core holds it
+      kRefused,  // refused before it reached the core (out of range): never counted
+      kGone,     // its join ended (the core's close, or its relay reported it lost)
+    };
+    StreamId first = 0;          // 0 until its members are given ids (a parked join's wait)
+    std::string ids;             // the members' agent ids, back to back
+    std::vector<uint32_t> ends;  // where each member's id ends in `ids`
+    std::vector<Member> members;
+    size_t live = 0;  // members not gone
+
+    absl::string_view agent_id(size_t k) const {
+      const uint32_t begin = k == 0 ? 0 : ends[k - 1];
+      return absl::string_view(ids).substr(begin, ends[k] - begin);
+    }
+  };
   struct Stream {
     JoinStream* stream;
     RendezvousState* state;  // the owner's jobs the stream joined
     std::string peer;        // the call's peer, as gRPC names it
-    // A group join's stream: the ids its members were given for the state (the core sees each
-    // member as an agent on a stream of its own), in the order they joined; those that ended
-    // are erased. Empty for an agent's own stream.
-    std::vector<StreamId> members;
-    bool group = false;
     // What it counts toward max_agents_per_user: 1, or a group's member count.
     int64_t agents = 1;
+    // A group join's stream: its members; null for an agent's own stream.
+    std::unique_ptr<Group> group;
   };
-  // A member of a group join, by the id the state knows it by.
-  struct GroupMember {
-    StreamId group;  // the group's stream
-    std::string job_id;
-    std::string agent_id;
+  // A member of a group join, by the id the state knows it by: its group's stream and place.
+  struct MemberRef {
+    StreamId group_id = 0;
+    Stream* stream = nullptr;  // the group's; null: no member of a group still open
+    size_t index = 0;
+    Group& group() const { return *stream->group; }
+    Group::Member state() const { return group().members[index]; }
+    absl::string_view agent_id() const { return group().agent_id(index); }
   };
+  MemberRef FindMember(StreamId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The stream the metrics counted the agent on stream `id` on: its own, its group's for a
+  // member, or 0 for a member refused before it was counted.
+  StreamId CountedOn(StreamId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Streams ended with their connection up, whose agents may come back until `deadline`.
   struct Reattaching {
     RendezvousState* state;
@@ -279,10 +303,8 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   absl::flat_hash_map<std::string, std::unique_ptr<RendezvousState>> states_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<StreamId, Stream> streams_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<StreamId, Reattaching> reattaching_ ABSL_GUARDED_BY(mu_);
-  // Group members by their own id, and the latest id of each by its owner, job and agent id
-  // (for ReportExit's member_lost).
-  absl::flat_hash_map<StreamId, GroupMember> members_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, StreamId> member_ids_ ABSL_GUARDED_BY(mu_);
+  // The open groups by their first member's id (FindMember): one entry per group, not per member.
+  absl::btree_map<StreamId, StreamId> groups_by_member_ ABSL_GUARDED_BY(mu_);
   // Open streams by the owner's state they joined (for max_agents_per_user).
   absl::flat_hash_map<const RendezvousState*, int64_t> streams_per_user_ ABSL_GUARDED_BY(mu_);
   // Memory held per owner's state, and by all (ServiceOptions::max_memory_per_user_bytes).

@@ -38,22 +38,33 @@ void ServiceMetrics::OnJoin(Micros now, StreamId stream, const JoinSpec& spec) {
   } else if (job.state == JobState::kFilling && job.round_started < 0) {
     job.round_started = now;
   }
-  if (stream_jobs_.try_emplace(stream, spec.job_id).second) {
+  auto [attached, fresh] = stream_jobs_.try_emplace(stream);
+  if (fresh) {
+    attached->second.job_id = spec.job_id;
     ++job.streams;
     job.idle_since = -1;
   }
+  ++attached->second.agents;
+  ++agents_attached_;
 }
 
-void ServiceMetrics::OnDecisions(Micros now, const Decisions& decisions) {
+void ServiceMetrics::OnDecisions(Micros now, const Decisions& decisions,
+                                 absl::FunctionRef<StreamId(StreamId)> counted_on) {
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < decisions.taken_up.size(); ++i) metrics_->failovers().Inc();
+  // An event is one job's (a round's assignments, a job's abort): the first stream it goes to
+  // that is counted here names the job, and the rest of its sends change nothing more.
+  std::vector<bool> seen(decisions.events.size());
   for (const Decisions::Send& send : decisions.sends) {
-    const auto stream = stream_jobs_.find(send.stream);
+    if (seen[send.event]) continue;
+    const auto stream = stream_jobs_.find(counted_on(send.stream));
     if (stream == stream_jobs_.end()) continue;
-    const auto job_it = jobs_.find(stream->second);
+    seen[send.event] = true;
+    const auto job_it = jobs_.find(stream->second.job_id);
     if (job_it == jobs_.end()) continue;
     Job& job = job_it->second;
-    if (const auto* assignment = std::get_if<AssignmentEvent>(&send.event)) {
+    const Event& event = decisions.events[send.event];
+    if (const auto* assignment = std::get_if<AssignmentEvent>(&event)) {
       if (assignment->round > job.last_round) {
         metrics_->rounds_completed().Inc();
         if (job.round_started >= 0) {
@@ -64,7 +75,7 @@ void ServiceMetrics::OnDecisions(Micros now, const Decisions& decisions) {
       }
       if (job.state != JobState::kEnded) job.state = JobState::kRunning;
       job.round_started = -1;
-    } else if (const auto* abort = std::get_if<AbortEvent>(&send.event)) {
+    } else if (const auto* abort = std::get_if<AbortEvent>(&event)) {
       if (!job.abort_counted) {
         metrics_->aborts(abort->cause).Inc();
         job.abort_counted = true;
@@ -79,7 +90,7 @@ void ServiceMetrics::OnDecisions(Micros now, const Decisions& decisions) {
         code == absl::StatusCode::kFailedPrecondition) {
       metrics_->refused_calls(Metrics::kRefusedInvalid).Inc();
     }
-    DropStream(now, close.stream);
+    if (const StreamId counted = counted_on(close.stream); counted != 0) DropAgent(now, counted);
   }
 }
 
@@ -87,6 +98,23 @@ void ServiceMetrics::OnStreamGone(Micros now, StreamId stream) {
   absl::MutexLock lock(&mu_);
   DropStream(now, stream);
   Expire(now);
+}
+
+void ServiceMetrics::OnAgentGone(Micros now, StreamId stream) {
+  absl::MutexLock lock(&mu_);
+  DropAgent(now, stream);
+  Expire(now);
+}
+
+void ServiceMetrics::DropAgent(Micros now, StreamId stream) {
+  const auto it = stream_jobs_.find(stream);
+  if (it == stream_jobs_.end()) return;
+  if (it->second.agents > 1) {
+    --it->second.agents;
+    --agents_attached_;
+    return;
+  }
+  DropStream(now, stream);
 }
 
 void ServiceMetrics::OnRefused(absl::string_view reason) { metrics_->refused_calls(reason).Inc(); }
@@ -97,14 +125,15 @@ void ServiceMetrics::OnPeerRefusal() { metrics_->peer_refusals().Inc(); }
 void ServiceMetrics::DropStream(Micros now, StreamId stream) {
   const auto it = stream_jobs_.find(stream);
   if (it == stream_jobs_.end()) return;
-  const auto job = jobs_.find(it->second);
+  agents_attached_ -= it->second.agents;
+  const auto job = jobs_.find(it->second.job_id);
   if (job != jobs_.end() && --job->second.streams == 0) {
     if (job->second.state == JobState::kRunning) {
       // Every agent left a running job (or went with it): the job is over.
       jobs_.erase(job);
     } else {
       job->second.idle_since = now;
-      idle_.emplace_back(now, it->second);
+      idle_.emplace_back(now, it->second.job_id);
     }
   }
   stream_jobs_.erase(it);
@@ -143,7 +172,7 @@ Metrics::JobCounts ServiceMetrics::jobs() const {
 
 int64_t ServiceMetrics::agents_attached() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int64_t>(stream_jobs_.size());
+  return agents_attached_;
 }
 
 }  // namespace rdzv

@@ -22,6 +22,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/core/rendezvous_state.h"
@@ -40,12 +41,21 @@ class ServiceMetrics {
   ServiceMetrics(const ServiceMetrics&) = delete;
   ServiceMetrics& operator=(const ServiceMetrics&) = delete;
 
-  // A join on `stream` reached the core (call it before passing on the join's decisions).
+  // A join on `stream` reached the core (call it before passing on the join's decisions). The
+  // members of a group join are each a join on the group's stream: an agent attached on it.
   void OnJoin(Micros now, StreamId stream, const JoinSpec& spec);
   // The decisions the core returned: assignments, aborts, closed streams, refused joins.
-  void OnDecisions(Micros now, const Decisions& decisions);
-  // `stream` ended from the agent's side.
+  // `counted_on` maps a stream the decisions name to the one its agent was counted on here (a
+  // group member's to its group's; 0 for one never counted).
+  void OnDecisions(Micros now, const Decisions& decisions,
+                   absl::FunctionRef<StreamId(StreamId)> counted_on);
+  void OnDecisions(Micros now, const Decisions& decisions) {
+    OnDecisions(now, decisions, [](StreamId id) { return id; });
+  }
+  // `stream` ended from the agent's side, with every agent on it.
   void OnStreamGone(Micros now, StreamId stream);
+  // One agent on `stream` (a group's) went from the agent's side.
+  void OnAgentGone(Micros now, StreamId stream);
   // A call refused before it reached a job (Metrics::kRefused*).
   void OnRefused(absl::string_view reason);
   // A join refused because another server of the list serves its job.
@@ -66,6 +76,8 @@ class ServiceMetrics {
     Micros idle_since = -1;      // when its last stream went; -1 while one is attached
   };
 
+  // One agent of `stream` is gone; the stream goes with its last.
+  void DropAgent(Micros now, StreamId stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropStream(Micros now, StreamId stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets jobs idle for kForgetAfter.
   void Expire(Micros now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -73,7 +85,13 @@ class ServiceMetrics {
   Metrics* const metrics_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<StreamId, std::string> stream_jobs_ ABSL_GUARDED_BY(mu_);
+  // Each stream's job and the agents attached on it (a group's members, else 1), and their sum.
+  struct Attached {
+    std::string job_id;
+    int64_t agents = 0;
+  };
+  absl::flat_hash_map<StreamId, Attached> stream_jobs_ ABSL_GUARDED_BY(mu_);
+  int64_t agents_attached_ ABSL_GUARDED_BY(mu_) = 0;
   // Jobs whose last stream went, oldest first (a job may be in it more than once).
   std::deque<std::pair<Micros, std::string>> idle_ ABSL_GUARDED_BY(mu_);
 };

@@ -346,7 +346,8 @@ JoinSpec StateSpec(const std::string& host, int64_t node, Micros longest) {
 std::vector<Micros> AssignedIntervals(const Decisions& d) {
   std::vector<Micros> out;
   for (const Decisions::Send& s : d.sends) {
-    if (const auto* a = std::get_if<AssignmentEvent>(&s.event)) {
+    const Event event = d.EventOf(s);
+    if (const auto* a = std::get_if<AssignmentEvent>(&event)) {
       out.push_back(a->longest_heartbeat_interval);
     }
   }

@@ -122,17 +122,17 @@ TEST(ProtoConvertTest, ResumeTimedOutWhenRestartedServerStopsWaiting) {
   options.resume_window = 10 * kSecond;
   RendezvousState restarted(options);
   JoinSpec back = specs[0];
-  back.resume = std::get<AssignmentEvent>(assigned.sends.at(0).event);
+  back.resume = std::get<AssignmentEvent>(assigned.EventOf(assigned.sends.at(0)));
   Decisions resumed;
   restarted.Join(kSecond, 7, back, resumed);
   ASSERT_EQ(resumed.sends.size(), 1u);
-  ASSERT_TRUE(std::holds_alternative<AssignmentEvent>(resumed.sends[0].event));
+  ASSERT_TRUE(std::holds_alternative<AssignmentEvent>(resumed.EventOf(resumed.sends[0])));
 
   Decisions ended;
   restarted.Tick(11 * kSecond, ended);
   ASSERT_EQ(ended.sends.size(), 1u);
   EXPECT_EQ(ended.sends[0].stream, 7u);
-  const v1::JoinEvent seen = OverTheWire(ToProto(ended.sends[0].event));
+  const v1::JoinEvent seen = OverTheWire(ToProto(ended.EventOf(ended.sends[0])));
   ASSERT_TRUE(seen.has_abort());
   EXPECT_EQ(seen.abort().cause(), v1::ABORT_CAUSE_RESUME_TIMED_OUT);
   const AbortEvent abort = FromProto(seen.abort());

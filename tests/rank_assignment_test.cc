@@ -200,7 +200,7 @@ TEST(AssignRanksOrderTest, RanksAreAPartition) {
 }
 
 TEST(AssignRanksOrderTest, NoAgentsIsAnEmptyTable) {
-  absl::StatusOr<RankTable> table = AssignRanks({});
+  absl::StatusOr<RankTable> table = AssignRanks(std::vector<AgentSpec>{});
   ASSERT_TRUE(table.ok()) << table.status();
   EXPECT_EQ(table->world_size, 0);
   EXPECT_TRUE(table->slots.empty());

@@ -40,7 +40,8 @@ template <typename E>
 std::map<StreamId, E> EventsOf(const Decisions& d) {
   std::map<StreamId, E> out;
   for (const Decisions::Send& s : d.sends) {
-    if (const E* e = std::get_if<E>(&s.event)) {
+    const Event event = d.EventOf(s);
+    if (const E* e = std::get_if<E>(&event)) {
       EXPECT_TRUE(out.emplace(s.stream, *e).second)
           << "two events of a kind on stream " << s.stream;
     }
@@ -71,7 +72,7 @@ bool IsEmpty(const Decisions& d) { return d.sends.empty() && d.closes.empty(); }
 std::string Summary(const Decisions& d) {
   std::vector<std::string> parts;
   for (const Decisions::Send& s : d.sends) {
-    parts.push_back(absl::StrCat("send#", s.stream, ":", s.event.index()));
+    parts.push_back(absl::StrCat("send#", s.stream, ":", d.events[s.event].index()));
   }
   for (const Decisions::Close& c : d.closes) {
     parts.push_back(absl::StrCat("close#", c.stream, ":", c.status.ToString()));
@@ -1212,6 +1213,51 @@ TEST_F(RendezvousStateTest, JobsNeverMix) {
   }
   EXPECT_EQ(state_.Status("a").at(0).state, "ended");
   EXPECT_EQ(state_.Status("b").at(0).state, "running");
+}
+
+// ---- A job of 100,000 agents ----
+
+// One round of 100,000 agents, one per node, as a large job's tree brings them: every agent gets
+// its node's rank from one event the round decides once, status lists every agent, and losing
+// one of them ends the job for all the others, again with one event.
+TEST_F(RendezvousStateTest, AHundredThousandAgentsFormOneRound) {
+  constexpr int32_t kAgents = 100'000;
+  Decisions formed;
+  for (int32_t i = 0; i < kAgents; ++i) {
+    Decisions d = Join(0, 1 + i, Spec("big", absl::StrCat("gpu-node-", i), i, kAgents));
+    if (i + 1 < kAgents) {
+      ASSERT_TRUE(IsEmpty(d)) << i << ": " << Summary(d);
+    } else {
+      formed = std::move(d);
+    }
+  }
+  ASSERT_EQ(formed.sends.size(), static_cast<size_t>(kAgents));
+  EXPECT_EQ(formed.events.size(), 1u) << "the round's shared part is decided once";
+  for (const Decisions::Send& s : formed.sends) {
+    const auto node = static_cast<int32_t>(s.stream - 1);
+    ASSERT_EQ(s.slot.rank_offset, node);
+    ASSERT_EQ(s.slot.group_rank, node);
+  }
+  const AssignmentEvent a = std::get<AssignmentEvent>(formed.EventOf(formed.sends.back()));
+  EXPECT_EQ(a.world_size, kAgents);
+  EXPECT_EQ(a.slot.rank_offset, kAgents - 1);
+  EXPECT_EQ(a.master_addr, "10.0.0.10") << "node 0's first address";
+  EXPECT_EQ(a.workers_per_node, "1(x100000)");
+
+  const std::vector<JobStatusView> status = state_.Status("big");
+  ASSERT_EQ(status.size(), 1u);
+  ASSERT_EQ(status[0].agents.size(), static_cast<size_t>(kAgents));
+  EXPECT_EQ(status[0].agents[77'777].host, "gpu-node-77777");
+  EXPECT_EQ(status[0].agents[77'777].rank_offset, 77'777);
+  EXPECT_EQ(status[0].agents[77'777].state, "attached");
+
+  const Decisions lost = Closed(kSecond, 1 + 4242);
+  ASSERT_EQ(lost.sends.size(), static_cast<size_t>(kAgents - 1));
+  ASSERT_EQ(lost.events.size(), 1u);
+  const auto& abort = std::get<AbortEvent>(lost.events[0]);
+  EXPECT_EQ(abort.cause, AbortCause::kAgentLost);
+  EXPECT_TRUE(absl::StrContains(abort.reason, "gpu-node-4242 (node 4242, ranks 4242-4242)"))
+      << abort.reason;
 }
 
 // ---- Status ----

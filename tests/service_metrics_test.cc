@@ -24,11 +24,8 @@ AssignmentEvent Round(int32_t round) {
 
 Decisions Assign(std::initializer_list<StreamId> streams, int32_t round) {
   Decisions d;
-  for (StreamId s : streams) {
-    Decisions::Send& send = d.sends.emplace_back();
-    send.stream = s;
-    send.event.emplace<AssignmentEvent>(Round(round));
-  }
+  const uint32_t event = d.Keep(Round(round));
+  for (StreamId s : streams) d.SendTo(s, event);
   return d;
 }
 
@@ -36,11 +33,8 @@ Decisions Abort(std::initializer_list<StreamId> streams, AbortCause cause) {
   Decisions d;
   AbortEvent abort;
   abort.cause = cause;
-  for (StreamId s : streams) {
-    Decisions::Send& send = d.sends.emplace_back();
-    send.stream = s;
-    send.event.emplace<AbortEvent>(abort);
-  }
+  const uint32_t event = d.Keep(abort);
+  for (StreamId s : streams) d.SendTo(s, event);
   return d;
 }
 

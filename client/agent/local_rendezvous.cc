@@ -64,14 +64,15 @@ class LocalRendezvous final : public AgentRendezvous {
   void Dispatch(const Decisions& d) {
     for (const Decisions::Send& send : d.sends) {
       if (send.stream != stream_) continue;
-      if (const auto* a = std::get_if<AssignmentEvent>(&send.event)) {
+      const Event event = d.EventOf(send);
+      if (const auto* a = std::get_if<AssignmentEvent>(&event)) {
         if (pending_join_) {
           post_([done = std::move(pending_join_), a = *a] { done(a); });
           pending_join_ = nullptr;
         }
-      } else if (const auto* p = std::get_if<ProgressEvent>(&send.event)) {
+      } else if (const auto* p = std::get_if<ProgressEvent>(&event)) {
         if (events_.on_progress) post_([f = events_.on_progress, p = *p] { f(p); });
-      } else if (const auto* abort = std::get_if<AbortEvent>(&send.event)) {
+      } else if (const auto* abort = std::get_if<AbortEvent>(&event)) {
         if (events_.on_abort) post_([f = events_.on_abort, a = *abort] { f(a); });
         EndPendingJoin(absl::AbortedError(abort->reason));
       }

@@ -11,11 +11,11 @@
 namespace rdzv {
 namespace {
 
-auto SortKey(const AgentSpec& a) { return std::tie(a.order, a.node_index, a.host, a.agent_id); }
+auto SortKey(const RankInput& a) { return std::tie(a.order, a.node_index, a.host, a.agent_id); }
 
-absl::Status CheckConsistent(const std::vector<AgentSpec>& agents) {
-  const AgentSpec& first = agents.front();
-  for (const AgentSpec& a : agents) {
+absl::Status CheckConsistent(const std::vector<RankInput>& agents) {
+  const RankInput& first = agents.front();
+  for (const RankInput& a : agents) {
     if (a.nproc <= 0) {
       return absl::InvalidArgumentError(
           absl::StrFormat("the agent on %s runs %d workers; expected at least 1", a.host, a.nproc));
@@ -38,6 +38,15 @@ absl::Status CheckConsistent(const std::vector<AgentSpec>& agents) {
 }  // namespace
 
 absl::StatusOr<RankTable> AssignRanks(const std::vector<AgentSpec>& agents) {
+  std::vector<RankInput> inputs;
+  inputs.reserve(agents.size());
+  for (const AgentSpec& a : agents) {
+    inputs.push_back({a.agent_id, a.host, a.node_index, a.order, a.nproc});
+  }
+  return AssignRanks(inputs);
+}
+
+absl::StatusOr<RankTable> AssignRanks(const std::vector<RankInput>& agents) {
   RankTable table;
   if (agents.empty()) return table;
   if (absl::Status s = CheckConsistent(agents); !s.ok()) return s;
@@ -50,8 +59,8 @@ absl::StatusOr<RankTable> AssignRanks(const std::vector<AgentSpec>& agents) {
             [&](size_t l, size_t r) { return SortKey(agents[l]) < SortKey(agents[r]); });
 
   for (size_t i = 1; i < by_position.size(); ++i) {
-    const AgentSpec& prev = agents[by_position[i - 1]];
-    const AgentSpec& cur = agents[by_position[i]];
+    const RankInput& prev = agents[by_position[i - 1]];
+    const RankInput& cur = agents[by_position[i]];
     if (ordered && cur.order == prev.order) {
       return absl::InvalidArgumentError(
           absl::StrFormat("global position %d is claimed by two agents (on %s and %s)", cur.order,
@@ -69,7 +78,7 @@ absl::StatusOr<RankTable> AssignRanks(const std::vector<AgentSpec>& agents) {
   std::vector<int64_t> node_indices;
   if (indexed) {
     node_indices.reserve(agents.size());
-    for (const AgentSpec& a : agents) node_indices.push_back(a.node_index);
+    for (const RankInput& a : agents) node_indices.push_back(a.node_index);
     std::sort(node_indices.begin(), node_indices.end());
     node_indices.erase(std::unique(node_indices.begin(), node_indices.end()), node_indices.end());
   }
@@ -77,7 +86,7 @@ absl::StatusOr<RankTable> AssignRanks(const std::vector<AgentSpec>& agents) {
   // Summed in 64 bits: the sum is checked against the 32 bits ranks have before any is handed
   // out, and every per-node sum is at most the whole.
   int64_t world = 0;
-  for (const AgentSpec& a : agents) world += a.nproc;
+  for (const RankInput& a : agents) world += a.nproc;
   if (world > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the %d agents run %d workers in all, over the limit of %d ranks; lower --nnodes or "

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/core/rendezvous_types.h"
 
 namespace rdzv {
@@ -27,9 +28,21 @@ struct RankTable {
   std::vector<int> workers_per_node;  // one per node, by group rank
 };
 
+// One agent as rank assignment reads it: an AgentSpec's fields, its names not copied (a round of
+// 100,000 agents is ranked from the server's own records).
+struct RankInput {
+  absl::string_view agent_id;
+  absl::string_view host;
+  int64_t node_index = -1;
+  int64_t order = -1;
+  int32_t nproc = 1;
+};
+
 // Assigns ranks to `agents`. Fails with InvalidArgument when two agents claim the same
 // (node index, order) position, when some agents give a node index and others do not, when
 // a worker count is not positive, or when the workers are more than 32-bit ranks can number.
+absl::StatusOr<RankTable> AssignRanks(const std::vector<RankInput>& agents);
+// The same, for agents given whole.
 absl::StatusOr<RankTable> AssignRanks(const std::vector<AgentSpec>& agents);
 
 }  // namespace rdzv

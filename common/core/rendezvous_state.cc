@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/container/node_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -15,6 +14,15 @@
 #include "common/core/hostlist.h"
 
 namespace rdzv {
+
+Event Decisions::EventOf(const Send& send) const {
+  Event event = events[send.event];
+  if (auto* assignment = std::get_if<AssignmentEvent>(&event)) {
+    assignment->slot = send.slot;
+    assignment->spare = send.spare;
+  }
+  return event;
+}
 
 enum class Phase { kFilling, kRunning, kEnded };
 
@@ -26,43 +34,20 @@ struct RendezvousState::GoneNode {
   GoneHow how = GoneHow::kLeft;
 };
 
-// Of its join, only what the rounds read: a job holds one per agent, and at scale (per-task
-// launches of 100,000 ranks) the rest of a JoinSpec would be most of the server's memory.
-struct RendezvousState::Member {
-  AgentSpec agent;
-  std::vector<std::string> addresses;
+namespace {
+
+// What a waiting member's join says that only the forming of its round reads: where its host can
+// be reached and the port it offers (the master's are the rank-0 agent's), where it connected
+// from, and its longest heartbeat interval (the job's is the longest). A job keeps one per member
+// while its round fills, its strings in one pool, and drops them once the round forms.
+struct Joining {
+  uint64_t at = 0;         // its addresses, then where it connected from, in the job's pool
+  uint32_t addresses = 0;  // how many
   int32_t master_port = 0;
-  std::string master_addr_override;
-  int32_t master_port_override = 0;
   Micros longest_heartbeat_interval = 0;
-  std::string peer_address;  // where it connected from, as the server saw it
-  StreamId stream = 0;       // 0: not attached
-  bool left = false;
-  bool finished = false;  // left while the job ran, not a spare: its workers succeeded
-  bool lost = false;      // its stream ended without a word after the job ended
-  bool spare = false;     // a hot spare of the running round: no ranks
-  // In a job rebuilt from resuming agents: it joined afresh (its assignment was lost with the
-  // server that formed the round) and waits for its ranks until every agent is back.
-  bool unranked = false;
-  Slot slot;
-
-  void Take(const JoinSpec& spec) {
-    agent = spec.agent;
-    addresses = spec.addresses;
-    master_port = spec.master_port;
-    master_addr_override = spec.master_addr_override;
-    master_port_override = spec.master_port_override;
-    longest_heartbeat_interval = spec.longest_heartbeat_interval;
-  }
-
-  // What this member is told of the running round whose shared part is `shared`.
-  AssignmentEvent AssignmentIn(const AssignmentEvent& shared) const {
-    AssignmentEvent a = shared;
-    a.slot = slot;
-    a.spare = spare;
-    return a;
-  }
 };
+
+}  // namespace
 
 struct RendezvousState::Job {
   std::string id;
@@ -86,13 +71,21 @@ struct RendezvousState::Job {
   Micros resume_deadline = 0;
   int32_t attached = 0;
   int32_t world_size = 0;
-  absl::node_hash_map<std::string, Member> members;
+  // The round's agents: a record each (agent_table.h), which is all a job keeps of an agent once
+  // its round has formed.
+  AgentTable members;
+  // While the round fills, what only its forming reads of each member's join, by member index,
+  // and the pool of their strings with how many of its bytes erased members left behind.
+  std::vector<Joining> joining;
+  std::string joining_pool;
+  size_t joining_dead = 0;
   // Members with `left` set, so that "has everyone left?" is a comparison and not a scan: it is
   // asked after every departure, and a job of N agents sees N of them.
   size_t left = 0;
-  // Who holds each position (global order, else node index): refuses a second claim at once
-  // instead of failing the whole round when it completes.
-  absl::flat_hash_map<int64_t, std::string> claims;
+  // Who holds each position (global order, else node index; the first rank in a rebuilt job), by
+  // member index: refuses a second claim at once instead of failing the whole round when it
+  // completes.
+  absl::flat_hash_map<int64_t, AgentTable::Index> claims;
   AssignmentEvent assignment;  // the parts every member shares
   std::optional<AbortEvent> abort;
   // The longest heartbeat interval its agents have reported, over all rounds.
@@ -118,14 +111,10 @@ struct RendezvousState::Job {
   std::vector<GoneNode> gone;
   int32_t gone_agents = 0;
   absl::flat_hash_set<int64_t> gone_positions;
-  // The agents of the last run not yet back in the round that fills, by agent id, with the
-  // stream of the last run each still holds (0: none): one that leaves instead, or whose stream
-  // ends without a word, is gone too.
-  struct Awaited {
-    GoneNode node;
-    StreamId stream = 0;
-  };
-  absl::flat_hash_map<std::string, Awaited> awaited;
+  // The agents of the last run not yet back in the round that fills, as the last run's records,
+  // each with the stream of the last run it still holds (0: none): one that leaves instead, or
+  // whose stream ends without a word, is gone too.
+  AgentTable awaited;
   // How the last run ended, for the end of a restart that cannot be whole.
   std::optional<AbortEvent> last_run_end;
   // The round that fills or runs formed here (or was rebuilt here from its resuming agents).
@@ -156,32 +145,84 @@ struct RendezvousState::Job {
   int32_t Needed() const {
     return spare_nodes > 0 ? std::min(min_agents, max_agents - spare_nodes) : min_agents;
   }
-  // Whether `agent` runs on a node left out of the job.
-  bool Excludes(const AgentSpec& agent) const {
-    return agent.node_index >= 0 ? excluded_node_indices.contains(agent.node_index)
-                                 : excluded_hosts.contains(agent.host);
+  // Whether an agent on `host`, node `node_index`, runs on a node left out of the job.
+  bool Excludes(int64_t node_index, absl::string_view host) const {
+    return node_index >= 0 ? excluded_node_indices.contains(node_index)
+                           : excluded_hosts.contains(host);
   }
+  bool Excludes(const AgentSpec& agent) const { return Excludes(agent.node_index, agent.host); }
   int32_t port_override = 0;
   int32_t port_givers = 0;
 
-  // A member joins (+1) or leaves (-1) the round being filled.
-  // `spec`: a JoinSpec, or a Member made of one.
-  template <typename Spec>
-  void CountOverride(const Spec& spec, int32_t delta) {
+  // A member that gives (part of) a fixed master endpoint joins the round being filled...
+  void GiveOverride(const JoinSpec& spec) {
     if (!spec.master_addr_override.empty()) {
-      addr_givers += delta;
-      addr_override = addr_givers > 0 ? spec.master_addr_override : "";
+      ++addr_givers;
+      addr_override = spec.master_addr_override;
     }
     if (spec.master_port_override > 0) {
-      port_givers += delta;
-      port_override = port_givers > 0 ? spec.master_port_override : 0;
+      ++port_givers;
+      port_override = spec.master_port_override;
     }
+  }
+  // ... or leaves it.
+  void TakeBackOverride(const AgentRecord& m) {
+    if (m.gave_master_addr && --addr_givers == 0) addr_override.clear();
+    if (m.gave_master_port && --port_givers == 0) port_override = 0;
   }
   void ClearOverrides() {
     addr_override.clear();
     addr_givers = 0;
     port_override = 0;
     port_givers = 0;
+  }
+
+  // Keeps what only the forming of the round reads of member `i`'s join.
+  void KeepJoining(AgentTable::Index i, const JoinSpec& spec, absl::string_view peer) {
+    if (joining.size() <= i) joining.resize(i + 1);
+    Joining& j = joining[i];
+    j.at = joining_pool.size();
+    j.addresses = static_cast<uint32_t>(spec.addresses.size());
+    j.master_port = spec.master_port;
+    j.longest_heartbeat_interval = spec.longest_heartbeat_interval;
+    for (const std::string& a : spec.addresses) AppendLengthPrefixed(joining_pool, a);
+    AppendLengthPrefixed(joining_pool, peer);
+  }
+  // Member `i`'s addresses; with `peer`, also where it connected from.
+  std::vector<absl::string_view> AddressesOf(AgentTable::Index i,
+                                             absl::string_view* peer = nullptr) const {
+    std::vector<absl::string_view> out;
+    size_t at = joining[i].at;
+    for (uint32_t n = 0; n < joining[i].addresses; ++n) {
+      out.push_back(ReadLengthPrefixed(joining_pool, at));
+    }
+    const absl::string_view from = ReadLengthPrefixed(joining_pool, at);
+    if (peer != nullptr) *peer = from;
+    return out;
+  }
+  // Member `i`, waiting, is gone: its strings are garbage in the pool, which is rewritten once
+  // garbage is most of it (agents that come and go while a round fills do not grow it for good).
+  void DropJoining(AgentTable::Index i) {
+    size_t at = joining[i].at;
+    for (uint32_t n = 0; n <= joining[i].addresses; ++n) ReadLengthPrefixed(joining_pool, at);
+    joining_dead += at - joining[i].at;
+    if (joining_dead < 4096 || joining_dead < joining_pool.size() / 2) return;
+    std::string pool;
+    for (AgentTable::Index m : members) {
+      if (m == i) continue;
+      absl::string_view peer;
+      const std::vector<absl::string_view> addresses = AddressesOf(m, &peer);
+      joining[m].at = pool.size();
+      for (absl::string_view a : addresses) AppendLengthPrefixed(pool, a);
+      AppendLengthPrefixed(pool, peer);
+    }
+    joining_pool = std::move(pool);
+    joining_dead = 0;
+  }
+  void ClearJoining() {
+    std::vector<Joining>().swap(joining);
+    std::string().swap(joining_pool);
+    joining_dead = 0;
   }
 };
 
@@ -192,6 +233,8 @@ constexpr size_t kProgressMissing = 16;
 constexpr size_t kProgressExcluded = 8;
 // Excluded nodes a job names in its status; the count covers the rest.
 constexpr size_t kKeptExcluded = 64;
+// No event kept yet (Decisions::Keep).
+constexpr uint32_t kNoEvent = std::numeric_limits<uint32_t>::max();
 
 // How a job ends for nodes left out of it.
 AbortEvent NodeUnhealthyAbort(std::string reason) {
@@ -219,25 +262,33 @@ bool IsLoopback(absl::string_view address) {
 }
 
 // MASTER_ADDR: the rank-0 agent's best address, unless that is a loopback address while other
-// agents reached the server over the network. Then the others could not reach it (a host name
-// that /etc/hosts maps to 127.0.1.1 is the usual cause), so take a real one.
-std::string ChooseMasterAddress(const std::vector<std::string>& addresses,
-                                const std::string& master_peer,
-                                const std::vector<const std::string*>& peers) {
-  const std::string first = addresses.empty() ? "127.0.0.1" : addresses.front();
-  if (!IsLoopback(first)) return first;
-  const bool remote_peers = std::any_of(peers.begin(), peers.end(), [](const std::string* p) {
-    return !p->empty() && !IsLoopback(*p);
-  });
-  if (!remote_peers) return first;
-  if (!master_peer.empty() && !IsLoopback(master_peer)) return master_peer;
-  for (const std::string& a : addresses) {
-    if (!IsLoopback(a)) return a;
+// agents reached the server over the network (`remote_peers`). Then the others could not reach
+// it (a host name that /etc/hosts maps to 127.0.1.1 is the usual cause), so take a real one.
+std::string ChooseMasterAddress(const std::vector<absl::string_view>& addresses,
+                                absl::string_view master_peer, bool remote_peers) {
+  const absl::string_view first = addresses.empty() ? "127.0.0.1" : addresses.front();
+  if (!IsLoopback(first) || !remote_peers) return std::string(first);
+  if (!master_peer.empty() && !IsLoopback(master_peer)) return std::string(master_peer);
+  for (absl::string_view a : addresses) {
+    if (!IsLoopback(a)) return std::string(a);
   }
-  return first;
+  return std::string(first);
 }
 
 int64_t ClaimKey(const AgentSpec& a) { return a.order >= 0 ? a.order : a.node_index; }
+int64_t ClaimKey(const AgentRecord& a) { return a.order >= 0 ? a.order : a.node_index; }
+
+// Agent `i` of `table` as rank assignment reads it; its names valid until the table changes.
+RankInput InputOf(const AgentTable& table, AgentTable::Index i) {
+  const AgentRecord& r = table[i];
+  return RankInput{table.agent_id(i), table.host(i), r.node_index, r.order, r.nproc};
+}
+
+// Sends a running round (`shared`, the parts every member shares) to member `m` on `stream`.
+void SendAssignment(Decisions& out, StreamId stream, const AssignmentEvent& shared,
+                    const AgentRecord& m) {
+  out.SendTo(stream, out.Keep(shared), m.slot, m.spare);
+}
 
 // Why the assignment `spec` resumes cannot be one this server handed out, or "".
 std::string ImpossibleResume(const JoinSpec& spec) {
@@ -384,12 +435,13 @@ namespace {
 // A member's shape is fixed once it has joined: its place among the claims and its ranks were
 // (or will be) worked out from it. A join under the same agent id that changes it would take
 // the member's place with a different shape, so it is refused, naming both values.
-absl::Status SameShape(const std::string& job_id, const AgentSpec& held, const AgentSpec& asked) {
+absl::Status SameShape(const std::string& job_id, absl::string_view agent_id,
+                       const AgentRecord& held, const AgentSpec& asked) {
   const auto refuse = [&](absl::string_view flag, int64_t was, int64_t now) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "agent %s already joined job %s with %s %d and now asks for %d; rejoin with %s %d, or "
         "give a launcher of another shape its own agent id",
-        held.agent_id, job_id, flag, was, now, flag, was));
+        agent_id, job_id, flag, was, now, flag, was));
   };
   if (asked.nproc != held.nproc) return refuse("--nproc-per-node", held.nproc, asked.nproc);
   if (asked.node_index != held.node_index) {
@@ -402,27 +454,27 @@ absl::Status SameShape(const std::string& job_id, const AgentSpec& held, const A
 // Ranks are assigned by node rank when the agents give one, else by host name; by global
 // position when they have one (one agent per task). A job's agents must agree on both, so a
 // newcomer that does not is refused, naming the agent it disagrees with; `other` is any member.
-absl::Status SameRanking(const std::string& job_id, const AgentSpec& other,
+absl::Status SameRanking(const std::string& job_id, const RankInput& other,
                          const AgentSpec& asked) {
   if ((asked.node_index >= 0) != (other.node_index >= 0)) {
-    const auto gives = [](const AgentSpec& a) {
-      return a.node_index >= 0 ? absl::StrFormat("gives --node-rank %d", a.node_index)
-                               : std::string("gives no --node-rank");
+    const auto gives = [](int64_t node_index) {
+      return node_index >= 0 ? absl::StrFormat("gives --node-rank %d", node_index)
+                             : std::string("gives no --node-rank");
     };
     return absl::FailedPreconditionError(absl::StrFormat(
         "the agent on %s %s, but the agent on %s, already in job %s, %s; pass --node-rank to "
         "every agent of the job or to none",
-        asked.host, gives(asked), other.host, job_id, gives(other)));
+        asked.host, gives(asked.node_index), other.host, job_id, gives(other.node_index)));
   }
   if ((asked.order >= 0) != (other.order >= 0)) {
-    const auto has = [](const AgentSpec& a) {
-      return a.order >= 0 ? "has a global position (one agent per task)"
-                          : "has no global position (one agent per node)";
+    const auto has = [](int64_t order) {
+      return order >= 0 ? "has a global position (one agent per task)"
+                        : "has no global position (one agent per node)";
     };
     return absl::FailedPreconditionError(absl::StrFormat(
         "the agent on %s %s, but the agent on %s, already in job %s, %s; run every agent of the "
         "job in the same --mode",
-        asked.host, has(asked), other.host, job_id, has(other)));
+        asked.host, has(asked.order), other.host, job_id, has(other.order)));
   }
   return absl::OkStatus();
 }
@@ -478,44 +530,56 @@ RendezvousState::Job* RendezvousState::FindJob(const std::string& job_id) {
   return it == jobs_.end() ? nullptr : it->second.get();
 }
 
-void RendezvousState::Detach(Job& job, Member& member) {
+void RendezvousState::Detach(Job& job, Index i) {
+  AgentRecord& member = job.members[i];
   if (member.stream == 0) return;
   streams_.erase(member.stream);
   member.stream = 0;
   --job.attached;
 }
 
+void RendezvousState::EraseWaiting(Job& job, Index i) {
+  const AgentRecord& member = job.members[i];
+  job.claims.erase(ClaimKey(member));
+  job.TakeBackOverride(member);
+  job.DropJoining(i);
+  job.members.Erase(i);
+}
+
 void RendezvousState::OpenRound(Job& job, const JoinSpec& spec, bool fresh, Decisions& out) {
   DropAwaited(job, absl::AbortedError("a new round started"), out);
-  job.awaited.clear();
+  job.awaited.Clear();
   if (!fresh) {
     // A restart: of the last run's agents, those that left or were lost are not coming back;
-    // the others are awaited on the stream they still hold.
-    for (auto& [id, member] : job.members) {
-      if (job.Excludes(member.agent)) continue;  // counted as left out already
-      GoneNode node{member.agent.host,
-                    member.spare ? static_cast<int32_t>(member.agent.node_index)
-                                 : member.slot.group_rank,
-                    ClaimKey(member.agent),
-                    member.left   ? (member.finished ? GoneHow::kFinished
-                                                     : GoneHow::kLeft)
-                    : member.lost ? GoneHow::kLost
-                                  : GoneHow::kLeft};
-      if (member.left || member.lost) {
-        NoteGone(job, std::move(node));
+    // the others are awaited on the stream they still hold, as the records they are.
+    job.awaited = std::move(job.members);
+    job.members = AgentTable();
+    for (Index i : job.awaited) {
+      AgentRecord& member = job.awaited[i];
+      if (member.stream != 0) --job.attached;
+      const bool excluded = job.Excludes(member.node_index, job.awaited.host(i));
+      if (excluded || member.left || member.lost) {
+        // Counted as left out already, or not coming.
+        if (!excluded) {
+          NoteGone(
+              job,
+              GoneNode{std::string(job.awaited.host(i)),
+                       member.spare ? member.node_index : member.slot.group_rank, ClaimKey(member),
+                       member.left ? (member.finished ? GoneHow::kFinished : GoneHow::kLeft)
+                                   : GoneHow::kLost});
+        }
+        if (member.stream != 0) streams_.erase(member.stream);
+        job.awaited.Erase(i);
         continue;
       }
-      // Its stream stays its own (streams_ still names it), out of the round's members.
-      job.awaited.emplace(id, Job::Awaited{std::move(node), member.stream});
-      if (member.stream != 0) {
-        member.stream = 0;
-        --job.attached;
-      }
+      // Its stream stays its own, now as an awaited agent's.
+      if (member.stream != 0) streams_[member.stream] = {&job, i, /*awaited=*/true};
     }
     job.last_run_end = job.abort;
   }
-  for (auto& [id, member] : job.members) Detach(job, member);
-  job.members.clear();
+  for (Index i : job.members) Detach(job, i);
+  job.members.Clear();
+  job.ClearJoining();
   job.ClearOverrides();
   job.left = 0;
   job.claims.clear();
@@ -549,10 +613,10 @@ void RendezvousState::OpenRound(Job& job, const JoinSpec& spec, bool fresh, Deci
   job.abort.reset();
 }
 
-void RendezvousState::Attach(Job& job, Member& member, StreamId stream) {
-  Detach(job, member);
-  member.stream = stream;
-  streams_[stream] = {job.id, member.agent.agent_id};
+void RendezvousState::Attach(Job& job, Index i, StreamId stream) {
+  Detach(job, i);
+  job.members[i].stream = stream;
+  streams_[stream] = {&job, i, /*awaited=*/false};
   ++job.attached;
 }
 
@@ -572,13 +636,15 @@ void RendezvousState::Rebuild(Job& job, Micros now, const JoinSpec& spec) {
   // Agents that joined afresh wait for their ranks (FillRebuilt); resumed ones claim theirs.
   job.claims.clear();
   job.ClearOverrides();
-  for (auto& [id, member] : job.members) member.unranked = true;
+  job.ClearJoining();
+  for (Index i : job.members) job.members[i].unranked = true;
 }
 
 int32_t RendezvousState::RankedBack(const Job& job, int32_t* unranked) const {
   int32_t ranked = 0;
   int32_t waiting = 0;
-  for (const auto& [id, m] : job.members) {
+  for (Index i : job.members) {
+    const AgentRecord& m = job.members[i];
     if (m.spare) continue;
     if (m.unranked) {
       ++waiting;
@@ -599,18 +665,19 @@ void RendezvousState::FillRebuilt(Job& job, Micros now, Decisions& out) {
   // The round's ranks worked out again over all of its agents, as when it formed: rank
   // assignment depends on nothing else, so the resumed agents' ranks come out the same and the
   // others get the ones the lost server gave them.
-  std::vector<Member*> all;
-  std::vector<AgentSpec> specs;
-  for (auto& [id, m] : job.members) {
-    if (m.spare) continue;
-    all.push_back(&m);
-    specs.push_back(m.agent);
+  std::vector<Index> all;
+  std::vector<RankInput> specs;
+  for (Index i : job.members) {
+    if (job.members[i].spare) continue;
+    all.push_back(i);
+    specs.push_back(InputOf(job.members, i));
   }
   absl::StatusOr<RankTable> table = AssignRanks(specs);
   bool same = table.ok() && table->world_size == job.world_size &&
               table->group_world_size == job.assignment.group_world_size;
-  for (size_t i = 0; same && i < all.size(); ++i) {
-    if (!all[i]->unranked && all[i]->slot != table->slots[i]) same = false;
+  for (size_t k = 0; same && k < all.size(); ++k) {
+    const AgentRecord& m = job.members[all[k]];
+    if (!m.unranked && m.slot != table->slots[k]) same = false;
   }
   if (!same) {
     AbortEvent abort;
@@ -623,13 +690,16 @@ void RendezvousState::FillRebuilt(Job& job, Micros now, Decisions& out) {
     EndJob(job, now, std::move(abort), out);
     return;
   }
-  for (size_t i = 0; i < all.size(); ++i) {
-    Member& m = *all[i];
+  uint32_t round = kNoEvent;
+  for (size_t k = 0; k < all.size(); ++k) {
+    AgentRecord& m = job.members[all[k]];
     if (!m.unranked) continue;
     m.unranked = false;
-    m.slot = table->slots[i];
-    if (m.agent.node_index >= 0) job.seats[m.agent.node_index] = m.slot.group_rank;
-    if (m.stream != 0) out.sends.push_back({m.stream, m.AssignmentIn(job.assignment)});
+    m.slot = table->slots[k];
+    if (m.node_index >= 0) job.seats[m.node_index] = m.slot.group_rank;
+    if (m.stream == 0) continue;
+    if (round == kNoEvent) round = out.Keep(job.assignment);
+    out.SendTo(m.stream, round, m.slot, m.spare);
   }
 }
 
@@ -662,7 +732,7 @@ void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec,
   switch (job->phase) {
     case Phase::kEnded:
       // It ended while this agent was away (losing an agent ends a job, this one included).
-      out.sends.push_back({stream, *job->abort});
+      out.Tell(stream, *job->abort);
       out.closes.push_back({stream, absl::OkStatus()});
       return;
     case Phase::kFilling:
@@ -688,8 +758,9 @@ void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec,
     out.closes.push_back({stream, std::move(s)});
     return;
   }
-  auto it = job->members.find(spec.agent.agent_id);
-  const bool newcomer = it == job->members.end() || it->second.unranked;
+  (void)caller;  // where a resuming agent connected from matters only to a round that forms
+  Index it = job->members.Find(spec.agent.agent_id);
+  const bool newcomer = it == AgentTable::kNone || job->members[it].unranked;
   if (newcomer) {
     if (job->resume_deadline == 0) {
       out.closes.push_back(
@@ -697,20 +768,25 @@ void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec,
                                                       job->round, job->id, spec.agent.agent_id))});
       return;
     }
+    bool claimed = false;
     if (!held.spare) {
-      auto [claim, inserted] = job->claims.emplace(held.slot.rank_offset, spec.agent.agent_id);
-      if (!inserted && claim->second != spec.agent.agent_id) {
-        out.closes.push_back({stream, absl::FailedPreconditionError(absl::StrFormat(
-                                          "rank %d of job %s is already held by the agent on %s",
-                                          held.slot.rank_offset, job->id,
-                                          job->members.at(claim->second).agent.host))});
+      auto claim = job->claims.find(held.slot.rank_offset);
+      if (claim != job->claims.end() && claim->second != it) {
+        out.closes.push_back(
+            {stream, absl::FailedPreconditionError(absl::StrFormat(
+                         "rank %d of job %s is already held by the agent on %s",
+                         held.slot.rank_offset, job->id, job->members.host(claim->second)))});
         return;
       }
+      claimed = claim != job->claims.end();
     }
-    if (it == job->members.end()) it = job->members.emplace(spec.agent.agent_id, Member{}).first;
-    Member& m = it->second;
-    m.Take(spec);
-    m.peer_address = caller.peer_address;
+    if (it == AgentTable::kNone) {
+      it = job->members.Add(spec.agent);
+    } else {
+      job->members.Update(it, spec.agent);
+    }
+    if (!held.spare && !claimed) job->claims.emplace(held.slot.rank_offset, it);
+    AgentRecord& m = job->members[it];
     m.unranked = false;
     m.spare = held.spare;
     m.slot = held.spare ? Slot{} : held.slot;
@@ -719,27 +795,28 @@ void RendezvousState::Resume(Micros now, StreamId stream, const JoinSpec& spec,
     } else if (spec.agent.node_index >= 0) {
       job->seats[spec.agent.node_index] = held.slot.group_rank;
     }
-  } else if (absl::Status s = SameShape(job->id, it->second.agent, spec.agent); !s.ok()) {
+  } else if (absl::Status s =
+                 SameShape(job->id, job->members.agent_id(it), job->members[it], spec.agent);
+             !s.ok()) {
     out.closes.push_back({stream, std::move(s)});
     return;
-  } else if (it->second.spare != held.spare || (!held.spare && it->second.slot != held.slot)) {
+  } else if (const AgentRecord& m = job->members[it];
+             m.spare != held.spare || (!held.spare && m.slot != held.slot)) {
     // Its workers run other ranks than the job gave it (an assignment of an earlier run of the
     // same job id), or it claims ranks as a spare or none as a node: they are not this run's.
     const auto ranks = [](bool spare, const Slot& slot) {
       return spare ? std::string("no ranks (a spare)")
                    : absl::StrFormat("rank %d", slot.rank_offset);
     };
-    out.closes.push_back({stream, ForeignWorkers(spec.agent.host, held.round, job->id,
-                                                 ranks(held.spare, held.slot),
-                                                 absl::StrCat("the job gave it ",
-                                                              ranks(it->second.spare,
-                                                                    it->second.slot)))});
+    out.closes.push_back(
+        {stream, ForeignWorkers(spec.agent.host, held.round, job->id, ranks(held.spare, held.slot),
+                                absl::StrCat("the job gave it ", ranks(m.spare, m.slot)))});
     return;
-  } else if (it->second.stream != 0 && it->second.stream != stream) {
-    out.closes.push_back({it->second.stream, absl::AbortedError("replaced by a newer join")});
+  } else if (m.stream != 0 && m.stream != stream) {
+    out.closes.push_back({m.stream, absl::AbortedError("replaced by a newer join")});
   }
-  Attach(*job, it->second, stream);
-  out.sends.push_back({stream, it->second.AssignmentIn(job->assignment)});
+  Attach(*job, it, stream);
+  SendAssignment(out, stream, job->assignment, job->members[it]);
   if (job->resume_deadline != 0) FillRebuilt(*job, now, out);
 }
 
@@ -763,8 +840,8 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
     job->last_progress = now;
   }
 
-  auto member_it = job->members.find(spec.agent.agent_id);
-  const bool is_member = member_it != job->members.end();
+  const Index member_at = job->members.Find(spec.agent.agent_id);
+  const bool is_member = member_at != AgentTable::kNone;
 
   if (job->phase == Phase::kEnded) {
     const bool next_round = spec.restart_count > job->restart_count;
@@ -779,7 +856,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
       // A peer of the run that a node's failed health check ended, or of a restart that could
       // not be whole: it hears why, at once, instead of opening a round that waits for that
       // node.
-      out.sends.push_back({stream, *job->abort});
+      out.Tell(stream, *job->abort);
       out.closes.push_back({stream, absl::OkStatus()});
       return;
     }
@@ -787,7 +864,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
       // A reconnect after the end (its first stream broke before the assignment reached it):
       // tell it how the job ended, and end the join, as for a resume, so that the agent exits
       // with the root cause now instead of waiting on a stream that will carry nothing more.
-      out.sends.push_back({stream, *job->abort});
+      out.Tell(stream, *job->abort);
       out.closes.push_back({stream, absl::OkStatus()});
       return;
     }
@@ -800,10 +877,11 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
     // A restart (next_round), or the same job id starting afresh (a requeued job). The old
     // run's streams end, but for a restart those of the agents awaited for it: their end tells
     // the round whether they are coming.
-    for (auto& [id, member] : job->members) {
-      if (member.stream != 0 && (!next_round || id == spec.agent.agent_id)) {
-        out.closes.push_back({member.stream, absl::AbortedError("a new round started")});
-        Detach(*job, member);
+    for (Index i : job->members) {
+      const StreamId old = job->members[i].stream;
+      if (old != 0 && (!next_round || i == member_at)) {
+        out.closes.push_back({old, absl::AbortedError("a new round started")});
+        Detach(*job, i);
       }
     }
     OpenRound(*job, spec, /*fresh=*/!next_round, out);
@@ -813,7 +891,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
       // left, leave too few for this one.
       EndJob(*job, now, CannotForm(*job, nullptr), out);
       job->cannot_form = true;
-      out.sends.push_back({stream, *job->abort});
+      out.Tell(stream, *job->abort);
       out.closes.push_back({stream, absl::OkStatus()});
       job->last_detach = now;
       return;
@@ -851,21 +929,21 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
     return;
   }
 
-  member_it = job->members.find(spec.agent.agent_id);
-  if (member_it != job->members.end()) {
+  if (const Index i = job->members.Find(spec.agent.agent_id); i != AgentTable::kNone) {
     // The same agent again (a retried join): the new stream replaces the old one.
-    Member& member = member_it->second;
-    if (absl::Status s = SameShape(job->id, member.agent, spec.agent); !s.ok()) {
+    AgentRecord& member = job->members[i];
+    if (absl::Status s = SameShape(job->id, job->members.agent_id(i), member, spec.agent);
+        !s.ok()) {
       out.closes.push_back({stream, std::move(s)});
       return;
     }
     if (member.stream != 0 && member.stream != stream) {
       out.closes.push_back({member.stream, absl::AbortedError("replaced by a newer join")});
     }
-    Attach(*job, member, stream);
+    Attach(*job, i, stream);
     if (job->phase == Phase::kRunning && !member.unranked) {
       // A spare hears again that it is one.
-      out.sends.push_back({stream, member.AssignmentIn(job->assignment)});
+      SendAssignment(out, stream, job->assignment, member);
     }
     return;
   }
@@ -884,10 +962,8 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
                        job->id, job->assignment.agents, spec.agent.host))});
       return;
     }
-    Member& waiting = job->members[spec.agent.agent_id];
-    waiting.Take(spec);
-    waiting.peer_address = caller.peer_address;
-    waiting.unranked = true;
+    const Index waiting = job->members.Add(spec.agent);
+    job->members[waiting].unranked = true;
     Attach(*job, waiting, stream);
     FillRebuilt(*job, now, out);
     return;
@@ -904,7 +980,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
   }
 
   if (!job->members.empty()) {
-    const AgentSpec& other = job->members.begin()->second.agent;
+    const RankInput other = InputOf(job->members, *job->members.begin());
     if (absl::Status s = SameRanking(job->id, other, spec.agent); !s.ok()) {
       out.closes.push_back({stream, std::move(s)});
       return;
@@ -928,34 +1004,35 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
                             spec.master_port_override != job->port_override;
   if (addr_differs || port_differs) {
     // Refusals only: name one member that set what this agent contradicts.
-    const Member* o = nullptr;
-    for (const auto& [id, other] : job->members) {
-      if ((addr_differs && !other.master_addr_override.empty()) ||
-          (port_differs && other.master_port_override > 0)) {
-        o = &other;
+    Index o = AgentTable::kNone;
+    for (Index i : job->members) {
+      const AgentRecord& other = job->members[i];
+      if ((addr_differs && other.gave_master_addr) || (port_differs && other.gave_master_port)) {
+        o = i;
         break;
       }
     }
+    const bool named = o != AgentTable::kNone;
     out.closes.push_back(
         {stream, absl::FailedPreconditionError(absl::StrFormat(
                      "the agent on %s sets the master to %s:%d but the agent on %s set %s:%d; "
                      "give every agent the same --master-addr and --master-port, or none",
                      spec.agent.host, spec.master_addr_override, spec.master_port_override,
-                     o ? o->agent.host : "?", o ? o->master_addr_override : job->addr_override,
-                     o ? o->master_port_override : job->port_override))});
+                     named ? job->members.host(o) : "?",
+                     !named || job->members[o].gave_master_addr ? job->addr_override : "",
+                     !named || job->members[o].gave_master_port ? job->port_override : 0))});
     return;
   }
 
   const int64_t claim = ClaimKey(spec.agent);
   if (claim >= 0) {
-    auto [it, inserted] = job->claims.emplace(claim, spec.agent.agent_id);
-    if (!inserted) {
-      const Member& holder = job->members.at(it->second);
+    if (auto it = job->claims.find(claim); it != job->claims.end()) {
       out.closes.push_back(
           {stream, absl::FailedPreconditionError(absl::StrFormat(
                        "%s %d of job %s is already taken by the agent on %s; give each %s its own",
                        spec.agent.order >= 0 ? "global position" : "node rank", claim, job->id,
-                       holder.agent.host, spec.agent.order >= 0 ? "agent" : "node --node-rank"))});
+                       job->members.host(it->second),
+                       spec.agent.order >= 0 ? "agent" : "node --node-rank"))});
       return;
     }
   }
@@ -968,21 +1045,25 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
     return;
   }
 
-  Member& member = job->members[spec.agent.agent_id];
-  if (auto awaited = job->awaited.find(spec.agent.agent_id); awaited != job->awaited.end()) {
+  if (const Index back = job->awaited.Find(spec.agent.agent_id); back != AgentTable::kNone) {
     // Back: the stream of its last run is done with.
-    if (awaited->second.stream != 0 && awaited->second.stream != stream) {
-      out.closes.push_back({awaited->second.stream, absl::AbortedError("replaced by a newer join")});
-      streams_.erase(awaited->second.stream);
+    const StreamId old = job->awaited[back].stream;
+    if (old != 0 && old != stream) {
+      out.closes.push_back({old, absl::AbortedError("replaced by a newer join")});
+      streams_.erase(old);
     }
-    job->awaited.erase(awaited);
+    job->awaited.Erase(back);
   }
+  const Index i = job->members.Add(spec.agent);
+  if (claim >= 0) job->claims.emplace(claim, i);
   if (!job->max_restarts) job->max_restarts = spec.max_restarts;
   if (job->node_list.empty()) job->node_list = spec.node_list;
-  member.Take(spec);
-  member.peer_address = caller.peer_address;
-  job->CountOverride(spec, +1);
-  Attach(*job, member, stream);
+  AgentRecord& member = job->members[i];
+  member.gave_master_addr = !spec.master_addr_override.empty();
+  member.gave_master_port = spec.master_port_override > 0;
+  job->GiveOverride(spec);
+  job->KeepJoining(i, spec, caller.peer_address);
+  Attach(*job, i, stream);
   job->last_join = now;
   if (!job->excluded.empty()) {
     // Nodes left out before this agent came: it hears of them too (a few, as progress does).
@@ -991,7 +1072,7 @@ void RendezvousState::Join(Micros now, StreamId stream, const JoinSpec& spec,
     p.expected = job->Expected();
     p.excluded.assign(job->excluded.begin(),
                       job->excluded.begin() + std::min(job->excluded.size(), kProgressExcluded));
-    out.sends.push_back({stream, std::move(p)});
+    out.Tell(stream, std::move(p));
   }
   if (static_cast<int32_t>(job->members.size()) == job->Expected()) {
     CompleteRound(*job, now, out);
@@ -1128,8 +1209,9 @@ void RendezvousState::TellExcluded(Job& job, Micros now, Decisions& out) {
   p.expected = job.Expected();
   p.excluded.assign(job.excluded.begin(),
                     job.excluded.begin() + std::min(job.excluded.size(), kProgressExcluded));
-  for (const auto& [id, member] : job.members) {
-    if (member.stream != 0) out.sends.push_back({member.stream, p});
+  const uint32_t event = out.Keep(std::move(p));
+  for (Index i : job.members) {
+    if (job.members[i].stream != 0) out.SendTo(job.members[i].stream, event);
   }
 }
 
@@ -1137,49 +1219,51 @@ void RendezvousState::CompleteRound(Job& job, Micros now, Decisions& out) {
   // The round forms without the agents of the last run that have not come (an elastic round
   // after its last call): a later join of theirs is one too late.
   DropAwaited(job, absl::AbortedError("the round formed without this agent"), out);
-  job.awaited.clear();
+  job.awaited.Clear();
   // Agents hear of every node left out before their ranks, which the round gives without it.
   if (job.excluded_news) TellExcluded(job, now, out);
-  std::vector<const Member*> members;
-  std::vector<AgentSpec> specs;
+  std::vector<Index> members;
+  std::vector<RankInput> specs;
   members.reserve(job.members.size());
   specs.reserve(job.members.size());
-  for (const auto& [id, member] : job.members) {
-    members.push_back(&member);
-    specs.push_back(member.agent);
+  for (Index i : job.members) {
+    members.push_back(i);
+    specs.push_back(InputOf(job.members, i));
   }
-  std::vector<const Member*> spares;
+  std::vector<Index> spares;
   if (job.spare_nodes > 0) {
     // Ranks go to the seated nodes, by seat; the rest wait as spares.
     std::vector<bool> spare = SeatNodes(job, specs);
-    std::vector<const Member*> seated;
-    std::vector<AgentSpec> seated_specs;
-    for (size_t i = 0; i < members.size(); ++i) {
-      if (spare[i]) {
-        spares.push_back(members[i]);
+    std::vector<Index> seated;
+    std::vector<RankInput> seated_specs;
+    for (size_t k = 0; k < members.size(); ++k) {
+      if (spare[k]) {
+        spares.push_back(members[k]);
       } else {
-        seated.push_back(members[i]);
-        seated_specs.push_back(std::move(specs[i]));
+        seated.push_back(members[k]);
+        seated_specs.push_back(specs[k]);
       }
     }
     members = std::move(seated);
     specs = std::move(seated_specs);
   }
   absl::StatusOr<RankTable> table = AssignRanks(specs);
+  std::vector<RankInput>().swap(specs);
   if (!table.ok()) {
-    for (const auto& [id, m] : job.members) {
-      if (m.stream != 0) out.closes.push_back({m.stream, table.status()});
+    for (Index i : job.members) {
+      if (job.members[i].stream != 0) out.closes.push_back({job.members[i].stream, table.status()});
     }
     // Nobody can use this round: forget it so that corrected agents can start over.
-    for (auto& [id, member] : job.members) Detach(job, member);
-    job.members.clear();
+    for (Index i : job.members) Detach(job, i);
+    job.members.Clear();
+    job.ClearJoining();
     job.ClearOverrides();
     job.left = 0;
     job.claims.clear();
     return;
   }
 
-  const Member& master = *members[table->master_agent];
+  const Index master = members[table->master_agent];
   AssignmentEvent shared;
   shared.round = job.round;
   shared.world_size = table->world_size;
@@ -1187,44 +1271,52 @@ void RendezvousState::CompleteRound(Job& job, Micros now, Decisions& out) {
   shared.restart_count = job.restart_count;
   shared.agents = static_cast<int32_t>(members.size());
   shared.workers_per_node = FormatTasksPerNode(table->workers_per_node);
-  for (const Member* m : members) {
+  bool remote_peers = false;
+  bool addr_given = false;
+  bool port_given = false;
+  for (Index i : members) {
     job.longest_heartbeat_interval =
-        std::max(job.longest_heartbeat_interval, m->longest_heartbeat_interval);
+        std::max(job.longest_heartbeat_interval, job.joining[i].longest_heartbeat_interval);
+    absl::string_view peer;
+    job.AddressesOf(i, &peer);
+    remote_peers = remote_peers || (!peer.empty() && !IsLoopback(peer));
+    addr_given = addr_given || job.members[i].gave_master_addr;
+    port_given = port_given || job.members[i].gave_master_port;
   }
   shared.longest_heartbeat_interval = job.longest_heartbeat_interval;
-  std::vector<const std::string*> peers;
-  peers.reserve(members.size());
-  for (const Member* m : members) peers.push_back(&m->peer_address);
-  shared.master_addr = ChooseMasterAddress(master.addresses, master.peer_address, peers);
-  shared.master_port = master.master_port;
-  for (const Member* m : members) {
-    if (!m->master_addr_override.empty()) shared.master_addr = m->master_addr_override;
-    if (m->master_port_override > 0) shared.master_port = m->master_port_override;
-  }
+  absl::string_view master_peer;
+  const std::vector<absl::string_view> master_addresses = job.AddressesOf(master, &master_peer);
+  shared.master_addr = ChooseMasterAddress(master_addresses, master_peer, remote_peers);
+  shared.master_port = job.joining[master].master_port;
+  // Every agent that gives a part of the endpoint gives the same (Join refuses the others).
+  if (addr_given) shared.master_addr = job.addr_override;
+  if (port_given) shared.master_port = job.port_override;
   job.assignment = shared;
   job.world_size = table->world_size;
   job.phase = Phase::kRunning;
   job.ran = true;
 
-  for (size_t i = 0; i < members.size(); ++i) {
-    Member& m = job.members.at(members[i]->agent.agent_id);
-    m.slot = table->slots[i];
+  const uint32_t round = out.Keep(std::move(shared));
+  for (size_t k = 0; k < members.size(); ++k) {
+    AgentRecord& m = job.members[members[k]];
+    m.slot = table->slots[k];
     m.spare = false;
-    if (m.stream == 0) continue;
-    out.sends.push_back({m.stream, m.AssignmentIn(shared)});
+    if (m.stream != 0) out.SendTo(m.stream, round, m.slot);
   }
   job.spares = static_cast<int32_t>(spares.size());
   job.spares_left = 0;
-  for (const Member* spare : spares) {
-    Member& m = job.members.at(spare->agent.agent_id);
+  for (Index i : spares) {
+    AgentRecord& m = job.members[i];
     m.slot = Slot{};
     m.spare = true;
-    if (m.stream == 0) continue;
-    out.sends.push_back({m.stream, m.AssignmentIn(shared)});
+    if (m.stream != 0) out.SendTo(m.stream, round, m.slot, /*spare=*/true);
   }
+  // What only the forming read is done with; the records take no more agents.
+  job.ClearJoining();
+  job.members.ShrinkToFit();
 }
 
-std::vector<bool> RendezvousState::SeatNodes(Job& job, std::vector<AgentSpec>& specs) {
+std::vector<bool> RendezvousState::SeatNodes(Job& job, std::vector<RankInput>& specs) {
   const auto seats = static_cast<size_t>(std::max(0, job.max_agents - job.spare_nodes));
   std::vector<size_t> by_node(specs.size());
   for (size_t i = 0; i < by_node.size(); ++i) by_node[i] = i;
@@ -1277,13 +1369,16 @@ void RendezvousState::EndJob(Job& job, Micros now, AbortEvent abort, Decisions& 
   job.phase = Phase::kEnded;
   job.ended_at = now;
   job.abort = std::move(abort);
-  for (auto& [id, member] : job.members) {
+  uint32_t event = kNoEvent;
+  for (Index i : job.members) {
+    const AgentRecord& member = job.members[i];
     if (member.stream == 0 || member.left) continue;
-    out.sends.push_back({member.stream, *job.abort});
+    if (event == kNoEvent) event = out.Keep(*job.abort);
+    out.SendTo(member.stream, event);
     // A waiter's join ends with the abort: no assignment will follow it.
     if (filling) {
       out.closes.push_back({member.stream, absl::OkStatus()});
-      Detach(job, member);
+      Detach(job, i);
     }
   }
   if (filling) job.last_detach = now;
@@ -1291,111 +1386,102 @@ void RendezvousState::EndJob(Job& job, Micros now, AbortEvent abort, Decisions& 
 
 bool RendezvousState::Runs(StreamId stream) const {
   auto owner = streams_.find(stream);
-  if (owner == streams_.end()) return false;
-  auto job = jobs_.find(owner->second.job_id);
-  if (job == jobs_.end() || job->second->phase != Phase::kRunning) return false;
-  auto member = job->second->members.find(owner->second.agent_id);
-  return member != job->second->members.end() && member->second.stream == stream &&
-         !member->second.left && !member->second.unranked;
+  if (owner == streams_.end() || owner->second.awaited) return false;
+  const Job& job = *owner->second.job;
+  if (job.phase != Phase::kRunning) return false;
+  const AgentRecord& member = job.members[owner->second.index];
+  return member.stream == stream && !member.left && !member.unranked;
 }
 
 void RendezvousState::StreamClosed(Micros now, StreamId stream, Decisions& out) {
   auto owner_it = streams_.find(stream);
   if (owner_it == streams_.end()) return;
   const StreamOwner owner = owner_it->second;
-  Job* job = FindJob(owner.job_id);
-  if (job == nullptr) return;
-  auto member_it = job->members.find(owner.agent_id);
-  if (member_it == job->members.end() || member_it->second.stream != stream) {
-    auto awaited = job->awaited.find(owner.agent_id);
-    if (awaited != job->awaited.end() && awaited->second.stream == stream) {
-      // An agent awaited for the restart lost the stream of its last run without a word: its
-      // process died; it is not coming.
-      streams_.erase(stream);
-      awaited->second.stream = 0;
-      AwaitedGone(*job, now, owner.agent_id, GoneHow::kLost, out);
-      EraseIfDone(owner.job_id);
-    }
+  Job& job = *owner.job;
+  const std::string job_id = job.id;  // the job may go (EraseIfDone)
+  if (owner.awaited) {
+    // An agent awaited for the restart lost the stream of its last run without a word: its
+    // process died; it is not coming.
+    streams_.erase(stream);
+    job.awaited[owner.index].stream = 0;
+    AwaitedGone(job, now, owner.index, GoneHow::kLost, out);
+    EraseIfDone(job_id);
     return;
   }
-  Member& member = member_it->second;
-  Detach(*job, member);
-  job->last_detach = now;
+  const Index i = owner.index;
+  Detach(job, i);
+  job.last_detach = now;
+  AgentRecord& member = job.members[i];
 
-  switch (job->phase) {
+  switch (job.phase) {
     case Phase::kFilling:
       // A waiter gave up (deadline, Ctrl-C): it is no longer part of the round.
-      job->claims.erase(ClaimKey(member.agent));
-      job->CountOverride(member, -1);
-      job->members.erase(member_it);
+      EraseWaiting(job, i);
       break;
-    case Phase::kRunning:
+    case Phase::kRunning: {
       if (member.left) break;
       if (member.unranked) {
         // It waited for its ranks in a rebuilt job, and gave up: as a waiter of a round.
-        job->members.erase(member_it);
+        job.members.Erase(i);
         break;
       }
       // A node lost while the job runs does not come back to it, even if its agent does.
-      NoteExcluded(*job, member.agent,
-                   ExcludedNode{member.agent.host, member.agent.node_index,
-                                Unhealthy{ExclusionKind::kNodeLost, ""}});
+      const AgentSpec agent = job.members.Spec(i);
+      NoteExcluded(
+          job, agent,
+          ExcludedNode{agent.host, agent.node_index, Unhealthy{ExclusionKind::kNodeLost, ""}});
       if (member.spare) {
         // The job runs on without it, one spare short.
         member.left = true;
-        ++job->left;
-        ++job->spares_left;
+        ++job.left;
+        ++job.spares_left;
         break;
       }
-      EndJob(*job, now,
-             AbortForLostAgent(member.agent.host, member.slot.group_rank, member.slot.rank_offset,
-                               member.slot.rank_offset + member.agent.nproc - 1),
+      EndJob(job, now,
+             AbortForLostAgent(agent.host, member.slot.group_rank, member.slot.rank_offset,
+                               member.slot.rank_offset + agent.nproc - 1),
              out);
       break;
+    }
     case Phase::kEnded:
       // Its agent died after the end, before any restart: a restart will not have it.
       if (!member.left) member.lost = true;
       break;
   }
-  EraseIfDone(owner.job_id);
+  EraseIfDone(job_id);
 }
 
 bool RendezvousState::Awaits(StreamId stream) const {
   auto owner = streams_.find(stream);
   if (owner == streams_.end()) return false;
-  auto job_it = jobs_.find(owner->second.job_id);
-  if (job_it == jobs_.end()) return false;
-  const Job& job = *job_it->second;
-  if (auto awaited = job.awaited.find(owner->second.agent_id); awaited != job.awaited.end()) {
-    return awaited->second.stream == stream;
-  }
+  const Job& job = *owner->second.job;
+  if (owner->second.awaited) return job.awaited[owner->second.index].stream == stream;
   if (job.phase != Phase::kEnded) return false;
-  auto member = job.members.find(owner->second.agent_id);
-  return member != job.members.end() && member->second.stream == stream && !member->second.left;
+  const AgentRecord& member = job.members[owner->second.index];
+  return member.stream == stream && !member.left;
 }
 
-void RendezvousState::AwaitedGone(Job& job, Micros now, const std::string& agent_id,
-                                  GoneHow how, Decisions& out) {
-  auto awaited = job.awaited.find(agent_id);
-  if (awaited == job.awaited.end()) return;
-  GoneNode node = std::move(awaited->second.node);
-  if (awaited->second.stream != 0) streams_.erase(awaited->second.stream);
-  job.awaited.erase(awaited);
-  node.how = how;
+void RendezvousState::AwaitedGone(Job& job, Micros now, Index i, GoneHow how, Decisions& out) {
+  const AgentRecord& awaited = job.awaited[i];
+  GoneNode node{std::string(job.awaited.host(i)),
+                awaited.spare ? awaited.node_index : awaited.slot.group_rank, ClaimKey(awaited),
+                how};
+  if (awaited.stream != 0) streams_.erase(awaited.stream);
+  job.awaited.Erase(i);
   NoteGone(job, node);
   job.last_detach = now;
   if (job.phase != Phase::kFilling) return;
   if (job.Expected() < job.Needed()) {
     EndJob(job, now, CannotForm(job, &node), out);
     job.cannot_form = true;
-  } else if (!job.members.empty() &&
-             static_cast<int32_t>(job.members.size()) >= job.Expected()) {
+  } else if (!job.members.empty() && static_cast<int32_t>(job.members.size()) >= job.Expected()) {
     CompleteRound(job, now, out);  // it waited only for that agent
   }
 }
 
 void RendezvousState::DropAwaited(Job& job, const absl::Status& status, Decisions& out) {
-  for (auto& [id, awaited] : job.awaited) {
+  for (Index i : job.awaited) {
+    AgentRecord& awaited = job.awaited[i];
     if (awaited.stream == 0) continue;
     out.closes.push_back({awaited.stream, status});
     streams_.erase(awaited.stream);
@@ -1434,12 +1520,12 @@ absl::Status RendezvousState::Leave(Micros now, const std::string& job_id,
                                     const std::string& agent_id, Decisions& out) {
   Job* job = FindJob(job_id);
   if (job != nullptr && !job->members.contains(agent_id)) {
-    if (auto awaited = job->awaited.find(agent_id); awaited != job->awaited.end()) {
+    if (const Index awaited = job->awaited.Find(agent_id); awaited != AgentTable::kNone) {
       // An agent of the last run leaves instead of coming back for the restart.
-      if (awaited->second.stream != 0) {
-        out.closes.push_back({awaited->second.stream, absl::OkStatus()});
+      if (job->awaited[awaited].stream != 0) {
+        out.closes.push_back({job->awaited[awaited].stream, absl::OkStatus()});
       }
-      AwaitedGone(*job, now, agent_id, GoneHow::kLeft, out);
+      AwaitedGone(*job, now, awaited, GoneHow::kLeft, out);
       EraseIfDone(job_id);
       return absl::OkStatus();
     }
@@ -1448,17 +1534,15 @@ absl::Status RendezvousState::Leave(Micros now, const std::string& job_id,
     return absl::NotFoundError(absl::StrFormat(
         "job %s has no agent %s to leave (did the server restart?)", job_id, agent_id));
   }
-  auto it = job->members.find(agent_id);
-  Member& member = it->second;
+  const Index i = job->members.Find(agent_id);
+  AgentRecord& member = job->members[i];
   if (member.stream != 0) out.closes.push_back({member.stream, absl::OkStatus()});
-  Detach(*job, member);
+  Detach(*job, i);
   job->last_detach = now;
   if (job->phase == Phase::kFilling) {
-    job->claims.erase(ClaimKey(member.agent));
-    job->CountOverride(member, -1);
-    job->members.erase(it);
+    EraseWaiting(*job, i);
   } else if (member.unranked) {
-    job->members.erase(it);  // it never had ranks in this round
+    job->members.Erase(i);  // it never had ranks in this round
   } else if (!member.left) {
     member.left = true;
     member.finished = job->phase == Phase::kRunning && !member.spare;
@@ -1467,10 +1551,11 @@ absl::Status RendezvousState::Leave(Micros now, const std::string& job_id,
     if (job->phase == Phase::kRunning && job->spares > job->spares_left &&
         job->left - job->spares_left == job->members.size() - static_cast<size_t>(job->spares)) {
       // Every node that ran the job is done with it: so are its spares, which were not needed.
-      for (auto& [id, m] : job->members) {
+      for (Index s : job->members) {
+        AgentRecord& m = job->members[s];
         if (!m.spare || m.left) continue;
         if (m.stream != 0) out.closes.push_back({m.stream, absl::OkStatus()});
-        Detach(*job, m);
+        Detach(*job, s);
         m.left = true;
         ++job->left;
         ++job->spares_left;
@@ -1504,10 +1589,15 @@ void RendezvousState::EraseIfDone(const std::string& job_id) {
 void RendezvousState::EraseJob(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return;
-  for (const auto& [id, awaited] : it->second->awaited) {
-    if (awaited.stream != 0) streams_.erase(awaited.stream);
+  // No stream may name a job that is gone.
+  const Job& job = *it->second;
+  for (Index i : job.awaited) {
+    if (job.awaited[i].stream != 0) streams_.erase(job.awaited[i].stream);
   }
-  excluded_agents_ -= it->second->excluded_agents;
+  for (Index i : job.members) {
+    if (job.members[i].stream != 0) streams_.erase(job.members[i].stream);
+  }
+  excluded_agents_ -= job.excluded_agents;
   jobs_.erase(it);
 }
 
@@ -1517,13 +1607,14 @@ ProgressEvent RendezvousState::MakeProgress(const Job& job) const {
   p.expected = job.Expected();
   const size_t excluded = std::min(job.excluded.size(), kProgressExcluded);
   p.excluded.assign(job.excluded.begin(), job.excluded.begin() + excluded);
-  std::vector<std::string> hosts;
+  std::vector<absl::string_view> hosts;
   hosts.reserve(job.members.size());
-  for (const auto& [id, member] : job.members) hosts.push_back(member.agent.host);
+  for (Index i : job.members) hosts.push_back(job.members.host(i));
   std::sort(hosts.begin(), hosts.end());
   hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
   if (hosts.size() > kProgressHosts) hosts.resize(kProgressHosts);
-  p.joined_hosts = std::move(hosts);
+  p.joined_hosts.reserve(hosts.size());
+  for (absl::string_view host : hosts) p.joined_hosts.emplace_back(host);
   if (!job.claims.empty()) {
     for (int64_t i = 0; i < job.max_agents && p.missing_node_indices.size() < kProgressMissing;
          ++i) {
@@ -1553,9 +1644,9 @@ void RendezvousState::Tick(Micros now, Decisions& out) {
       } else if (now - job.last_progress >= options_.progress_interval) {
         job.last_progress = now;
         job.excluded_news = false;  // the progress names them too
-        const ProgressEvent p = MakeProgress(job);
-        for (const auto& [agent, member] : job.members) {
-          if (member.stream != 0) out.sends.push_back({member.stream, p});
+        const uint32_t progress = out.Keep(MakeProgress(job));
+        for (Index i : job.members) {
+          if (job.members[i].stream != 0) out.SendTo(job.members[i].stream, progress);
         }
       }
     } else if (job.phase == Phase::kRunning && job.resume_deadline != 0 &&
@@ -1578,10 +1669,10 @@ void RendezvousState::Tick(Micros now, Decisions& out) {
                now - job.ended_at >= options_.ended_job_ttl) {
       // Every agent heard the abort long ago; one that still holds its stream open (hung, or
       // not a real agent) does not keep the job alive: its stream is ended with the abort.
-      for (auto& [agent, member] : job.members) {
-        if (member.stream == 0) continue;
-        out.closes.push_back({member.stream, absl::AbortedError(job.abort->reason)});
-        Detach(job, member);
+      for (Index i : job.members) {
+        if (job.members[i].stream == 0) continue;
+        out.closes.push_back({job.members[i].stream, absl::AbortedError(job.abort->reason)});
+        Detach(job, i);
       }
       expired.push_back(id);
     }
@@ -1604,12 +1695,14 @@ std::vector<JobStatusView> RendezvousState::Status(const std::string& job_id) co
     v.world_size = job.world_size;
     v.node_list = job.node_list;
     v.excluded = job.excluded;
-    for (const auto& [agent_id, m] : job.members) {
+    v.agents.reserve(job.members.size());
+    for (Index i : job.members) {
+      const AgentRecord& m = job.members[i];
       AgentStatusView a;
-      a.agent_id = agent_id;
-      a.host = m.agent.host;
-      a.node_index = m.agent.node_index;
-      a.nproc = m.agent.nproc;
+      a.agent_id = std::string(job.members.agent_id(i));
+      a.host = std::string(job.members.host(i));
+      a.node_index = m.node_index;
+      a.nproc = m.nproc;
       a.rank_offset =
           job.phase == Phase::kFilling || m.spare || m.unranked ? -1 : m.slot.rank_offset;
       a.state = m.left       ? "left"
@@ -1628,6 +1721,19 @@ std::vector<JobStatusView> RendezvousState::Status(const std::string& job_id) co
   std::sort(views.begin(), views.end(),
             [](const JobStatusView& l, const JobStatusView& r) { return l.job_id < r.job_id; });
   return views;
+}
+
+StreamId RendezvousState::StreamOf(const std::string& job_id, absl::string_view agent_id) const {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return 0;
+  const Job& job = *it->second;
+  if (const Index i = job.members.Find(agent_id); i != AgentTable::kNone) {
+    return job.members[i].stream;
+  }
+  if (const Index i = job.awaited.Find(agent_id); i != AgentTable::kNone) {
+    return job.awaited[i].stream;
+  }
+  return 0;
 }
 
 }  // namespace rdzv

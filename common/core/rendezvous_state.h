@@ -32,6 +32,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/core/agent_table.h"
 #include "common/core/rank_assignment.h"
 #include "common/core/rendezvous_types.h"
 
@@ -47,20 +48,43 @@ struct CallerInfo {
 
 using Event = std::variant<ProgressEvent, AssignmentEvent, AbortEvent>;
 
+// What the state decided: events to send, in order, and streams to close. An event that goes to
+// many streams (a job's abort, a progress report, a round's assignments) is kept once, in
+// `events`, and each of its sends names it: a round of 100,000 agents decides 100,000 sends of
+// 32 bytes, not 100,000 copies of an event.
 struct Decisions {
   struct Send {
-    StreamId stream;
-    Event event;
+    StreamId stream = 0;
+    uint32_t event = 0;  // index into `events`
+    // For an assignment, this agent's own part of it; `events` holds the round's shared part.
+    Slot slot;
+    bool spare = false;
   };
   struct Close {
     StreamId stream;
     absl::Status status;  // OK for a clean end
   };
+  std::vector<Event> events;
   std::vector<Send> sends;
   std::vector<Close> closes;
   // Jobs this state took up from a resuming agent (it did not know the job, or only a round of
   // it that never formed here): the server restarted, or took them over from a lost one.
   std::vector<std::string> taken_up;
+
+  // Keeps `event` for sends to come, and returns its index.
+  uint32_t Keep(Event event) {
+    events.push_back(std::move(event));
+    return static_cast<uint32_t>(events.size() - 1);
+  }
+  // Sends event `event` (an index into `events`) to `stream`; an assignment with the agent's
+  // own `slot` and whether it is a spare.
+  void SendTo(StreamId stream, uint32_t event, const Slot& slot = {}, bool spare = false) {
+    sends.push_back({stream, event, slot, spare});
+  }
+  // Sends `event` to `stream` alone.
+  void Tell(StreamId stream, Event event) { SendTo(stream, Keep(std::move(event))); }
+  // The event `send` delivers as its stream receives it: an assignment with its own part.
+  Event EventOf(const Send& send) const;
 };
 
 // The most workers one agent may run; rdzv-agent caps --nproc-per-node at the same
@@ -143,6 +167,10 @@ class RendezvousState {
   // A snapshot of one job, or of all jobs when `job_id` is empty.
   std::vector<JobStatusView> Status(const std::string& job_id) const;
 
+  // The stream `job_id`'s agent `agent_id` holds: its join's, or, for an agent of the last run
+  // that a restart awaits, the one it still holds from that run; 0 for none.
+  StreamId StreamOf(const std::string& job_id, absl::string_view agent_id) const;
+
   size_t job_count() const;
   bool has_job(const std::string& job_id) const { return jobs_.contains(job_id); }
   // Agents left out of this state's jobs, all together: what those records hold (each at most
@@ -151,8 +179,8 @@ class RendezvousState {
 
  private:
   struct Job;
-  struct Member;
   struct GoneNode;
+  using Index = AgentTable::Index;
   // How an agent of an earlier run went: it left while the job ran (its workers had
   // succeeded), left after the job ended (it gave up), or was lost after the job ended (its
   // stream ended without a word: its process died).
@@ -167,7 +195,7 @@ class RendezvousState {
   // With spares: gives each node of the round (`specs`, one agent per node) its seat, which it
   // keeps over restarts, and renumbers the seated agents' node indices to their seats. Returns,
   // per agent, whether it is a spare.
-  std::vector<bool> SeatNodes(Job& job, std::vector<AgentSpec>& specs);
+  std::vector<bool> SeatNodes(Job& job, std::vector<RankInput>& specs);
   // Records the node of `agent` as left out of `job` (as `node`); false when it was already, or
   // when the job keeps no more such records.
   bool NoteExcluded(Job& job, const AgentSpec& agent, const ExcludedNode& node);
@@ -180,10 +208,9 @@ class RendezvousState {
   AbortEvent CannotForm(const Job& job, const GoneNode* latest) const;
   // Records an agent of the last run that left the job: a restart cannot have it.
   void NoteGone(Job& job, GoneNode node);
-  // The restart of `job` awaited `agent_id`, which is gone (`how`): the round forms without it,
-  // or ends when it cannot.
-  void AwaitedGone(Job& job, Micros now, const std::string& agent_id, GoneHow how,
-                   Decisions& out);
+  // The restart of `job` awaited its agent `awaited` (an index into Job::awaited), which is gone
+  // (`how`): the round forms without it, or ends when it cannot.
+  void AwaitedGone(Job& job, Micros now, Index awaited, GoneHow how, Decisions& out);
   // Ends the streams of the last run that agents awaited for `job`'s restart still hold.
   void DropAwaited(Job& job, const absl::Status& status, Decisions& out);
   void Resume(Micros now, StreamId stream, const JoinSpec& spec, const CallerInfo& caller,
@@ -197,9 +224,11 @@ class RendezvousState {
   // Once every agent of a rebuilt job is back, gives those that joined afresh their ranks (the
   // round's rank assignment over all of them), or ends the job when the resumed ranks disagree.
   void FillRebuilt(Job& job, Micros now, Decisions& out);
-  // Makes `stream` the member's (detaching any earlier one).
-  void Attach(Job& job, Member& member, StreamId stream);
-  void Detach(Job& job, Member& member);
+  // Makes `stream` member `i`'s (detaching any earlier one).
+  void Attach(Job& job, Index i, StreamId stream);
+  void Detach(Job& job, Index i);
+  // Forgets member `i` of a round that fills (its claim, its part of the master endpoint).
+  void EraseWaiting(Job& job, Index i);
   void EraseIfDone(const std::string& job_id);
   void EraseJob(const std::string& job_id);
   // Leaves the node of `agent` out of `job` for good (its agent reported it unhealthy, or
@@ -215,9 +244,12 @@ class RendezvousState {
   StateOptions options_;
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_;
   int64_t excluded_agents_ = 0;  // the sum of the jobs' excluded_agents
+  // Whose each stream is: member `index` of `job`'s round, or, with `awaited`, the agent of its
+  // last run that a restart awaits. A job that goes takes its streams with it (EraseJob).
   struct StreamOwner {
-    std::string job_id;
-    std::string agent_id;
+    Job* job;
+    Index index;
+    bool awaited;
   };
   absl::flat_hash_map<StreamId, StreamOwner> streams_;
 };

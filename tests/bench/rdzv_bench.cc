@@ -31,6 +31,23 @@
 // a thread per agent would not fit 100,000). The floor is then N fresh channels to those relays,
 // one empty call each; rdzvd must hold about a stream per group.
 //
+// With --fan-in K --simulated-children, rdzvd sees what a job of N per-node agents in a tree of
+// relays sends it, without the leaf connections this machine could not hold at 100,000 agents:
+// each group of K nodes is one relay's upstream side, simulated in-process (SimulatedNode in
+// group mode), with its children's joins made up rather than received. What reaches rdzvd is
+// byte for byte the group join a per-node tree relay sends (client/agent/node_relay.cc, Flush):
+// the job id, the group protocol version, and the members' own JoinRequests as their agents sent
+// them, in node order, each with its agent id, host, node index, order -1, nproc, sizes,
+// addresses and master port. The bench's --fan-in K without it makes those same agents and
+// sends their joins through real relays, and the two send the same members (SpecFor). One fresh
+// channel per group carries it, with one credential. Left out: the relays' own work (their
+// children's connections and streams, the gather wait, the relay's hand-over of each event to
+// its child), which a real cluster spreads over one node in K, and the batches a relay sends
+// when its group fills late (one group join per group here). The floor is one fresh channel per
+// group to rdzvd, one empty call each: what rdzvd's side of the tree costs before any work. The
+// rendezvous ends when every group holds every member's assignment; the abort, when every group
+// has heard it for every member.
+//
 // Launch mode (--launch) times real rdzv-agent processes: `--standalone -- true` (wall time and
 // peak RSS, median of K runs), and N agents on loopback against one rdzvd running `true`.
 //
@@ -109,6 +126,12 @@ namespace {
 
 // RunScale's result when calls failed but --check was not given: exit 0, keep the logs.
 constexpr int kErrorsSeen = -1;
+
+// rdzvd's --max-agents-per-user when not given.
+constexpr int64_t kDefaultMaxAgentsPerUser = 100'000;
+
+// --simulated-children: the simulated relays one client process holds, when --procs is not given.
+constexpr int64_t kGroupsPerProcess = 256;
 
 // The job nobody joins: the floor's empty call asks for its status.
 constexpr char kFloorJob[] = "rdzv-bench-floor";
@@ -255,6 +278,9 @@ struct WorkerConfig {
   // Above 0, the nodes join in groups of fan_in through a relay each (--fan-in); this process
   // holds whole groups, and their relays.
   int64_t fan_in = 0;
+  // With fan_in: each group is its relay's upstream side alone, its children simulated in-process
+  // (--simulated-children): one group join per group, no relay, no leaf connections.
+  bool simulated_children = false;
 };
 
 // Records the first abort an agent heard, at the time it arrived.
@@ -541,13 +567,13 @@ class Worker {
         abort_ns_(static_cast<size_t>(config_.count * config_.tasks_per_node)) {}
 
   int Run() {
-    if (config_.fan_in > 0) {
+    if (config_.fan_in > 0 && !config_.simulated_children) {
       if (absl::Status s = StartRelays(); !s.ok()) Die(s);
     }
     std::string line;
     while (std::getline(std::cin, line)) {
       if (line == "floor") {
-        if (config_.fan_in > 0) {
+        if (config_.fan_in > 0 && !config_.simulated_children) {
           FloorThroughRelays();
         } else {
           Floor();
@@ -607,9 +633,11 @@ class Worker {
     return std::getline(std::cin, line) && line == "go";
   }
 
+  // A Client per simulated node, or per group with --simulated-children (the floor's channels).
   std::vector<std::unique_ptr<Client>> NewClients() {
     std::vector<std::unique_ptr<Client>> clients;
-    for (int64_t i = 0; i < config_.count; ++i) {
+    const int64_t count = config_.simulated_children ? Groups() : config_.count;
+    for (int64_t i = 0; i < count; ++i) {
       absl::StatusOr<std::unique_ptr<Client>> c = Client::Create(agent_options_);
       if (!c.ok()) Die(c.status());
       clients.push_back(std::move(*c));
@@ -631,6 +659,28 @@ class Worker {
           std::make_unique<SimulatedNode>(agent_options_, *setup, members, &abort_ns_[i * g]));
     }
     return nodes;
+  }
+
+  // --simulated-children: the groups this process holds, whole (it starts at a group's first
+  // node), the last one maybe short.
+  int64_t Groups() const { return (config_.count + config_.fan_in - 1) / config_.fan_in; }
+
+  // --simulated-children: group i's relay as rdzvd sees it, one group join of the group's nodes'
+  // agents in node order, as the relay's Flush sends them.
+  std::vector<std::unique_ptr<SimulatedNode>> NewGroups() {
+    absl::StatusOr<ClientChannelSetup> setup = MakeClientChannelSetup(agent_options_);
+    if (!setup.ok()) Die(setup.status());
+    const int64_t k = config_.fan_in;
+    std::vector<std::unique_ptr<SimulatedNode>> groups;
+    for (int64_t i = 0; i < Groups(); ++i) {
+      std::vector<JoinSpec> members;
+      for (int64_t node = i * k; node < std::min((i + 1) * k, config_.count); ++node) {
+        members.push_back(SpecFor(config_.first + node, 0));
+      }
+      groups.push_back(
+          std::make_unique<SimulatedNode>(agent_options_, *setup, members, &abort_ns_[i * k]));
+    }
+    return groups;
   }
 
   // The join of agent `local` of simulated node `node`: the node's one agent, or one of its G
@@ -683,8 +733,12 @@ class Worker {
         lat_us.push_back((end[i] - start[i]) / 1000);
       } else if (first_error.empty()) {
         first_error =
-            absl::StrCat(config_.tasks_per_node > 1 ? "node " : "agent ",
-                         config_.first + static_cast<int64_t>(i), ": ", status[i].ToString());
+            config_.simulated_children
+                ? absl::StrCat("the group of node ",
+                               config_.first + static_cast<int64_t>(i) * config_.fan_in, ": ",
+                               status[i].ToString())
+                : absl::StrCat(config_.tasks_per_node > 1 ? "node " : "agent ",
+                               config_.first + static_cast<int64_t>(i), ": ", status[i].ToString());
       }
     }
     Send(absl::StrFormat("%s cpu=%d ok=%d err=%d last=%d lat=%s %s msg=%s", kind, CpuNs(), ok,
@@ -796,6 +850,10 @@ class Worker {
   }
 
   void Join() {
+    if (config_.simulated_children) {
+      JoinSimulatedGroups();
+      return;
+    }
     if (config_.fan_in > 0) {
       JoinThroughRelays();
       return;
@@ -983,6 +1041,34 @@ class Worker {
           const AssignmentEvent a = nodes_[i]->assignment(0);
           ranks[i] = a.slot.rank_offset;
           status[i] = CheckAssignment(a, node, 0);
+        }
+      });
+      if (!RunWhenTold(threads)) return;
+    }
+    SendJoined(start, end, status, ranks);
+  }
+
+  // --simulated-children: each group's join goes up on its channel, from one thread per group;
+  // every member's assignment is checked. A group's time is when it held its last assignment.
+  void JoinSimulatedGroups() {
+    nodes_ = NewGroups();
+    for (std::atomic<int64_t>& a : abort_ns_) a = 0;
+    const size_t groups = nodes_.size();
+    const int64_t k = config_.fan_in;
+    std::vector<int64_t> start(groups), end(groups), ranks(abort_ns_.size(), -1);
+    std::vector<absl::Status> status(groups);
+    lost_ = 0;
+    {
+      AgentThreads threads(groups, [&](size_t i) {
+        start[i] = NowNs();
+        status[i] = nodes_[i]->Join(absl::Now() + agent_options_.join_timeout);
+        end[i] = status[i].ok() ? nodes_[i]->settled_ns() : NowNs();
+        if (!status[i].ok()) return;
+        const int64_t first = static_cast<int64_t>(i) * k;
+        for (int64_t m = first; m < std::min(first + k, config_.count); ++m) {
+          const AssignmentEvent a = nodes_[i]->assignment(static_cast<size_t>(m - first));
+          ranks[m] = a.slot.rank_offset;
+          status[i].Update(CheckAssignment(a, config_.first + m, 0));
         }
       });
       if (!RunWhenTold(threads)) return;
@@ -1302,6 +1388,8 @@ struct Options {
   int64_t tasks_per_node = 1;
   // Scale mode: above 0, the nodes join in groups of this many, each through a relay (--fan-in).
   int64_t fan_in = 0;
+  // With fan_in: each relay's upstream side alone, its children simulated (--simulated-children).
+  bool simulated_children = false;
   // --compare: each N and repetition runs once per variant, the variants taking turns, so that
   // both see the same machine. "" runs the one configuration above.
   std::string compare;
@@ -1329,6 +1417,13 @@ bool KnowsFlag(const std::string& binary, const std::string& flag) {
     it->second = text.find(flag) != std::string::npos;
   }
   return it->second;
+}
+
+// The most agents one of the run's rendezvous attaches at once.
+int64_t MaxAgents(const Options& o) {
+  int64_t most = 0;
+  for (int64_t n : o.agents) most = std::max(most, n);
+  return most * (o.compare == "tasks" || o.tasks_per_node > 1 ? o.tasks_per_node : 1);
 }
 
 // Whether a scale run reads rdzvd's join streams and attached agents from its metrics: for
@@ -1359,6 +1454,11 @@ absl::Status StartRdzvd(const Options& o, Child& rdzvd, int& port, const std::st
       argv.push_back("--max-connections-per-host=0");
     }
     if (o.auth != "omit") argv.push_back(absl::StrCat("--auth=", o.auth));
+    // The bench's agents are one user's: more than rdzvd lets one user attach by default need
+    // its bound raised.
+    if (const int64_t agents = MaxAgents(o); agents > kDefaultMaxAgentsPerUser) {
+      argv.push_back(absl::StrCat("--max-agents-per-user=", agents));
+    }
     argv.insert(argv.end(), o.rdzvd_args.begin(), o.rdzvd_args.end());
     const bool metrics =
         o.metrics_scrape_ms > 0 || (metrics_port_out != nullptr && CountsStreams(o));
@@ -1466,6 +1566,11 @@ class ScaleRun {
     r_.fan_in = o.fan_in;
     r_.rep = rep;
     r_.procs = o.procs > 0 ? std::min(o.procs, n) : (n + 999) / 1000;
+    // Simulated relays are a channel and a thread each, not a thousand connections: a few
+    // hundred share a process.
+    if (o.simulated_children && o.procs == 0) {
+      r_.procs = (Groups() + kGroupsPerProcess - 1) / kGroupsPerProcess;
+    }
     // A tree's processes hold whole groups.
     if (o.fan_in > 0) r_.procs = std::min(r_.procs, Groups());
     phase_timeout_ns_ = (60 + n * o.tasks_per_node / 50) * 1'000'000'000LL;
@@ -1603,7 +1708,8 @@ class ScaleRun {
       absl::Status s = workers_[p].Start(
           {o_.self, "--worker", endpoint, job, absl::StrCat(first), absl::StrCat(count),
            absl::StrCat(r_.n), o_.auth == "munge" ? "munge" : "none",
-           absl::StrCat(r_.tasks_per_node), absl::StrCat(r_.fan_in)},
+           absl::StrCat(r_.tasks_per_node), absl::StrCat(r_.fan_in),
+           o_.simulated_children ? "simulated" : "relays"},
           true, absl::StrCat(o_.log_dir, "/worker-", r_.n, "-", r_.rep, "-", p, ".log"));
       if (!s.ok()) return s;
     }
@@ -1648,9 +1754,10 @@ class ScaleRun {
     const int64_t agents = r_.n * r_.tasks_per_node;
     const int64_t streams = r_.fan_in > 0 ? Groups() : r_.n;
     // A relay sends what it has once its gather time is over: a group that fills late under the
-    // burst goes up in two.
-    const bool streams_ok =
-        r_.fan_in > 0 ? r_.streams >= streams && r_.streams <= 2 * streams : r_.streams == streams;
+    // burst goes up in two. A simulated one sends its group whole.
+    const bool streams_ok = r_.fan_in > 0 && !o_.simulated_children
+                                ? r_.streams >= streams && r_.streams <= 2 * streams
+                                : r_.streams == streams;
     if (!streams_ok || r_.attached != agents) {
       Error(absl::StrFormat("rdzvd held %d join streams and %d agents attached, not %d and %d",
                             r_.streams, r_.attached, streams, agents));
@@ -1840,7 +1947,7 @@ std::string Measured(int64_t v, absl::string_view none) {
 // base's.
 void PrintScaleSummary(int64_t n, const std::string& variant,
                        const std::vector<ScaleResult>& results,
-                       const std::vector<ScaleResult>* base) {
+                       const std::vector<ScaleResult>* base, bool simulated) {
   auto med = [](const std::vector<ScaleResult>& rs, auto field) {
     std::vector<double> v;
     for (const ScaleResult& r : rs) v.push_back(field(r));
@@ -1905,6 +2012,11 @@ void PrintScaleSummary(int64_t n, const std::string& variant,
     std::printf(
         "        per task: %ld nodes x %ld tasks = %ld agents, one group join per node; %s\n",
         static_cast<long>(n), static_cast<long>(g), static_cast<long>(n * g), held.c_str());
+  } else if (k > 0 && simulated) {
+    std::printf(
+        "        tree: %ld agents in groups of %ld, each group one relay's group join, its "
+        "children simulated in-process; the floor is a channel per relay; %s\n",
+        static_cast<long>(n), static_cast<long>(k), held.c_str());
   } else if (k > 0) {
     std::printf(
         "        tree: %ld agents in groups of %ld, each through its relay; the floor's channels "
@@ -1947,8 +2059,13 @@ absl::StatusOr<std::vector<Options>> ScaleVariants(const Options& o) {
     return absl::InvalidArgumentError(
         "--fan-in groups per-node agents; it does not go with --tasks-per-node");
   }
+  if (o.simulated_children && o.fan_in == 0) {
+    return absl::InvalidArgumentError(
+        "--simulated-children simulates the children of a tree's relays; give --fan-in K too");
+  }
   if (o.compare.empty()) {
-    add("", o.auth, o.metrics_scrape_ms, g);
+    // The CSV's variant column tells a tree of simulated relays from one of real relays.
+    add(o.simulated_children ? "simulated-children" : "", o.auth, o.metrics_scrape_ms, g);
   } else if (o.compare == "auth") {
     // rdzvd's --auth none against MUNGE: every call of the rendezvous (and of the floor) carries
     // a fresh credential that rdzvd's munged decodes.
@@ -2037,7 +2154,7 @@ int RunScale(const Options& o) {
     }
     for (size_t v = 0; v < variants->size(); ++v) {
       PrintScaleSummary(n, comparing ? (*variants)[v].variant : "", results[v],
-                        comparing ? &results[0] : nullptr);
+                        comparing ? &results[0] : nullptr, o.simulated_children);
     }
   }
   if (csv != nullptr) std::fclose(csv);
@@ -2363,7 +2480,8 @@ Usage: rdzv-bench [--agents 1,100,1000,4000,10000] [--reps R] [--csv FILE] [--ch
        rdzv-bench --soak 1000
        rdzv-bench --compare auth|metrics [--agents 1000,10000] [--reps R]
        rdzv-bench --tasks-per-node 8 [--compare tasks] [--agents 1000,10000] [--check]
-       rdzv-bench --fan-in 64 [--agents 10000,100000] [--check]
+       rdzv-bench --fan-in 64 [--agents 10000,20000] [--check]
+       rdzv-bench --fan-in 64 --simulated-children [--agents 100000] [--check]
        rdzv-bench --credential-cost 10000
 Scale mode prints, per agent count N: rendezvous wall time and join latency, the floor (N
 fresh channels, one empty call each) and the ratio, rdzvd's CPU time and memory, the time for
@@ -2372,9 +2490,10 @@ an abort to reach every agent, errors and whether every assignment was right. Wi
 
 int Main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "--worker") {
-    if (argc != 10) {
+    if (argc != 11) {
       std::fprintf(stderr,
-                   "rdzv-bench: --worker ENDPOINT JOB FIRST COUNT N AUTH TASKS_PER_NODE FAN_IN\n");
+                   "rdzv-bench: --worker ENDPOINT JOB FIRST COUNT N AUTH TASKS_PER_NODE FAN_IN "
+                   "simulated|relays\n");
       return 2;
     }
     WorkerConfig c;
@@ -2387,6 +2506,7 @@ int Main(int argc, char** argv) {
       return 2;
     }
     c.auth = std::string(argv[7]) == "munge" ? ClientAuth::Mode::kMunge : ClientAuth::Mode::kNone;
+    c.simulated_children = c.fan_in > 0 && std::string(argv[10]) == "simulated";
     // As rdzvd does: Debian's abseil (no NDEBUG) would otherwise run its deadlock detector on
     // every lock, which costs the simulated agents more than their real work.
     absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
@@ -2468,6 +2588,13 @@ int Main(int argc, char** argv) {
          "so that rdzvd holds N/K streams; the floor's channels go to those relays (default 0:\n"
          "every agent joins rdzvd)",
          [&](absl::string_view v) { return ParseCount(v, o.fan_in, 2); }});
+  p.Add({"simulated-children", "", "",
+         "with --fan-in: each relay is only its upstream side, in the client processes, sending\n"
+         "rdzvd the group join a per-node tree relay sends for its K nodes, their agents\n"
+         "simulated in-process (no leaf connections: 100,000 agents fit this machine); the\n"
+         "floor is one fresh channel per relay to rdzvd, one call each. Without it the relays\n"
+         "are real and each agent a connection of its own (up to about 20,000 agents here)",
+         on(o.simulated_children)});
   p.Add({"compare", "", "auth|metrics|tasks",
          "run every N and repetition twice, the two taking turns: with --auth none and with\n"
          "MUNGE (auth), with rdzvd's metrics off and on, scraped every --metrics-scrape-ms\n"

@@ -153,10 +153,12 @@ class Checker {
       if (it == streams_.end()) return absl::StrCat("send on unknown stream ", send.stream);
       StreamInfo& s = it->second;
       if (s.closed) return absl::StrCat("send on stream ", send.stream, " after its close");
-      if (const auto* abort = std::get_if<AbortEvent>(&send.event)) {
+      if (send.event >= out.events.size()) return "a send of an event that is not there";
+      const Event event = out.EventOf(send);
+      if (const auto* abort = std::get_if<AbortEvent>(&event)) {
         if (abort->exit_code == 0) return "an abort with exit code 0";
       }
-      const auto* a = std::get_if<AssignmentEvent>(&send.event);
+      const auto* a = std::get_if<AssignmentEvent>(&event);
       if (a == nullptr) continue;
       if (!s.rounds.insert(a->round).second) {
         return absl::StrCat("stream ", send.stream, " got two assignments for round ", a->round);
