@@ -602,10 +602,7 @@ void Client::CancelJoin() {
     impl_->joining = false;
     call = impl_->call;
   }
-  if (call) {
-    call->MarkLeaving();
-    call->Cancel();
-  }
+  if (call) call->Leave();
 }
 
 void Client::Cancel() {
@@ -615,10 +612,7 @@ void Client::Cancel() {
     impl_->cancelled = true;
     call = impl_->call;
   }
-  if (call) {
-    call->MarkLeaving();
-    call->Cancel();
-  }
+  if (call) call->Leave();
 }
 
 void Client::AbandonCalls() {

@@ -197,6 +197,11 @@ class Client::JoinCall final : public JoinStream {
     absl::MutexLock lock(&mu_);
     return leaving_;
   }
+  // Ends the stream; its end is no loss.
+  void Leave() {
+    MarkLeaving();
+    Cancel();
+  }
 
  private:
   void OnEvent(const v1::JoinEvent& event) override {

@@ -143,6 +143,12 @@ class NodeRelay::Impl final : public v1::Rendezvous::CallbackService, public Rel
   // server that proves itself. Blocks; runs on the worker.
   template <typename Call>
   grpc::Status Upstream(absl::string_view method, Call call);
+  // A member's unary call of `method`: let in (Admit), accepted by `check` (under the lock),
+  // then made upstream on the worker by `call`, whose answer is the member's.
+  template <typename Request, typename Response, typename Check, typename Call>
+  grpc::ServerUnaryReactor* PassUp(grpc::CallbackServerContext* context, absl::string_view method,
+                                   const Request* request, Response* response, Check check,
+                                   Call call);
 
   const NodeRelayOptions options_;
   const Clock clock_ = SteadyClock();
@@ -574,52 +580,52 @@ grpc::Status NodeRelay::Impl::Upstream(absl::string_view method, Call call) {
   return answer->status;
 }
 
-grpc::ServerUnaryReactor* NodeRelay::Impl::ReportExit(grpc::CallbackServerContext* context,
-                                                      const v1::ReportExitRequest* request,
-                                                      v1::ReportExitResponse* response) {
+template <typename Request, typename Response, typename Check, typename Call>
+grpc::ServerUnaryReactor* NodeRelay::Impl::PassUp(grpc::CallbackServerContext* context,
+                                                  absl::string_view method, const Request* request,
+                                                  Response* response, Check check, Call call) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status admitted = Admit(context, "ReportExit", request->job_id()); !admitted.ok()) {
+  if (absl::Status admitted = Admit(context, method, request->job_id()); !admitted.ok()) {
     reactor->Finish(ToGrpcStatus(admitted));
     return reactor;
   }
   {
     absl::MutexLock lock(&mu_);
-    if (absl::Status ours = members_.CheckReportExit(request->job_id(), request->member_lost());
-        !ours.ok()) {
+    if (absl::Status ours = check(); !ours.ok()) {
       reactor->Finish(ToGrpcStatus(ours));
       return reactor;
     }
   }
-  Post([this, reactor, request, response] {
-    reactor->Finish(
-        Upstream("ReportExit", [&](v1::Rendezvous::Stub& stub, grpc::ClientContext* ctx) {
-          return stub.ReportExit(ctx, *request, response);
-        }));
+  Post([this, reactor, method, request, response, call] {
+    reactor->Finish(Upstream(method, [&](v1::Rendezvous::Stub& stub, grpc::ClientContext* ctx) {
+      return call(stub, ctx, *request, response);
+    }));
   });
   return reactor;
+}
+
+grpc::ServerUnaryReactor* NodeRelay::Impl::ReportExit(grpc::CallbackServerContext* context,
+                                                      const v1::ReportExitRequest* request,
+                                                      v1::ReportExitResponse* response) {
+  return PassUp(
+      context, "ReportExit", request, response,
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return members_.CheckReportExit(request->job_id(), request->member_lost());
+      },
+      [](v1::Rendezvous::Stub& stub, grpc::ClientContext* ctx, const v1::ReportExitRequest& r,
+         v1::ReportExitResponse* answer) { return stub.ReportExit(ctx, r, answer); });
 }
 
 grpc::ServerUnaryReactor* NodeRelay::Impl::Leave(grpc::CallbackServerContext* context,
                                                  const v1::LeaveRequest* request,
                                                  v1::LeaveResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status admitted = Admit(context, "Leave", request->job_id()); !admitted.ok()) {
-    reactor->Finish(ToGrpcStatus(admitted));
-    return reactor;
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    if (absl::Status ours = members_.Leave(request->job_id(), request->agent_id()); !ours.ok()) {
-      reactor->Finish(ToGrpcStatus(ours));
-      return reactor;
-    }
-  }
-  Post([this, reactor, request, response] {
-    reactor->Finish(Upstream("Leave", [&](v1::Rendezvous::Stub& stub, grpc::ClientContext* ctx) {
-      return stub.Leave(ctx, *request, response);
-    }));
-  });
-  return reactor;
+  return PassUp(
+      context, "Leave", request, response,
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return members_.Leave(request->job_id(), request->agent_id());
+      },
+      [](v1::Rendezvous::Stub& stub, grpc::ClientContext* ctx, const v1::LeaveRequest& r,
+         v1::LeaveResponse* answer) { return stub.Leave(ctx, r, answer); });
 }
 
 bool NodeRelay::Impl::WaitIdle(absl::Duration timeout) {
