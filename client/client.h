@@ -227,7 +227,6 @@ class Client {
   class JoinCall;
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);
-  std::string EndpointNames() const;
   std::unique_ptr<Impl> impl_;
 };
 

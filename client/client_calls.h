@@ -1,6 +1,6 @@
-// The calls a Client has in flight: its Join streams (Client::JoinCall) and the bookkeeping
-// that keeps the channel alive until the last of them is gone. Internal to client.cc; not
-// installed.
+// The calls a Client has in flight: its Join streams (Client::JoinCall, a JoinStream) and the
+// bookkeeping that keeps the channel alive until the last of them is gone. Internal to
+// client.cc; not installed.
 //
 // A JoinCall is used from the thread that joins and from gRPC's callback threads: its state is
 // guarded by its own mutex. LiveCalls is shared by a Client and its calls.
@@ -9,7 +9,6 @@
 
 #include <grpcpp/client_context.h>
 
-#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -21,6 +20,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client.h"
+#include "client/join_stream.h"
 #include "common/grpc_status.h"
 #include "common/proto_convert.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
@@ -150,118 +150,14 @@ class CallThread {
 
 }  // namespace internal
 
-// One Join stream. Lives until gRPC calls OnDone (it holds a reference to itself until then),
-// so the client may drop it at any time.
-class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
-                               public std::enable_shared_from_this<JoinCall> {
+// One Join stream of a Client: what it has heard (the assignment, an abort before it, the server
+// a relay reached) and whether its end is a loss. The stream lives until gRPC is done with it, so
+// the client may drop it at any time.
+class Client::JoinCall final : public JoinStream {
  public:
   JoinCall(Handlers handlers, std::shared_ptr<internal::LiveCalls> live)
-      : token_(std::move(live)), handlers_(std::move(handlers)) {}
-
-  grpc::ClientContext& context() { return context_; }
-
-  // Starts the call but reads no event yet: the server's initial metadata comes first (see
-  // AwaitHeaders), then one of Proceed, LetEnd or Abandon.
-  void Start(v1::Rendezvous::Stub* stub, const v1::JoinRequest& request) {
-    request_ = request;
-    // The stream lasts as long as the job; its deadline only bounds a forgotten stream.
-    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(24 * 30));
-    self_ = shared_from_this();
-    stub->async()->Join(&context_, &request_, this);
-    // Until then the call cannot be done, whatever the server does: the joining thread decides.
-    AddHold();
-    {
-      absl::MutexLock lock(&mu_);
-      held_ = true;
-    }
-    StartCall();
-  }
-
-  void OnReadInitialMetadataDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    headers_ = ok ? Headers::kArrived : Headers::kNone;
-  }
-
-  enum class Headers { kWaiting, kArrived, kNone };
-  // Waits until the server's initial metadata has arrived (kArrived: it may be checked in
-  // context()), the call ended without any (kNone), or `deadline` (kWaiting).
-  Headers AwaitHeaders(absl::Time deadline) {
-    absl::MutexLock lock(&mu_);
-    mu_.AwaitWithDeadline(absl::Condition(
-                              +[](JoinCall* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
-                                return c->headers_ != Headers::kWaiting;
-                              },
-                              this),
-                          deadline);
-    return headers_;
-  }
-
-  // Reads the stream's events: the server proved itself.
-  void Proceed() {
-    if (!Release()) return;
-    StartRead(&event_);
-    RemoveHold();
-  }
-
-  // Lets a call that ended without initial metadata finish (its status then comes to OnDone).
-  void LetEnd() {
-    if (Release()) RemoveHold();
-  }
-
-  // Ends the call without reading an event of it: the server did not prove itself.
-  void Abandon() {
-    context_.TryCancel();
-    if (Release()) RemoveHold();
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows with the status.
-    if (!event_.server().empty()) {
-      absl::MutexLock lock(&mu_);
-      server_ = event_.server();
-    }
-    switch (event_.event_case()) {
-      case v1::JoinEvent::kProgress:
-        if (handlers_.on_progress) handlers_.on_progress(FromProto(event_.progress()));
-        break;
-      case v1::JoinEvent::kAssignment: {
-        absl::MutexLock lock(&mu_);
-        assignment_ = FromProto(event_.assignment());
-        break;
-      }
-      case v1::JoinEvent::kAbort: {
-        const AbortEvent abort = FromProto(event_.abort());
-        bool assigned;
-        {
-          absl::MutexLock lock(&mu_);
-          assigned = assignment_.has_value();
-          if (!assigned) early_abort_ = abort;
-        }
-        if (assigned && handlers_.on_abort) handlers_.on_abort(abort);
-        break;
-      }
-      case v1::JoinEvent::kMemberEnd:  // group streams only (a node's relay)
-      case v1::JoinEvent::kBatch:
-      case v1::JoinEvent::EVENT_NOT_SET:
-        break;
-    }
-    StartRead(&event_);
-  }
-
-  void OnDone(const grpc::Status& status) override {
-    std::shared_ptr<JoinCall> keep = std::move(self_);
-    bool report_lost;
-    bool released;
-    {
-      absl::MutexLock lock(&mu_);
-      done_ = true;
-      status_ = FromGrpcStatus(status);
-      report_lost = assignment_.has_value() && !leaving_ && !status.ok();
-      released = assignment_.has_value() && !leaving_ && status.ok();
-    }
-    if (report_lost && handlers_.on_lost) handlers_.on_lost(FromGrpcStatus(status));
-    if (released && handlers_.on_released) handlers_.on_released();
-  }
+      : JoinStream(std::make_shared<internal::LiveCallToken>(std::move(live))),
+        handlers_(std::move(handlers)) {}
 
   // Waits until the assignment arrives, the stream ends, or `deadline`.
   void Await(absl::Time deadline) {
@@ -272,11 +168,6 @@ class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
                               },
                               this),
                           deadline);
-  }
-
-  void AwaitDone() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&done_));
   }
 
   std::optional<AssignmentEvent> assignment() {
@@ -306,22 +197,60 @@ class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
     absl::MutexLock lock(&mu_);
     return leaving_;
   }
-  void Cancel() { context_.TryCancel(); }
-
- private:
-  // True the first time: the caller must then remove the hold of Start.
-  bool Release() {
-    absl::MutexLock lock(&mu_);
-    return std::exchange(held_, false);
+  // Ends the stream; its end is no loss.
+  void Leave() {
+    MarkLeaving();
+    Cancel();
   }
 
-  // First, so that it goes last: after context_ has let go of the channel.
-  internal::LiveCallToken token_;
+ private:
+  void OnEvent(const v1::JoinEvent& event) override {
+    if (!event.server().empty()) {
+      absl::MutexLock lock(&mu_);
+      server_ = event.server();
+    }
+    switch (event.event_case()) {
+      case v1::JoinEvent::kProgress:
+        if (handlers_.on_progress) handlers_.on_progress(FromProto(event.progress()));
+        break;
+      case v1::JoinEvent::kAssignment: {
+        absl::MutexLock lock(&mu_);
+        assignment_ = FromProto(event.assignment());
+        break;
+      }
+      case v1::JoinEvent::kAbort: {
+        const AbortEvent abort = FromProto(event.abort());
+        bool assigned;
+        {
+          absl::MutexLock lock(&mu_);
+          assigned = assignment_.has_value();
+          if (!assigned) early_abort_ = abort;
+        }
+        if (assigned && handlers_.on_abort) handlers_.on_abort(abort);
+        break;
+      }
+      case v1::JoinEvent::kMemberEnd:  // group streams only (a node's relay)
+      case v1::JoinEvent::kBatch:
+      case v1::JoinEvent::EVENT_NOT_SET:
+        break;
+    }
+  }
+
+  void OnEnd(const grpc::Status& status) override {
+    bool report_lost;
+    bool released;
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      status_ = FromGrpcStatus(status);
+      report_lost = assignment_.has_value() && !leaving_ && !status.ok();
+      released = assignment_.has_value() && !leaving_ && status.ok();
+    }
+    if (report_lost && handlers_.on_lost) handlers_.on_lost(FromGrpcStatus(status));
+    if (released && handlers_.on_released) handlers_.on_released();
+  }
+
   const Handlers handlers_;
-  grpc::ClientContext context_;
-  v1::JoinRequest request_;
-  v1::JoinEvent event_;
-  std::shared_ptr<JoinCall> self_;
 
   absl::Mutex mu_;
   std::optional<AssignmentEvent> assignment_ ABSL_GUARDED_BY(mu_);
@@ -329,8 +258,6 @@ class Client::JoinCall final : public grpc::ClientReadReactor<v1::JoinEvent>,
   std::string server_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   bool leaving_ ABSL_GUARDED_BY(mu_) = false;
-  bool held_ ABSL_GUARDED_BY(mu_) = false;
-  Headers headers_ ABSL_GUARDED_BY(mu_) = Headers::kWaiting;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 

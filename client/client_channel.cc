@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/core/connection_flags.h"
 #include "common/tls.h"
 
 namespace rdzv {
@@ -13,10 +14,9 @@ absl::StatusOr<ClientChannelSetup> MakeClientChannelSetup(const ClientOptions& o
     absl::StatusOr<std::string> ca = LoadTlsCa(options.tls.ca_file, "--tls-ca");
     if (!ca.ok()) return ca.status();
     ca_pem = *std::move(ca);
-  } else if (!options.tls.server_name.empty()) {
-    return absl::InvalidArgumentError(
-        "--tls-server-name without --tls-ca: give --tls-ca, the CA that signed the server's "
-        "certificate");
+  } else if (absl::Status s = CheckTlsServerName(options.tls.ca_file, options.tls.server_name);
+             !s.ok()) {
+    return s;
   }
   setup.credentials = ChannelCredentials(ca_pem);
   grpc::ChannelArguments& args = setup.args;

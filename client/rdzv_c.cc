@@ -24,6 +24,7 @@
 #include "client/local_endpoint.h"
 #include "client/rdzv.h"
 #include "common/clock.h"
+#include "common/core/connection_flags.h"
 #include "common/core/flags.h"
 #include "common/host_name.h"
 #include "common/net.h"
@@ -246,11 +247,11 @@ rdzv_code CreateClient(const char* kFn, const char* endpoint, double join_timeou
     }
     options.auth.server_uid = *parsed;
   }
-  if (Empty(tls_ca_file) && !Empty(tls_server_name)) {
-    return Fail(RDZV_INVALID_ARGUMENT,
-                absl::StrCat(kFn,
-                             ": tls_server_name is set without tls_ca_file; give the CA "
-                             "that signed the server's certificate"));
+  if (absl::Status s = CheckTlsServerName(Empty(tls_ca_file) ? "" : tls_ca_file,
+                                          Empty(tls_server_name) ? "" : tls_server_name,
+                                          "tls_ca_file", "tls_server_name");
+      !s.ok()) {
+    return FromStatus(kFn, s);
   }
   if (!Empty(tls_ca_file)) options.tls.ca_file = tls_ca_file;
   if (!Empty(tls_server_name)) options.tls.server_name = tls_server_name;

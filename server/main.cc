@@ -14,7 +14,7 @@
 #include "common/logging.h"
 #include "common/process_env.h"
 #include "common/tls.h"
-#include "server/authenticator.h"
+#include "guard/authenticator.h"
 #include "server/metrics_http.h"
 #include "server/server.h"
 #include "server/server_flags.h"

@@ -24,8 +24,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "guard/authenticator.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
-#include "server/authenticator.h"
 
 namespace rdzv {
 

@@ -16,25 +16,27 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
+#include "guard/request_limits.h"
 #include "server/rendezvous_service.h"
-#include "server/request_limits.h"
 
 namespace rdzv {
 
-absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
-  std::unique_ptr<Server> server(new Server());
-  ServiceOptions service_options = options.service;
-  if (service_options.max_memory_bytes == 0) {
-    service_options.max_memory_bytes = static_cast<int64_t>(options.memory_limit_bytes / 4 * 3);
+namespace {
+
+// The service's options, with the memory limits left at 0 derived from gRPC's memory quota.
+ServiceOptions ServiceOptionsFor(const ServerOptions& options) {
+  ServiceOptions service = options.service;
+  if (service.max_memory_bytes == 0) {
+    service.max_memory_bytes = static_cast<int64_t>(options.memory_limit_bytes / 4 * 3);
   }
-  if (service_options.max_memory_per_user_bytes == 0) {
-    service_options.max_memory_per_user_bytes = service_options.max_memory_bytes / 2;
+  if (service.max_memory_per_user_bytes == 0) {
+    service.max_memory_per_user_bytes = service.max_memory_bytes / 2;
   }
-  if (!options.metrics_listen.empty()) {
-    server->metrics_ = std::make_unique<Metrics>(RDZV_VERSION);
-    server->service_metrics_ = std::make_unique<ServiceMetrics>(server->metrics_.get());
-    service_options.metrics = server->service_metrics_.get();
-  }
+  return service;
+}
+
+// The bounds the guard keeps on each host's connections (guard/connection_guard.h).
+ConnectionTable::Limits ConnectionLimits(const ServerOptions& options) {
   ConnectionTable::Limits limits;
   limits.max_per_host = options.max_connections_per_host;
   // No bound on a host's connections is no bound on its unproven ones either.
@@ -42,41 +44,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       options.max_connections_per_host == 0 ? 0 : options.max_unproven_connections_per_host;
   limits.grace = kUnprovenGrace;
   limits.first_call_within = options.unused_connection_timeout;
-  server->connections_ = std::make_unique<ConnectionGuard>(
-      limits, TcpKeepalive{options.keepalive, options.keepalive_timeout});
-  service_options.connections = server->connections_.get();
-  server->service_ = std::make_unique<RendezvousService>(SteadyClock(), service_options);
-  if (server->metrics_ != nullptr) {
-    server->metrics_->SetJoinStreamsSource([service = server->service_.get()] {
-      return static_cast<int64_t>(service->open_streams());
-    });
-  }
+  return limits;
+}
 
-#ifdef NDEBUG
-  // Debian builds abseil without NDEBUG, which leaves absl::Mutex's deadlock detector on in
-  // release builds too: every lock, gRPC's own included, then updates one global lock-order
-  // graph under a global lock. With thousands of agents connecting that is a fifth of the
-  // server's CPU time. Debug builds keep the detector.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-#endif
-
-  // grpc.health.v1.Health, answered by gRPC itself; the server reports SERVING once started.
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
-  // Credentials are checked on each call's headers, before its message is read, except without
-  // authentication (loopback only).
-  std::shared_ptr<grpc::ServerCredentials> credentials;
-  if (service_options.auth.mode == AuthMode::kNone) {
-    credentials = ServerCredentials(options.tls);
-  } else {
-    RendezvousService* service = server->service_.get();
-    server->header_auth_ = std::make_unique<HeaderAuth>(
-        &service->authenticator(),
-        [service](absl::string_view why) { service->CountRefused(why); });
-    credentials = server->header_auth_->Credentials(options.tls);
-  }
-  builder.AddListeningPort(options.listen, credentials, &server->port_);
-  builder.RegisterService(server->service_.get());
+// How rdzvd's connections are kept and what each may hold: gRPC's channel arguments, and its
+// memory for them all. A change to how rdzvd talks HTTP/2 goes here.
+void SetTransport(grpc::ServerBuilder& builder, const ServerOptions& options,
+                  grpc::ResourceQuota& quota) {
   // gRPC shares ports by default (SO_REUSEPORT): a second server on a taken port would split
   // a job's agents between two servers that each wait for the rest.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -99,7 +73,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // The full filter stack, not gRPC's minimal one: the minimal stack would save some CPU time
   // and about 1.3 KiB per agent, but it leaves out the message size filter, and then a request
   // of any size (up to 2 GiB) is read whole before rdzvd sees it. The largest real request is a
-  // failure report of a few dozen KiB (server/request_limits.h); larger ones are refused with
+  // failure report of a few dozen KiB (guard/request_limits.h); larger ones are refused with
   // RESOURCE_EXHAUSTED before they are stored.
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
   // What the full stack adds that rdzvd has no use for: server-side deadline timers (clients
@@ -116,44 +90,102 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // busy server take more than a few seconds, and cutting them off only makes them come back.
   // Connections per host, and connections that never carry an authenticated call, are bounded
   // by the guard, not by gRPC's idle filter, which costs about a tenth more CPU time per agent.
-  server->connections_->InstallOn(&builder);
   // An agent has one Join stream and at most a call or two beside it on its connection.
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
   // All of gRPC's buffers together: past this, new connections and reads wait or fail rather
   // than the process growing until the kernel kills it.
-  grpc::ResourceQuota quota("rdzvd");
   quota.Resize(options.memory_limit_bytes);
   builder.SetResourceQuota(quota);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  std::unique_ptr<Server> server(new Server());
+  ServiceOptions service_options = ServiceOptionsFor(options);
+  if (!options.metrics_listen.empty()) {
+    server->metrics_ = std::make_unique<Metrics>(RDZV_VERSION);
+    server->service_metrics_ = std::make_unique<ServiceMetrics>(server->metrics_.get());
+    service_options.metrics = server->service_metrics_.get();
+  }
+  server->connections_ = std::make_unique<ConnectionGuard>(
+      ConnectionLimits(options), TcpKeepalive{options.keepalive, options.keepalive_timeout});
+  service_options.connections = server->connections_.get();
+  server->service_ = std::make_unique<RendezvousService>(SteadyClock(), service_options);
+  if (server->metrics_ != nullptr) {
+    server->metrics_->SetJoinStreamsSource([service = server->service_.get()] {
+      return static_cast<int64_t>(service->open_streams());
+    });
+  }
+
+#ifdef NDEBUG
+  // Debian builds abseil without NDEBUG, which leaves absl::Mutex's deadlock detector on in
+  // release builds too: every lock, gRPC's own included, then updates one global lock-order
+  // graph under a global lock. With thousands of agents connecting that is a fifth of the
+  // server's CPU time. Debug builds keep the detector.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+#endif
+
+  // grpc.health.v1.Health, answered by gRPC itself; the server reports SERVING once started.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, server->Credentials(service_options.auth.mode, options),
+                           &server->port_);
+  builder.RegisterService(server->service_.get());
+  grpc::ResourceQuota quota("rdzvd");
+  SetTransport(builder, options, quota);
+  server->connections_->InstallOn(&builder);
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr || server->port_ == 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "cannot listen on %s (address in use or not local); choose another --listen address",
         options.listen));
   }
-
-  if (server->metrics_ != nullptr) {
-    if (options.serve_metrics == nullptr) {
-      return absl::FailedPreconditionError("this program serves no metrics; leave out the address");
-    }
-    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> http =
-        options.serve_metrics(options.metrics_listen, server->metrics_.get());
-    if (!http.ok()) return http.status();  // the destructor stops what started
-    server->metrics_http_ = *std::move(http);
-  }
+  if (absl::Status s = server->ServeMetrics(options); !s.ok()) return s;
   if (auto* health = server->grpc_server_->GetHealthCheckService(); health != nullptr) {
     health->SetServingStatus(true);
   }
+  server->StartTimers(service_options.auth.mode, options.tick_interval);
+  return server;
+}
 
-  if (service_options.auth.mode == AuthMode::kMunge) {
-    if (absl::Status s = server->service_->authenticator().RefreshServerKey(absl::Now()); !s.ok()) {
+std::shared_ptr<grpc::ServerCredentials> Server::Credentials(AuthMode mode,
+                                                             const ServerOptions& options) {
+  // Credentials are checked on each call's headers, before its message is read, except without
+  // authentication (loopback only).
+  if (mode == AuthMode::kNone) return ServerCredentials(options.tls);
+  RendezvousService* service = service_.get();
+  header_auth_ =
+      std::make_unique<HeaderAuth>(&service->authenticator(), [service](absl::StatusCode code) {
+        service->CountRefused(code == absl::StatusCode::kPermissionDenied
+                                  ? Metrics::kRefusedPermissionDenied
+                                  : Metrics::kRefusedUnauthenticated);
+      });
+  return header_auth_->Credentials(options.tls);
+}
+
+absl::Status Server::ServeMetrics(const ServerOptions& options) {
+  if (metrics_ == nullptr) return absl::OkStatus();
+  if (options.serve_metrics == nullptr) {
+    return absl::FailedPreconditionError("this program serves no metrics; leave out the address");
+  }
+  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> http =
+      options.serve_metrics(options.metrics_listen, metrics_.get());
+  if (!http.ok()) return http.status();  // the destructor stops what started
+  metrics_http_ = *std::move(http);
+  return absl::OkStatus();
+}
+
+void Server::StartTimers(AuthMode mode, absl::Duration tick_interval) {
+  if (mode == AuthMode::kMunge) {
+    if (absl::Status s = service_->authenticator().RefreshServerKey(absl::Now()); !s.ok()) {
       spdlog::warn("cannot have this server's key vouched for yet: {}", std::string(s.message()));
     }
-    server->key_thread_ = std::thread([s = server.get()] { s->RenewServerKey(); });
+    key_thread_ = std::thread([this] { RenewServerKey(); });
   }
-  server->tick_interval_ = options.tick_interval;
-  server->ArmTimer();
-  server->timer_thread_ = std::thread([io = &server->io_] { io->run(); });
-  return server;
+  tick_interval_ = tick_interval;
+  ArmTimer();
+  timer_thread_ = std::thread([io = &io_] { io->run(); });
 }
 
 void Server::ArmTimer() {

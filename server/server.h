@@ -8,6 +8,7 @@
 #ifndef RDZV_SERVER_SERVER_H_
 #define RDZV_SERVER_SERVER_H_
 
+#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
 
 #include <asio/io_context.hpp>
@@ -20,9 +21,10 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/tls.h"
-#include "server/connection_guard.h"
+#include "guard/authenticator.h"
+#include "guard/connection_guard.h"
+#include "guard/header_auth.h"
 #include "server/core/memory_return.h"
-#include "server/header_auth.h"
 #include "server/metrics.h"
 #include "server/metrics_endpoint.h"
 #include "server/rendezvous_service.h"
@@ -70,7 +72,7 @@ struct ServerOptions {
   int max_connections_per_host = 512;
   // Of those, how many may not have carried an authenticated call yet (0: the same bound). Past
   // either bound one of the host's unproven connections is dropped for the newcomer (a random one
-  // past kUnprovenGrace, else the oldest: server/core/connection_table.h), so that a host's user
+  // past kUnprovenGrace, else the oldest: guard/core/connection_table.h), so that a host's user
   // without credentials cannot keep its other users out; the newcomer is refused only when all
   // of the host's connections are authenticated.
   int max_unproven_connections_per_host = 128;
@@ -112,6 +114,13 @@ class Server {
 
  private:
   Server() = default;
+  // The credentials the server listens with: TLS or plaintext, checked on each call's headers
+  // (HeaderAuth) unless `mode` is kNone.
+  std::shared_ptr<grpc::ServerCredentials> Credentials(AuthMode mode, const ServerOptions& options);
+  // Serves metrics at options.metrics_listen, when the server keeps them.
+  absl::Status ServeMetrics(const ServerOptions& options);
+  // The tick of the service and the guard, and (under MUNGE) the renewal of the server's key.
+  void StartTimers(AuthMode mode, absl::Duration tick_interval);
   void ArmTimer();
   // Hands freed memory back to the kernel when MemoryReturn says so (on the timer's thread).
   void ReturnMemory();

@@ -11,7 +11,7 @@
 #include "absl/time/time.h"
 #include "common/core/flags.h"
 #include "common/core/host_port.h"
-#include "server/authenticator.h"
+#include "guard/authenticator.h"
 
 namespace rdzv {
 namespace {
@@ -74,15 +74,13 @@ FlagParser MakeParser(ServerFlags& f, Converted& c) {
          "a job one of them serves is never taken up here (default: none)",
          [&f](absl::string_view v) {
            f.options.service.peers.clear();
-           for (absl::string_view e : absl::StrSplit(v, ',', absl::SkipWhitespace())) {
-             absl::StatusOr<HostPort> hp = ParseHostPort(absl::StripAsciiWhitespace(e), 29400);
+           if (absl::StripAsciiWhitespace(v).empty()) return absl::OkStatus();
+           absl::StatusOr<std::vector<std::string>> peers = SplitServerList("--peers", v, 1);
+           if (!peers.ok()) return peers.status();
+           for (const std::string& e : *peers) {
+             absl::StatusOr<HostPort> hp = ParseHostPort(e, 29400);
              if (!hp.ok()) return hp.status();
              f.options.service.peers.push_back(FormatHostPort(hp->host, hp->port));
-           }
-           if (f.options.service.peers.size() >= kMaxServerList) {
-             return absl::InvalidArgumentError(
-                 absl::StrFormat("names %d servers; a list has at most %d, this one among them",
-                                 f.options.service.peers.size(), kMaxServerList));
            }
            return absl::OkStatus();
          }});

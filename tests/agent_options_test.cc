@@ -644,7 +644,7 @@ TEST(AgentOptionsTest, UnderMpirunTheLauncherNumbersTheNodes) {
   absl::StatusOr<AgentConfig> c =
       Resolve({"--rdzv-endpoint", "127.0.0.1:29400", "--", "python", "train.py"}, ompi);
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->mode, "explicit");
+  EXPECT_EQ(c->mode, AgentMode::kExplicit);
   EXPECT_EQ(c->join.agent.node_index, 1);
   EXPECT_EQ(c->join.min_agents, 2);
   EXPECT_EQ(c->join.max_agents, 2);
@@ -730,7 +730,7 @@ TEST(AgentOptionsTest, StandaloneInABatchScriptDescribesThisNodeAlone) {
   absl::StatusOr<AgentConfig> c =
       Resolve({"--standalone", "--nproc-per-node", "3", "--", "python", "train.py"}, BatchScript());
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->mode, "standalone");
+  EXPECT_EQ(c->mode, AgentMode::kStandalone);
   ASSERT_TRUE(c->worker_shape.slurm_tasks.has_value());
   EXPECT_EQ(c->worker_shape.job_nodes, (std::vector<std::string>{"n1"}));
   EXPECT_TRUE(c->worker_shape.hide_launcher_env);
@@ -965,7 +965,7 @@ TEST(AgentOptionsTest, OneStepPerNodeFormsOneJob) {
   absl::StatusOr<AgentConfig> second =
       Resolve(args({"--nnodes", "3", "--node-rank", "1"}), OneNodeStep("n2", "1"));
   ASSERT_TRUE(second.ok()) << second.status();
-  EXPECT_EQ(second->mode, "slurm step per node");
+  EXPECT_EQ(second->mode, AgentMode::kSlurmStepPerNode);
   EXPECT_EQ(second->join.job_id, "slurm-40");
   EXPECT_EQ(second->join.min_agents, 3);
   EXPECT_EQ(second->join.max_agents, 3);
@@ -1011,7 +1011,7 @@ TEST(AgentOptionsTest, OneStepPerNodeFormsOneJob) {
   }
   absl::StatusOr<AgentConfig> ordinary = Resolve(args({"--nnodes", "3"}), whole);
   ASSERT_TRUE(ordinary.ok()) << ordinary.status();
-  EXPECT_EQ(ordinary->mode, "slurm per-node");
+  EXPECT_EQ(ordinary->mode, AgentMode::kSlurmPerNode);
   EXPECT_EQ(ordinary->join.job_id, "slurm-40.0");
   EXPECT_EQ(ordinary->join.node_list, "n[1-3]");
 }

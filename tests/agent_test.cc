@@ -21,6 +21,7 @@
 #include "client/client.h"
 #include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
+#include "tests/testing/long_wait.h"
 #include "tests/testing/output.h"
 #include "tests/testing/process_fixture.h"
 #include "tests/testing/subprocess.h"
@@ -30,13 +31,12 @@ namespace rdzv {
 namespace {
 
 using testing::Contains;
+using testing::kLongWait;
 using testing::LineWith;
 using testing::ScopedTempDir;
 using testing::Subprocess;
 using testing::SubprocessOptions;
 
-// How long anything may take before the test calls it a hang. Each test takes seconds.
-constexpr absl::Duration kLongWait = absl::Seconds(60);
 // What "promptly" means for an agent that must give up at once.
 constexpr absl::Duration kPrompt = absl::Seconds(10);
 

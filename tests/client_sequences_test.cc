@@ -21,11 +21,12 @@
 #include "gtest/gtest.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
 #include "server/server.h"
+#include "tests/testing/long_wait.h"
 
 namespace rdzv {
 namespace {
 
-constexpr absl::Duration kLongWait = absl::Seconds(60);
+using testing::kLongWait;
 
 class ClientSequencesTest : public ::testing::Test {
  protected:

@@ -1,4 +1,4 @@
-#include "server/core/connection_table.h"
+#include "guard/core/connection_table.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,9 @@ namespace {
 
 using Handle = ConnectionTable::Handle;
 
-const absl::Time kStart = absl::FromUnixSeconds(1000);
+// Microseconds, as the table takes the time.
+constexpr Micros kStart = Micros{1000} * 1'000'000;
+Micros At(absl::Duration since_start) { return kStart + absl::ToInt64Microseconds(since_start); }
 
 // The sockets still open, as the shell would find them.
 struct OpenSockets {
@@ -48,7 +50,7 @@ TEST(ConnectionTableTest, AtTheBoundAnUnprovenConnectionMakesRoomNotTheNewcomer)
   ASSERT_TRUE(table.Admit("10.0.0.1", 101, {2, 12}, kStart, open.check()).admitted);
   table.CallAccepted("10.0.0.1", 101);  // proven: never dropped
   const ConnectionTable::Admission a =
-      table.Admit("10.0.0.1", 102, {3, 13}, kStart + absl::Seconds(1), open.check());
+      table.Admit("10.0.0.1", 102, {3, 13}, At(absl::Seconds(1)), open.check());
   EXPECT_TRUE(a.admitted);
   EXPECT_EQ(a.dropped, std::vector<Handle>{(Handle{1, 11})});
   EXPECT_EQ(table.dropped(), 1);
@@ -71,11 +73,11 @@ TEST(ConnectionTableTest, UnprovenConnectionsShareASmallerBudget) {
   open.fds = {1, 2, 3, 4, 5};
   ASSERT_TRUE(table.Admit("h", 1, {1, 1}, kStart, open.check()).admitted);
   table.CallAccepted("h", 1);
-  ASSERT_TRUE(table.Admit("h", 2, {2, 2}, kStart + absl::Seconds(1), open.check()).admitted);
-  ASSERT_TRUE(table.Admit("h", 3, {3, 3}, kStart + absl::Seconds(2), open.check()).admitted);
+  ASSERT_TRUE(table.Admit("h", 2, {2, 2}, At(absl::Seconds(1)), open.check()).admitted);
+  ASSERT_TRUE(table.Admit("h", 3, {3, 3}, At(absl::Seconds(2)), open.check()).admitted);
   // A third unproven one: the oldest unproven (port 2) goes, the proven one stays.
   const ConnectionTable::Admission a =
-      table.Admit("h", 4, {4, 4}, kStart + absl::Seconds(3), open.check());
+      table.Admit("h", 4, {4, 4}, At(absl::Seconds(3)), open.check());
   ASSERT_TRUE(a.admitted);
   EXPECT_EQ(a.dropped, std::vector<Handle>{(Handle{2, 2})});
   EXPECT_EQ(table.size(), 3u);
@@ -90,12 +92,12 @@ TEST(ConnectionTableTest, ANewcomerIsSparedForItsGraceAndAnOlderOneGoesAtRandom)
   // Two old ones (past their grace) and a young one.
   ASSERT_TRUE(table.Admit("h", 1, {1, 1}, kStart, open.check()).admitted);
   ASSERT_TRUE(table.Admit("h", 2, {2, 2}, kStart, open.check()).admitted);
-  ASSERT_TRUE(table.Admit("h", 3, {3, 3}, kStart + absl::Seconds(9), open.check()).admitted);
+  ASSERT_TRUE(table.Admit("h", 3, {3, 3}, At(absl::Seconds(9)), open.check()).admitted);
   std::set<int> dropped;
   for (uint64_t r = 0; r < 2; ++r) {
     ConnectionTable copy = table;
     const ConnectionTable::Admission a =
-        copy.Admit("h", 4, {4, 4}, kStart + absl::Seconds(10), open.check(), r);
+        copy.Admit("h", 4, {4, 4}, At(absl::Seconds(10)), open.check(), r);
     ASSERT_EQ(a.dropped.size(), 1u);
     dropped.insert(a.dropped[0].fd);
   }
@@ -103,8 +105,8 @@ TEST(ConnectionTableTest, ANewcomerIsSparedForItsGraceAndAnOlderOneGoesAtRandom)
   // When every unproven one is within its grace (a burst), the oldest goes.
   ConnectionTable burst(Budget(0, 2, absl::Seconds(2)));
   ASSERT_TRUE(burst.Admit("h", 1, {1, 1}, kStart, open.check()).admitted);
-  ASSERT_TRUE(burst.Admit("h", 2, {2, 2}, kStart + absl::Milliseconds(1), open.check()).admitted);
-  EXPECT_EQ(burst.Admit("h", 3, {3, 3}, kStart + absl::Milliseconds(2), open.check(), 1).dropped,
+  ASSERT_TRUE(burst.Admit("h", 2, {2, 2}, At(absl::Milliseconds(1)), open.check()).admitted);
+  EXPECT_EQ(burst.Admit("h", 3, {3, 3}, At(absl::Milliseconds(2)), open.check(), 1).dropped,
             std::vector<Handle>{(Handle{1, 1})});
 }
 
@@ -121,11 +123,11 @@ TEST(ConnectionTableTest, AnAttackerOfTheSameHostNeverKeepsTheVictimOut) {
     const ConnectionTable::IsOpen open = [](const Handle&) { return true; };
     std::set<int> victims;        // fds of the victim's connections
     std::set<int> victim_proven;  // the ports of those proven
-    std::vector<std::pair<absl::Time, int>> to_prove;
+    std::vector<std::pair<Micros, int>> to_prove;
     int next_fd = 1;
     uint16_t next_port = 1;
     for (int ms = 0; ms < 60'000; ms += 1) {
-      const absl::Time now = kStart + absl::Milliseconds(ms);
+      const Micros now = At(absl::Milliseconds(ms));
       for (auto it = to_prove.begin(); it != to_prove.end();) {
         if (it->first > now) {
           ++it;
@@ -142,7 +144,7 @@ TEST(ConnectionTableTest, AnAttackerOfTheSameHostNeverKeepsTheVictimOut) {
         if (victim) {
           ASSERT_TRUE(a.admitted) << "seed " << seed << " at " << ms << " ms";
           victims.insert(fd);
-          to_prove.emplace_back(now + absl::Milliseconds(rng() % 1000), port);
+          to_prove.emplace_back(now + static_cast<Micros>(rng() % 1000) * 1000, port);
         }
         for (const Handle& h : a.dropped) {
           ASSERT_FALSE(victims.contains(h.fd)) << "a victim's connection dropped, seed " << seed;
@@ -195,19 +197,19 @@ TEST(ConnectionTableTest, ConnectionsWithoutAnAcceptedCallAreOverdueInTime) {
   ConnectionTable table(0, absl::Seconds(30));
   OpenSockets open;
   ASSERT_TRUE(table.Admit("10.0.0.1", 100, {1, 11}, kStart, open.check()).admitted);
-  ASSERT_TRUE(table.Admit("10.0.0.1", 101, {2, 12}, kStart + absl::Seconds(1), open.check()).admitted);
-  ASSERT_TRUE(table.Admit("10.0.0.2", 100, {3, 13}, kStart + absl::Seconds(2), open.check()).admitted);
+  ASSERT_TRUE(table.Admit("10.0.0.1", 101, {2, 12}, At(absl::Seconds(1)), open.check()).admitted);
+  ASSERT_TRUE(table.Admit("10.0.0.2", 100, {3, 13}, At(absl::Seconds(2)), open.check()).admitted);
   table.CallAccepted("10.0.0.1", 101);
 
-  EXPECT_TRUE(table.TakeOverdue(kStart + absl::Seconds(29)).empty());
-  std::vector<Handle> overdue = table.TakeOverdue(kStart + absl::Seconds(31));
+  EXPECT_TRUE(table.TakeOverdue(At(absl::Seconds(29))).empty());
+  std::vector<Handle> overdue = table.TakeOverdue(At(absl::Seconds(31)));
   ASSERT_EQ(overdue.size(), 1u);
   EXPECT_EQ(overdue[0], (Handle{1, 11}));
-  overdue = table.TakeOverdue(kStart + absl::Seconds(40));
+  overdue = table.TakeOverdue(At(absl::Seconds(40)));
   ASSERT_EQ(overdue.size(), 1u);
   EXPECT_EQ(overdue[0], (Handle{3, 13}));
   // Taken once; the one that carried a call stays.
-  EXPECT_TRUE(table.TakeOverdue(kStart + absl::Hours(1)).empty());
+  EXPECT_TRUE(table.TakeOverdue(At(absl::Hours(1))).empty());
   EXPECT_EQ(table.size(), 1u);
 }
 
@@ -215,7 +217,7 @@ TEST(ConnectionTableTest, NeverOverdueWithZero) {
   ConnectionTable table(0, absl::ZeroDuration());
   OpenSockets open;
   ASSERT_TRUE(table.Admit("10.0.0.1", 100, {1, 11}, kStart, open.check()).admitted);
-  EXPECT_TRUE(table.TakeOverdue(kStart + absl::Hours(100)).empty());
+  EXPECT_TRUE(table.TakeOverdue(At(absl::Hours(100))).empty());
 }
 
 TEST(ConnectionTableTest, AReplacedConnectionIsJudgedByItsOwnTime) {
@@ -223,9 +225,9 @@ TEST(ConnectionTableTest, AReplacedConnectionIsJudgedByItsOwnTime) {
   OpenSockets open;
   ASSERT_TRUE(table.Admit("10.0.0.1", 100, {1, 11}, kStart, open.check()).admitted);
   // The port comes back on a new connection 20 s later: the first one's time does not count.
-  ASSERT_TRUE(table.Admit("10.0.0.1", 100, {1, 21}, kStart + absl::Seconds(20), open.check()).admitted);
-  EXPECT_TRUE(table.TakeOverdue(kStart + absl::Seconds(35)).empty());
-  std::vector<Handle> overdue = table.TakeOverdue(kStart + absl::Seconds(51));
+  ASSERT_TRUE(table.Admit("10.0.0.1", 100, {1, 21}, At(absl::Seconds(20)), open.check()).admitted);
+  EXPECT_TRUE(table.TakeOverdue(At(absl::Seconds(35))).empty());
+  std::vector<Handle> overdue = table.TakeOverdue(At(absl::Seconds(51)));
   ASSERT_EQ(overdue.size(), 1u);
   EXPECT_EQ(overdue[0], (Handle{1, 21}));
 }

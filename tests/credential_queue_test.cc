@@ -1,4 +1,4 @@
-#include "server/core/credential_queue.h"
+#include "guard/core/credential_queue.h"
 
 #include <gtest/gtest.h>
 

@@ -32,6 +32,7 @@
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
+#include "tests/testing/long_wait.h"
 #include "tests/testing/output.h"
 #include "tests/testing/process_fixture.h"
 #include "tests/testing/subprocess.h"
@@ -42,14 +43,14 @@ namespace rdzv {
 namespace {
 
 using testing::Contains;
+using testing::Describe;
+using testing::kLongWait;
 using testing::LacksText;
 using testing::LineWith;
 using testing::ScopedTempDir;
 using testing::Subprocess;
 using testing::SubprocessOptions;
 
-// How long anything may take before the test calls it a hang.
-constexpr absl::Duration kLongWait = absl::Seconds(60);
 // How soon every agent must have ended once the job has failed: the workers stop on SIGTERM at
 // once (the default --term-timeout of 3s is the worst case), plus a margin for a loaded machine.
 constexpr absl::Duration kPrompt = absl::Seconds(10);
@@ -217,11 +218,6 @@ class FailureTest : public testing::ProcessTest {
 
   ScopedTempDir dir_;
 };
-
-std::string Describe(Subprocess& p) {
-  return absl::StrCat(p.CommandLine(), "\n--- stdout:\n", p.Stdout(), "\n--- stderr:\n",
-                      p.Stderr());
-}
 
 // Waits for every agent; returns how long until the last one had ended.
 absl::Duration WaitAll(const std::vector<Subprocess*>& agents, std::vector<int>& codes) {

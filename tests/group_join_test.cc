@@ -17,8 +17,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "guard/request_limits.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
-#include "server/request_limits.h"
 #include "server/server.h"
 #include "tests/testing/wire.h"
 

@@ -25,6 +25,7 @@
 #include "client/agent/core/agent_options.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
+#include "tests/testing/long_wait.h"
 #include "tests/testing/output.h"
 #include "tests/testing/process_fixture.h"
 #include "tests/testing/subprocess.h"
@@ -33,21 +34,16 @@ namespace rdzv {
 namespace {
 
 using testing::Contains;
+using testing::Describe;
+using testing::kLongWait;
 using testing::LineWith;
 using testing::ScopedTempDir;
 using testing::Subprocess;
 
 constexpr int kNodes = 6;
 constexpr int kFanIn = 3;
-// How long anything may take before the test calls it a hang.
-constexpr absl::Duration kLongWait = absl::Seconds(60);
 // How soon every agent must have ended once the job has failed, with room for a loaded machine.
 constexpr absl::Duration kPrompt = absl::Seconds(10);
-
-std::string Describe(Subprocess& p) {
-  return absl::StrCat(p.CommandLine(), "\n--- stdout:\n", p.Stdout(), "\n--- stderr:\n",
-                      p.Stderr());
-}
 
 // The TCP connections established to local port `port`: what `ss -tn state established sport
 // = :PORT` counts (gRPC's sockets are IPv6 ones, with IPv4 mapped into them).

@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "tests/testing/long_wait.h"
 #include "tests/testing/output.h"
 #include "tests/testing/process_fixture.h"
 #include "tests/testing/subprocess.h"
@@ -26,12 +27,10 @@
 namespace rdzv {
 namespace {
 
+using testing::kLongWait;
 using testing::ScopedTempDir;
 using testing::Subprocess;
 using testing::SubprocessOptions;
-
-// How long anything may take before the test calls it a hang.
-constexpr absl::Duration kLongWait = absl::Seconds(60);
 
 // The forwarder's limit on a line (client/agent/output_forwarder.h), as the user sees it.
 constexpr size_t kMaxLineBytes = 64 * 1024;

@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
+#include "tests/testing/long_wait.h"
 #include "tests/testing/output.h"
 #include "tests/testing/process_fixture.h"
 #include "tests/testing/subprocess.h"
@@ -32,12 +33,11 @@ namespace rdzv {
 namespace {
 
 using testing::Contains;
+using testing::kLongWait;
 using testing::LineWith;
 using testing::Subprocess;
 using testing::SubprocessOptions;
 
-// How long anything may take before the test calls it a hang.
-constexpr absl::Duration kLongWait = absl::Seconds(60);
 // How soon an agent told that its job ended must have exited: a retried join after a reset
 // connection and the agent's own exit, with a wide margin for a loaded machine, yet well below
 // the minute an ended job keeps a stream open and the agents' --join-timeout.

@@ -1,10 +1,13 @@
 """The folders say what is pure, and the includes agree.
 
-Every file under a core/ folder (common/core, client/agent/core, server/core) is pure: it may include the
-standard library, abseil, other core/ headers and librdzv's public types (client/client.h,
-abseil only), and nothing that brings a socket, a thread, a process, gRPC, protobuf, asio or
-spdlog. Each product folder includes only the folders below it: common/core is at the bottom,
-and librdzv (client/) never includes the agent, rdzvctl or the server.
+Every file under a core/ folder (common/core, client/agent/core, guard/core, server/core) is pure:
+it may include the standard library, abseil, other core/ headers and librdzv's public types
+(client/client.h, abseil only), and nothing that brings a socket, a thread, a process, gRPC,
+protobuf, asio or spdlog. Each product folder includes only the folders below it: common/core is
+at the bottom, librdzv (client/) never includes the agent, rdzvctl or the server, and what both
+rdzvd and the agent's relays keep between their callers and their work (guard/: who calls, how
+many connections, how large a request) stands below both. The agent embeds rdzvd through
+server/server.h alone.
 """
 import os
 import re
@@ -33,14 +36,25 @@ ALLOWED = {
     "client": {"client", "common", "common/core", "rdzv/v1", "grpc/health/v1"},
     "client/ctl": {"client/ctl", "client/client.h", "client/local_endpoint.h", "common",
                    "common/core", "rdzv/v1", "grpc/health/v1"},
-    # The agent hosts servers: the embedded rdzvd, and its node's relay, which speaks the
-    # protocol on both sides over librdzv's channel setup.
+    # The agent hosts servers: the embedded rdzvd (server/server.h), and its node's relay, which
+    # speaks the protocol on both sides: to its callers behind the guard, upstream over librdzv's
+    # way to a server.
     "client/agent": {"client/agent", "client/agent/core", "client/client.h",
-                     "client/local_endpoint.h", "client/client_channel.h", "common",
-                     "common/core", "server", "rdzv/v1"},
+                     "client/local_endpoint.h", "client/join_stream.h", "client/server_list.h",
+                     "common", "common/core", "guard", "server/server.h", "rdzv/v1"},
+    "guard/core": {"guard/core", "common/core"},
+    "guard": {"guard", "guard/core", "common", "common/core", "rdzv/v1"},
     "server/core": {"server/core", "common/core"},
-    "server": {"server", "server/core", "common", "common/core", "rdzv/v1", "grpc/health/v1"},
+    "server": {"server", "server/core", "guard", "guard/core", "common", "common/core", "rdzv/v1",
+               "grpc/health/v1"},
 }
+
+# Headers that stand in server/ for the guard's, and the files that may still include them by
+# that path: the rendezvous service's. Everything else includes guard/.
+MOVED_TO_GUARD = {"server/authenticator.h", "server/connection_guard.h",
+                  "server/request_limits.h"}
+STILL_NAMING_THE_OLD_PATH = {"server/rendezvous_service.h", "server/rendezvous_service.cc",
+                             "server/job_control.cc", "server/job_takeover.cc"}
 
 
 def folder_of(path):
@@ -57,7 +71,7 @@ def sources():
 
 def project_include(target):
     """The folder (or public header) a project include names, or None for a library's."""
-    for prefix in ("client/", "common/", "server/", "rdzv/v1/", "grpc/health/v1/"):
+    for prefix in ("client/", "common/", "guard/", "server/", "rdzv/v1/", "grpc/health/v1/"):
         if target.startswith(prefix):
             return target
     return None
@@ -96,6 +110,17 @@ class LayeringTest(unittest.TestCase):
                     if not allowed(folder_of(path), target):
                         crossings.append(f'{path}: "{target}"')
         self.assertEqual(crossings, [], "includes that climb to a product above")
+
+    def test_the_guard_is_included_from_guard(self):
+        old_path = []
+        for path in sources():
+            if path in STILL_NAMING_THE_OLD_PATH:
+                continue
+            with open(os.path.join(SOURCE_DIR, path)) as f:
+                for kind, target in INCLUDE.findall(f.read()):
+                    if kind == '"' and target in MOVED_TO_GUARD and path != target:
+                        old_path.append(f'{path}: "{target}"')
+        self.assertEqual(old_path, [], "include guard/ itself")
 
 
 if __name__ == "__main__":

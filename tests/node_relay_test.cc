@@ -32,6 +32,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "common/core/file_names.h"
+#include "common/process_env.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "tests/testing/tcp_proxy.h"
@@ -43,6 +45,9 @@ namespace {
 // What any one wait of a test may take: long enough for a loaded machine, short enough that a
 // failing test ends.
 constexpr absl::Duration kWait = absl::Seconds(15);
+
+// Where this process's relays put their sockets now (a test may set TMPDIR).
+std::string TempDir() { return TempDirectory(ProcessEnv()); }
 
 // What a client's handlers saw, written on gRPC threads.
 struct Seen {
@@ -99,7 +104,7 @@ class NodeRelayTest : public ::testing::Test {
   }
 
   std::string Socket(const std::string& node) const {
-    return RelaySocketPath(getuid(), job_, node);
+    return RelaySocketPath(TempDir(), getuid(), job_, node);
   }
 
   NodeRelayOptions RelayOptions(const std::string& node, int expected) const {
@@ -323,7 +328,7 @@ TEST_F(NodeRelayTest, ARelayRefusesADirectoryOthersMayEnter) {
   char base[] = "/tmp/relay-dir-test-XXXXXX";
   ASSERT_NE(mkdtemp(base), nullptr);
   ASSERT_EQ(setenv("TMPDIR", base, 1), 0);
-  absl::StatusOr<std::string> dir = RelayDirectory(getuid());
+  absl::StatusOr<std::string> dir = RelayDirectory(TempDir(), getuid());
   ASSERT_TRUE(dir.ok()) << dir.status();
   EXPECT_EQ(*dir, absl::StrCat(base, "/rdzv-", getuid()));
   ASSERT_EQ(chmod(dir->c_str(), 0755), 0);
@@ -352,7 +357,7 @@ TEST_F(NodeRelayTest, ARelayRemovesTheSocketsKilledRelaysLeft) {
       std::filesystem::remove_all(base, ec);
     }
   } restore{base};
-  ASSERT_TRUE(RelayDirectory(getuid()).ok());
+  ASSERT_TRUE(RelayDirectory(TempDir(), getuid()).ok());
   const auto age = [](const std::string& path, absl::Duration by) {
     const timespec when = absl::ToTimespec(absl::Now() - by);
     const timespec times[2] = {when, when};
@@ -368,16 +373,16 @@ TEST_F(NodeRelayTest, ARelayRemovesTheSocketsKilledRelaysLeft) {
     close(fd);
     return bound && age(path, by);
   };
-  const std::string killed = RelaySocketPath(getuid(), "killed-job", "n0");
-  const std::string young = RelaySocketPath(getuid(), "young-job", "n0");
-  const std::string not_a_socket = RelaySocketPath(getuid(), "file-job", "n0");
+  const std::string killed = RelaySocketPath(TempDir(), getuid(), "killed-job", "n0");
+  const std::string young = RelaySocketPath(TempDir(), getuid(), "young-job", "n0");
+  const std::string not_a_socket = RelaySocketPath(TempDir(), getuid(), "file-job", "n0");
   ASSERT_TRUE(leave_socket(killed, absl::Minutes(2)));
   ASSERT_TRUE(leave_socket(young, absl::Seconds(5)));
   std::ofstream(not_a_socket) << "x";
   ASSERT_TRUE(age(not_a_socket, absl::Minutes(2)));
   NodeRelayOptions other = RelayOptions("n0", 1);
   other.job_id = "live-job";
-  other.socket_path = RelaySocketPath(getuid(), "live-job", "n0");
+  other.socket_path = RelaySocketPath(TempDir(), getuid(), "live-job", "n0");
   ASSERT_NE(StartRelay(other), nullptr);
   ASSERT_TRUE(age(other.socket_path, absl::Minutes(2)));
   EXPECT_FALSE(std::filesystem::exists(killed)) << "the first relay already removed it";

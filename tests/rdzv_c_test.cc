@@ -17,16 +17,16 @@
 #include "client/rdzv.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/long_wait.h"
 #include "tests/testing/subprocess.h"
 
 namespace rdzv {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::kLongWait;
 using testing::Subprocess;
 using testing::SubprocessOptions;
-
-constexpr absl::Duration kLongWait = absl::Seconds(60);
 
 // What one client's callbacks saw; they run on the library's threads.
 struct Events {

@@ -10,7 +10,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/authenticator.h"
+#include "guard/authenticator.h"
 
 namespace rdzv {
 namespace {

@@ -21,8 +21,8 @@
 #include "absl/time/time.h"
 #include "common/auth.h"
 #include "gtest/gtest.h"
+#include "guard/request_limits.h"
 #include "rdzv/v1/rdzv.grpc.pb.h"
-#include "server/request_limits.h"
 #include "server/server.h"
 #include "tests/testing/wire.h"
 

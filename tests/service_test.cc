@@ -27,16 +27,15 @@
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
+#include "tests/testing/long_wait.h"
 #include "tests/testing/output.h"
 #include "tests/testing/wire.h"
 
 namespace rdzv {
 namespace {
 
-// Generous: a round of a thousand agents on two cores is slow, but never this slow.
-constexpr absl::Duration kLongWait = absl::Seconds(60);
-
 using testing::Contains;
+using testing::kLongWait;
 
 std::unique_ptr<Server> StartServer() {
   // Loopback, without authentication: that has its own tests.

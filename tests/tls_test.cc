@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "tests/testing/long_wait.h"
 #include "tests/testing/output.h"
 #include "tests/testing/process_fixture.h"
 #include "tests/testing/subprocess.h"
@@ -33,12 +34,12 @@ namespace rdzv {
 namespace {
 
 using testing::Contains;
+using testing::kLongWait;
 using testing::LineWith;
 using testing::ScopedTempDir;
 using testing::Subprocess;
 using testing::SubprocessOptions;
 
-constexpr absl::Duration kLongWait = absl::Seconds(60);
 // How soon an agent refused in the TLS handshake must have given up (its join timeout is 60 s).
 constexpr absl::Duration kFast = absl::Seconds(10);
 

@@ -9,7 +9,6 @@
 #include <asio/post.hpp>
 #include <asio/signal_set.hpp>
 #include <asio/steady_timer.hpp>
-#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <limits>
@@ -20,16 +19,16 @@
 #include "absl/time/time.h"
 #include "client/agent/agent_names.h"
 #include "client/agent/agent_rendezvous.h"
+#include "client/agent/connect_rendezvous.h"
 #include "client/agent/core/agent_lifecycle.h"
 #include "client/agent/core/worker_launches.h"
 #include "client/agent/health_check.h"
-#include "client/agent/remote_rendezvous.h"
 #include "client/agent/watchdog_fifo.h"
 #include "client/agent/worker_group.h"
 #include "client/local_endpoint.h"
 #include "common/clock.h"
+#include "common/core/file_names.h"
 #include "common/logging.h"
-#include "common/process_env.h"
 
 namespace rdzv {
 namespace {
@@ -58,8 +57,14 @@ std::string AbsolutePath(const std::string& path) {
 // io_'s thread; the rendezvous and the worker group post their news there.
 class Agent::Impl {
  public:
-  Impl(AgentConfig config, std::unique_ptr<ProcessLauncher> launcher)
-      : config_(std::move(config)), launcher_(std::move(launcher)) {}
+  Impl(AgentConfig config, std::unique_ptr<ProcessLauncher> launcher, AgentEnv env)
+      : config_(std::move(config)),
+        launcher_(std::move(launcher)),
+        clock_(std::move(env.steady_clock)),
+        wall_clock_(std::move(env.wall_clock)),
+        variables_(std::move(env.variables)),
+        env_(EnvFromList(variables_)),
+        temp_dir_(TempDirectory(env_)) {}
 
   ~Impl() {
     health_.reset();  // a check still running is killed
@@ -107,7 +112,11 @@ class Agent::Impl {
 
   AgentConfig config_;
   std::unique_ptr<ProcessLauncher> launcher_;
-  const Clock clock_ = SteadyClock();
+  const Clock clock_;
+  const Clock wall_clock_;
+  const EnvList variables_;
+  const EnvLookup env_;  // over variables_
+  const std::string temp_dir_;
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
   asio::signal_set signals_{io_};
@@ -135,14 +144,15 @@ class Agent::Impl {
   int64_t await_joins_ = 0;  // AwaitOthers waits until the server has seen this many joins
 };
 
-Agent::Agent(AgentConfig config, std::unique_ptr<ProcessLauncher> launcher)
-    : impl_(std::make_unique<Impl>(std::move(config), std::move(launcher))) {}
+Agent::Agent(AgentConfig config, std::unique_ptr<ProcessLauncher> launcher, AgentEnv env)
+    : impl_(std::make_unique<Impl>(std::move(config), std::move(launcher), std::move(env))) {}
 Agent::~Agent() = default;
 int Agent::Run() { return impl_->Run(); }
 
 absl::Status Agent::Impl::Prepare() {
-  absl::StatusOr<ConnectedRendezvous> connected = ConnectRendezvous(
-      config_, [this](std::function<void()> task) { asio::post(io_, std::move(task)); });
+  absl::StatusOr<ConnectedRendezvous> connected =
+      ConnectRendezvous(config_, {clock_, temp_dir_},
+                        [this](std::function<void()> task) { asio::post(io_, std::move(task)); });
   if (!connected.ok()) return connected.status();
   location_ = std::move(connected->location);
   relay_ = std::move(connected->relay);
@@ -168,7 +178,7 @@ absl::Status Agent::Impl::Prepare() {
     // What the worker asked on the FIFO just before it ended counts for its end.
     TakeRankRequests();
     if (watchdog_) watchdog_->WorkerEnded(end.local_rank - first_local_rank_);
-    Handle(lifecycle_->WorkerEnded(end, WallMicros()));
+    Handle(lifecycle_->WorkerEnded(end, wall_clock_()));
   };
   callbacks.on_all_done = [this] { Handle(lifecycle_->AllWorkersDone()); };
   workers_ = std::make_unique<WorkerGroup>(io_, *launcher_, config_.output, config_.term_timeout,
@@ -183,7 +193,7 @@ absl::Status Agent::Impl::Prepare() {
 absl::Status Agent::Impl::OpenWatchdog() {
   if (run_dir_.empty()) return absl::OkStatus();
   // A timer file of the user's own has a server of their own: the workers keep it.
-  if (const char* own = std::getenv("TORCHELASTIC_TIMER_FILE"); own != nullptr && *own != '\0') {
+  if (const std::string own = env_("TORCHELASTIC_TIMER_FILE").value_or(""); !own.empty()) {
     // Heartbeats go to that file too, where rdzv-agent cannot see them.
     if (config_.hang.heartbeat_timeout > absl::ZeroDuration() || config_.hang.auto_timeout) {
       spdlog::warn(
@@ -245,7 +255,7 @@ void Agent::Impl::WaitSignal() {
     if (sig == SIGCHLD) {
       if (workers_) workers_->Reap();
     } else if (lifecycle_) {
-      Handle(lifecycle_->Signal(sig, WallMicros()));
+      Handle(lifecycle_->Signal(sig, wall_clock_()));
     }
     WaitSignal();
   });
@@ -266,8 +276,7 @@ void Agent::Impl::Handle(AgentActions actions) {
 void Agent::Impl::Do(const agent_action::CheckHealth& check) {
   HealthCheckTarget target;
   target.addresses = spec_.addresses;
-  const char* tmp = std::getenv("TMPDIR");
-  target.run_parent = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+  target.run_parent = temp_dir_;
   // Before a restart: the last run's workers, should one still be stuck after SIGKILL.
   target.previous_workers = workers_->processes();
   if (!config_.health.command.empty()) {
@@ -330,16 +339,14 @@ void Agent::Impl::Do(const agent_action::StartWorkers& start) {
   // guards remove it should the agent be killed, and before the first workers there are none.
   if (!run_dir_made_) {
     run_dir_made_ = true;
-    const char* tmp = std::getenv("TMPDIR");
-    if (absl::StatusOr<std::string> dir = MakeRunDir(tmp != nullptr ? tmp : "", spec_.job_id);
-        dir.ok()) {
+    if (absl::StatusOr<std::string> dir = MakeRunDir(temp_dir_, spec_.job_id); dir.ok()) {
       run_dir_ = *std::move(dir);
     } else {
       spdlog::warn("{}; the workers run without torch error files and the hang watchdog",
                    dir.status().message());
     }
     if (absl::Status s = OpenWatchdog(); !s.ok()) {
-      Handle(lifecycle_->WorkersStartFailed(s, WallMicros()));
+      Handle(lifecycle_->WorkersStartFailed(s, wall_clock_()));
       return;
     }
   }
@@ -353,7 +360,7 @@ void Agent::Impl::Do(const agent_action::StartWorkers& start) {
   ctx.tls_server_name = config_.tls.server_name;
   ctx.error_file_dir = run_dir_;
   if (watchdog_) ctx.timer_file = watchdog_->path();
-  WorkerLaunches launches = BuildWorkerLaunches(ctx, ProcessEnvList());
+  WorkerLaunches launches = BuildWorkerLaunches(ctx, variables_);
   for (const std::string& note : launches.notes) spdlog::warn("{}", note);
   first_local_rank_ = start.assignment.slot.local_rank_offset;
   absl::Status s = workers_->Start(config_.command, launches.launches);
@@ -361,7 +368,7 @@ void Agent::Impl::Do(const agent_action::StartWorkers& start) {
     watchdog_->StartRound(workers_->pids(), start.assignment.slot.rank_offset, first_local_rank_,
                           start.assignment.longest_heartbeat_interval, workers_->processes());
   }
-  if (!s.ok()) Handle(lifecycle_->WorkersStartFailed(s, WallMicros()));
+  if (!s.ok()) Handle(lifecycle_->WorkersStartFailed(s, wall_clock_()));
 }
 
 void Agent::Impl::Do(const agent_action::StopWorkers& stop) {

@@ -14,12 +14,24 @@
 
 #include "client/agent/core/agent_options.h"
 #include "client/agent/process_launcher.h"
+#include "common/clock.h"
+#include "common/core/env.h"
 
 namespace rdzv {
 
+// What the agent reads of the process it runs in: its clocks and its environment variables,
+// given to it (rdzv-agent's main passes the real ones) so that nothing in it reads them itself.
+struct AgentEnv {
+  Clock steady_clock;  // monotonic microseconds: how long things take
+  Clock wall_clock;    // microseconds since the Unix epoch: times that other hosts read
+  // The process environment: the workers inherit it, and TMPDIR (common/core/file_names.h) and
+  // TORCHELASTIC_TIMER_FILE are read from it.
+  EnvList variables;
+};
+
 class Agent {
  public:
-  Agent(AgentConfig config, std::unique_ptr<ProcessLauncher> launcher);
+  Agent(AgentConfig config, std::unique_ptr<ProcessLauncher> launcher, AgentEnv env);
   ~Agent();
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;

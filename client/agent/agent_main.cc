@@ -12,6 +12,7 @@
 #include "client/agent/core/agent_options.h"
 #include "client/agent/shaping_launcher.h"
 #include "client/client.h"
+#include "common/clock.h"
 #include "common/host_name.h"
 #include "common/logging.h"
 #include "common/process_env.h"
@@ -53,14 +54,16 @@ int main(int argc, char** argv) {
   if (!config.ok()) return Fail(config.status().message(), kUsageError);
   // A token file that cannot be used is bad input, as a bad flag is. A standalone agent's
   // rendezvous is in-process: it proves nothing and reads no token.
-  if (config->mode != "standalone") {
+  if (config->mode != rdzv::AgentMode::kStandalone) {
     absl::StatusOr<rdzv::ClientAuth> auth = rdzv::LoadClientAuth(config->auth, config->token_file);
     if (!auth.ok()) return Fail(auth.status().message(), kUsageError);
     config->auth = *std::move(auth);
   }
   for (const std::string& warning : config->warnings) spdlog::warn("{}", warning);
   rdzv::WorkerShape shape = config->worker_shape;
-  rdzv::Agent agent(std::move(*config),
-                    rdzv::NewShapingLauncher(std::move(shape), rdzv::NewPosixProcessLauncher()));
+  rdzv::Agent agent(
+      std::move(*config),
+      rdzv::NewShapingLauncher(std::move(shape), rdzv::NewPosixProcessLauncher()),
+      {rdzv::SteadyClock(), [] { return rdzv::WallMicros(); }, rdzv::ProcessEnvList()});
   return agent.Run();
 }

@@ -6,9 +6,9 @@
 #include <cstring>
 #include <random>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/core/file_names.h"
 
 namespace rdzv {
 
@@ -17,13 +17,8 @@ std::string NewAgentId(absl::string_view host, int64_t pid) {
   return absl::StrFormat("%s:%d:%08x", host, pid, rd());
 }
 
-absl::StatusOr<std::string> MakeRunDir(absl::string_view tmp_dir, absl::string_view job_id) {
-  std::string safe(job_id);
-  for (char& ch : safe) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '.') ch = '_';
-  }
-  const absl::string_view parent = tmp_dir.empty() ? "/tmp" : tmp_dir;
-  std::string pattern = absl::StrCat(parent, "/rdzv-", safe, "-XXXXXX");
+absl::StatusOr<std::string> MakeRunDir(absl::string_view parent, absl::string_view job_id) {
+  std::string pattern = absl::StrCat(parent, "/rdzv-", FileNamePart(job_id), "-XXXXXX");
   if (mkdtemp(pattern.data()) == nullptr) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "cannot make a run directory in %s: %s; set TMPDIR to a directory you can write", parent,

@@ -17,10 +17,10 @@ namespace rdzv {
 // a pid on one host, such as an agent restarted in a new container.
 std::string NewAgentId(absl::string_view host, int64_t pid);
 
-// Makes a directory of mode 0700 named rdzv-JOB-XXXXXX under `tmp_dir` ("/tmp" when empty), with
-// every character of `job_id` but letters, digits, '-' and '.' replaced by '_' (a job id may
-// hold '/'). FailedPrecondition, naming the directory, when it cannot be made.
-absl::StatusOr<std::string> MakeRunDir(absl::string_view tmp_dir, absl::string_view job_id);
+// Makes a directory of mode 0700 named rdzv-JOB-XXXXXX under `parent` (the agent's TempDirectory,
+// common/core/file_names.h), JOB being `job_id` as FileNamePart writes it. FailedPrecondition,
+// naming the directory, when it cannot be made.
+absl::StatusOr<std::string> MakeRunDir(absl::string_view parent, absl::string_view job_id);
 
 }  // namespace rdzv
 

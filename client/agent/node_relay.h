@@ -20,7 +20,10 @@
 // carries its agent's credential, which the relay checks as a server of the job would (this
 // user, or the job's token), and the relay proves itself to its callers in each answer.
 //
-// Thread-safe. Owns a thread that makes the upstream calls (credentials may wait for munged).
+// What the relay decides (when a batch goes up, what each member hears) is RelayMembers'
+// (core/relay_members.h); where it listens is relay_socket.h's; it reaches the server as librdzv
+// does (client/server_list.h). Thread-safe. Owns a thread that makes the upstream calls
+// (credentials may wait for munged).
 #ifndef RDZV_CLIENT_AGENT_NODE_RELAY_H_
 #define RDZV_CLIENT_AGENT_NODE_RELAY_H_
 
@@ -31,16 +34,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/agent/core/relay_members.h"
+#include "client/agent/relay_socket.h"
 #include "client/client.h"
-#include "server/authenticator.h"
+#include "guard/authenticator.h"
 
 namespace rdzv {
-
-// How the message of every status a live relay ends a member's stream with begins, its own or
-// the server's passed on (a refusal, or an earlier round's stream ended as a new one starts): a
-// member that loses its stream with any other status lost the relay (its task died or froze),
-// and rejoins directly.
-inline constexpr absl::string_view kRelaySaid = "through this node's relay: ";
 
 // How long a relay of a group of nodes waits, after the first of a batch of joins, for the rest
 // of its group: nodes start over a few seconds, and the job completes only once the last has
@@ -83,19 +82,6 @@ struct NodeRelayOptions {
   // unreachable, serves another job or does not prove itself), auth, TLS and rpc_timeout.
   ClientOptions upstream;
 };
-
-// The private directory the relay's socket lives in: $TMPDIR/rdzv-<uid> ($TMPDIR when it is an
-// absolute path, else /tmp), made 0700 when missing.
-// FailedPrecondition naming the path when it is not a directory of this user's own that no one
-// else may enter (a symlink, another owner, group or world access).
-absl::StatusOr<std::string> RelayDirectory(uid_t uid);
-
-// The socket of job `job_key`'s relay on node `node` for user `uid`, in RelayDirectory's path
-// (which this does not create or check). Characters outside [A-Za-z0-9._-] become '_'.
-std::string RelaySocketPath(uid_t uid, absl::string_view job_key, absl::string_view node);
-
-// Whether a relay listens at `socket_path` in a directory RelayDirectory accepts. Does not block.
-bool RelayListening(const std::string& socket_path);
 
 class NodeRelay {
  public:

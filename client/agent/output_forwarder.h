@@ -38,7 +38,7 @@ inline constexpr size_t kMaxLineBytes = 64 * 1024;
 // How much of each stderr line the tail keeps for the root cause.
 inline constexpr size_t kMaxTailLineBytes = 4096;
 // The most of a captured stack kept, the note that more was cut included: what the server keeps
-// of a failure's stderr (server/request_limits.h kMaxTailBytes), which cuts from the start.
+// of a failure's stderr (guard/request_limits.h kMaxTailBytes), which cuts from the start.
 inline constexpr size_t kMaxStackBytes = 16 * 1024;
 
 class WorkerOutput {

@@ -9,7 +9,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/agent/agent_rendezvous.h"
-#include "client/agent/node_relay.h"
+#include "client/agent/core/relay_members.h"
+#include "client/agent/relay_socket.h"
 #include "common/net.h"
 
 namespace rdzv {

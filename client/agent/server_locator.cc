@@ -16,7 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/net.h"
-#include "server/authenticator.h"
+#include "guard/authenticator.h"
 
 namespace rdzv {
 namespace {

@@ -16,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/agent/core/agent_options.h"
-#include "server/authenticator.h"
+#include "guard/authenticator.h"
 #include "server/server.h"
 
 namespace rdzv {

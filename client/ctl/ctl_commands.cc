@@ -28,9 +28,9 @@ absl::StatusOr<ClientAuth> CtlAuth(const CtlOptions& options) {
     auth.mode = ClientAuth::Mode::kNone;
     return auth;
   }
-  auth.munge_socket = options.munge_socket;
-  auth.server_uid = options.server_uid;
-  return LoadClientAuth(std::move(auth), options.token_file);
+  auth.munge_socket = options.connection.munge_socket;
+  auth.server_uid = options.connection.server_uid;
+  return LoadClientAuth(std::move(auth), options.connection.token_file);
 }
 
 absl::StatusOr<std::unique_ptr<Client>> CtlClient(const CtlOptions& options,
@@ -38,8 +38,8 @@ absl::StatusOr<std::unique_ptr<Client>> CtlClient(const CtlOptions& options,
   ClientOptions client;
   client.endpoint = endpoint;
   client.rpc_timeout = options.timeout;
-  client.tls.ca_file = options.tls_ca;
-  client.tls.server_name = options.tls_server_name;
+  client.tls.ca_file = options.connection.tls_ca;
+  client.tls.server_name = options.connection.tls_server_name;
   client.auth = std::move(auth);
   return Client::Create(std::move(client));
 }
@@ -164,11 +164,9 @@ int RunCtlCommand(const CtlOptions& options, std::ostream& out, std::ostream& er
     err << "rdzvctl: " << auth.status().message() << "\n";
     return 2;
   }
-  // A server list is at most kMaxServerList long (ParseCtlOptions).
   Clients clients;
-  for (absl::string_view endpoint : absl::StrSplit(options.endpoint, ',')) {
-    absl::StatusOr<std::unique_ptr<Client>> client =
-        CtlClient(options, std::string(absl::StripAsciiWhitespace(endpoint)), *auth);
+  for (const std::string& endpoint : options.servers) {
+    absl::StatusOr<std::unique_ptr<Client>> client = CtlClient(options, endpoint, *auth);
     if (!client.ok()) return Failed(err, client.status());
     clients.push_back(*std::move(client));
   }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/auth.h"
+#include "common/core/connection_flags.h"
 #include "common/core/flags.h"
 #include "common/core/host_port.h"
 #include "common/core/hostlist.h"
@@ -41,20 +42,7 @@ FlagParser MakeParser(CtlOptions& o) {
   p.Add({"rdzv-endpoint", "RDZV_ENDPOINT", "HOST:PORT[,HOST:PORT...]",
          "the rdzvd to talk to, or every server of a list (status shows each job once)",
          StringSetter(&o.endpoint)});
-  p.Add({"rdzv-token-file", "RDZV_TOKEN_FILE", "FILE",
-         "the job's token, for an rdzvd with --auth token (default: MUNGE)",
-         StringSetter(&o.token_file)});
-  p.Add({"munge-socket", "RDZV_MUNGE_SOCKET", "PATH", "munged's socket (default: libmunge's)",
-         StringSetter(&o.munge_socket)});
-  p.Add({"server-uid", "RDZV_SERVER_UID", "UID",
-         "under MUNGE, the uid rdzvd runs as: one that cannot prove it is refused (default: any)",
-         UidSetter(&o.server_uid)});
-  p.Add({"tls-ca", "RDZV_TLS_CA", "FILE",
-         "talk TLS to rdzvd and verify its certificate with this CA (PEM)",
-         StringSetter(&o.tls_ca)});
-  p.Add({"tls-server-name", "RDZV_TLS_SERVER_NAME", "NAME",
-         "with --tls-ca, the name rdzvd's certificate must hold (default: the endpoint's host)",
-         StringSetter(&o.tls_server_name)});
+  AddConnectionFlags(p, &o.connection);
   p.Add({"json", "", "", "print JSON instead of a table", BoolSetter(&o.json)});
   p.Add({"timeout", "RDZVCTL_TIMEOUT", "SECONDS", "deadline of each call (default 5)",
          [&o](absl::string_view v) { return ParseSeconds(v, &o.timeout); }});
@@ -148,21 +136,18 @@ absl::StatusOr<CtlOptions> ParseCtlOptions(const std::vector<std::string>& args,
     // shows that job.
     if (!o.all && o.job.empty()) o.job = env("RDZV_RUN_ID").value_or("");
   }
-  if (o.tls_ca.empty() && !o.tls_server_name.empty()) {
-    return absl::InvalidArgumentError(
-        "--tls-server-name needs --tls-ca, the CA that signed rdzvd's certificate");
+  if (absl::Status s = CheckTlsServerName(o.connection.tls_ca, o.connection.tls_server_name);
+      !s.ok()) {
+    return s;
   }
   if (o.endpoint.empty()) {
     return absl::InvalidArgumentError(
         "no rdzvd to talk to: pass --rdzv-endpoint HOST:PORT, set RDZV_ENDPOINT, or set "
         "RDZV_ENDPOINT in /etc/rdzv.conf");
   }
-  if (const size_t servers = absl::c_count(o.endpoint, ',') + 1; servers > kMaxServerList) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--rdzv-endpoint names %d servers; give at most %d (a primary and its "
-                        "backups)",
-                        servers, kMaxServerList));
-  }
+  absl::StatusOr<std::vector<std::string>> servers = SplitServerList("--rdzv-endpoint", o.endpoint);
+  if (!servers.ok()) return servers.status();
+  o.servers = *std::move(servers);
   return o;
 }
 

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/core/connection_flags.h"
 #include "common/core/env.h"
 
 namespace rdzv {
@@ -20,7 +21,8 @@ enum class CtlCommand { kStatus, kWatch, kAbort, kHealth };
 
 struct CtlOptions {
   CtlCommand command = CtlCommand::kStatus;
-  std::string endpoint;  // host:port of rdzvd
+  std::string endpoint;              // host:port of rdzvd, or a list of them
+  std::vector<std::string> servers;  // the endpoint's servers, in order
   // status/watch: one job (empty: all; inside a worker RDZV_RUN_ID, its own, unless --all);
   // abort: the job.
   std::string job;
@@ -32,14 +34,9 @@ struct CtlOptions {
   int count = 0;                               // watch: refreshes, 0 for until interrupted
   // status/watch: the job's nodes (a Slurm hostlist), to name the missing ones.
   std::vector<std::string> nodelist;
-  // How rdzvctl proves who it is: the job's token when given, else MUNGE when munged runs here.
-  std::string token_file;
-  std::string munge_socket;
-  // Under MUNGE, the uid rdzvd must prove it runs as (unset: any uid munged vouches for).
-  std::optional<uid_t> server_uid;
-  // TLS: verify rdzvd's certificate with this CA (PEM); empty for plaintext.
-  std::string tls_ca;
-  std::string tls_server_name;  // the name the certificate must hold; "" for the endpoint's host
+  // How rdzvctl proves who it is (the job's token when given, else MUNGE when munged runs here),
+  // the uid rdzvd must prove it runs as, and TLS.
+  ConnectionFlags connection;
   bool help = false;
   bool version = false;
 };

@@ -7,9 +7,33 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
 namespace rdzv {
+
+absl::StatusOr<std::vector<std::string>> SplitServerList(absl::string_view what,
+                                                         absl::string_view text, size_t taken) {
+  std::vector<std::string> servers;
+  for (absl::string_view e : absl::StrSplit(text, ',')) {
+    e = absl::StripAsciiWhitespace(e);
+    if (e.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s \"%s\" has an empty entry; give HOST:PORT,HOST:PORT", what, text));
+    }
+    servers.emplace_back(e);
+  }
+  if (servers.size() + taken > kMaxServerList) {
+    return absl::InvalidArgumentError(
+        taken == 0
+            ? absl::StrFormat("%s lists %d servers; give at most %d (a primary and its backups)",
+                              what, servers.size(), kMaxServerList)
+            : absl::StrFormat("%s lists %d servers; give at most %d, as a list has at most %d, "
+                              "this one among them",
+                              what, servers.size(), kMaxServerList - taken, kMaxServerList));
+  }
+  return servers;
+}
 
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view text, int default_port) {
   const auto bad = [&](absl::string_view why) {

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -14,6 +15,14 @@ namespace rdzv {
 // The most servers one server list names (a primary and its backups: --rdzv-endpoint a,b and
 // rdzvd --peers), wherever a list is taken.
 inline constexpr size_t kMaxServerList = 8;
+
+// The servers of a list "host:port,host:port" (a primary and its backups, in order) as written,
+// each without the white space around it. `taken` places of the list are held by servers not in
+// `text` (rdzvd itself, for its --peers). InvalidArgument naming the list as `what` (the flag it
+// came from) and saying the fix, for an empty entry or for more servers than the list has room
+// for.
+absl::StatusOr<std::vector<std::string>> SplitServerList(absl::string_view what,
+                                                         absl::string_view text, size_t taken = 0);
 
 struct HostPort {
   std::string host;  // without brackets for IPv6

@@ -366,4 +366,9 @@ std::string ReadFileOrEmpty(const std::string& path) {
   return text.str();
 }
 
+std::string Describe(const Subprocess& process) {
+  return absl::StrCat(process.CommandLine(), "\n--- stdout:\n", process.Stdout(), "\n--- stderr:\n",
+                      process.Stderr());
+}
+
 }  // namespace rdzv::testing

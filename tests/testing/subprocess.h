@@ -144,6 +144,9 @@ std::string UniqueMarker();
 // Reads a whole file; empty when it cannot be read.
 std::string ReadFileOrEmpty(const std::string& path);
 
+// `process`'s command line and everything it wrote, for a failure's message.
+std::string Describe(const Subprocess& process);
+
 }  // namespace rdzv::testing
 
 #endif  // RDZV_TESTS_TESTING_SUBPROCESS_H_

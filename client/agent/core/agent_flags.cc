@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "client/agent/core/agent_options.h"
 #include "client/agent/core/launcher_env.h"
+#include "common/core/connection_flags.h"
 #include "common/core/flags.h"
 #include "common/core/host_port.h"
 #include "common/core/hostlist.h"
@@ -191,10 +192,15 @@ FlagParser MakeParser(AgentFlags& f) {
          "agent per task that is one rank (task); auto picks task when the step has more than\n"
          "one task on a node",
          [&f](absl::string_view v) {
-           if (v != "auto" && v != "node" && v != "task") {
+           if (v == "auto") {
+             f.mode = SlurmAgents::kAuto;
+           } else if (v == "node") {
+             f.mode = SlurmAgents::kPerNode;
+           } else if (v == "task") {
+             f.mode = SlurmAgents::kPerTask;
+           } else {
              return absl::InvalidArgumentError("expected auto, node or task");
            }
-           f.mode = std::string(v);
            return absl::OkStatus();
          }});
   p.Add({"rank-prefix", "RDZV_RANK_PREFIX", "",
@@ -257,24 +263,7 @@ FlagParser MakeParser(AgentFlags& f) {
            f.auth = std::string(v);
            return absl::OkStatus();
          }});
-  p.Add({"rdzv-token-file", "RDZV_TOKEN_FILE", "FILE",
-         "a file (mode 0600, yours) holding the job's secret token, the same for every agent of\n"
-         "the job; for clusters without MUNGE (make one: openssl rand -hex 32 > FILE)",
-         StringSetter(&f.token_file)});
-  p.Add({"munge-socket", "RDZV_MUNGE_SOCKET", "PATH", "munged's socket (default: libmunge's)",
-         StringSetter(&f.munge_socket)});
-  p.Add({"server-uid", "RDZV_SERVER_UID", "UID",
-         "under MUNGE, the uid the rdzvd of --rdzv-endpoint runs as; one that cannot prove it\n"
-         "runs as this uid is refused (default: any uid munged vouches for). A server hosted\n"
-         "by the job's own agent must always run as this agent's user",
-         UidSetter(&f.server_uid)});
-  p.Add({"tls-ca", "RDZV_TLS_CA", "FILE",
-         "talk TLS to the rdzvd of --rdzv-endpoint and verify its certificate with this CA\n"
-         "(PEM); for an rdzvd started with --tls-cert (default: plaintext)",
-         StringSetter(&f.tls_ca)});
-  p.Add({"tls-server-name", "RDZV_TLS_SERVER_NAME", "NAME",
-         "with --tls-ca, the name rdzvd's certificate must hold (default: the endpoint's host)",
-         StringSetter(&f.tls_server_name)});
+  AddConnectionFlags(p, &f.connection);
   p.Add({"version", "", "", "print the version", BoolSetter(&f.version)});
   p.Add({"help", "", "", "print this help", BoolSetter(&f.help)});
   return p;

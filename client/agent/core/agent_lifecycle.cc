@@ -313,9 +313,9 @@ AgentActions AgentLifecycle::FailureAnswered(int32_t generation,
   return actions;
 }
 
-AgentActions AgentLifecycle::WorkersStartFailed(const absl::Status& status, int64_t now_us) {
+AgentActions AgentLifecycle::WorkersStartFailed(const absl::Status& status, Micros now) {
   if (phase_ != Phase::kRunning) return {};
-  FailureInfo f = NewFailure(now_us);
+  FailureInfo f = NewFailure(now);
   f.rank = assignment_.slot.rank_offset;
   f.local_rank = assignment_.slot.local_rank_offset;
   f.exit_code = 127;
@@ -348,7 +348,7 @@ void AgentLifecycle::NoteLeaveNode(std::string detail) {
   leave_node_ = Unhealthy{ExclusionKind::kRankRequested, std::move(detail)};
 }
 
-AgentActions AgentLifecycle::WorkerEnded(const WorkerEnd& end, int64_t now_us) {
+AgentActions AgentLifecycle::WorkerEnded(const WorkerEnd& end, Micros now) {
   // What the rank asked: on the FIFO, else by its exit code.
   RankRequest request = RankRequest::kNone;
   std::string reason;
@@ -373,7 +373,7 @@ AgentActions AgentLifecycle::WorkerEnded(const WorkerEnd& end, int64_t now_us) {
     return {agent_action::ReportFailure{generation_, f}};
   }
   if (end.exit.code() == 0 || phase_ != Phase::kRunning) return {};
-  FailureInfo f = NewFailure(now_us);
+  FailureInfo f = NewFailure(now);
   f.rank = end.rank;
   f.local_rank = end.local_rank;
   f.exit_code = end.exit.code();
@@ -435,7 +435,7 @@ AgentActions AgentLifecycle::NoteOutcome(const AbortEvent& abort) {
   return {agent_action::AwaitStack{options_.term_timeout + kStackMargin}};
 }
 
-AgentActions AgentLifecycle::Signal(int sig, int64_t now_us) {
+AgentActions AgentLifecycle::Signal(int sig, Micros now) {
   if (sig == SIGUSR1 || sig == SIGUSR2) return {agent_action::ForwardSignal{sig}};
   // SIGINT, SIGTERM, SIGHUP: stop the job, everywhere.
   switch (phase_) {
@@ -451,7 +451,7 @@ AgentActions AgentLifecycle::Signal(int sig, int64_t now_us) {
       return {Warn(absl::StrCat(SignalName(sig), " while joining; giving up")),
               agent_action::CancelJoin{}};
     case Phase::kRunning: {
-      FailureInfo f = NewFailure(now_us);
+      FailureInfo f = NewFailure(now);
       f.cause = AbortCause::kAgentSignalled;
       f.signal = sig;
       f.exit_code = 128 + sig;
@@ -606,11 +606,11 @@ AgentActions AgentLifecycle::Finish() {
   return {agent_action::Exit{outcome_ ? ExitCodeOf(*outcome_) : 0, lost_peer}};
 }
 
-FailureInfo AgentLifecycle::NewFailure(int64_t now_us) const {
+FailureInfo AgentLifecycle::NewFailure(Micros now) const {
   FailureInfo f;
   f.host = options_.host;
   f.group_rank = assignment_.slot.group_rank;
-  f.time_us = now_us;
+  f.time_us = now;
   return f;
 }
 

@@ -194,11 +194,11 @@ class AgentLifecycle {
   // The server answered the failure report of `generation` with the job's first failure.
   AgentActions FailureAnswered(int32_t generation, const absl::StatusOr<AbortEvent>& first);
 
-  // StartWorkers failed part-way (the workers already started keep running); `now_us` is the
+  // StartWorkers failed part-way (the workers already started keep running); `now` is the
   // wall time in microseconds since the epoch, for the failure's record.
-  AgentActions WorkersStartFailed(const absl::Status& status, int64_t now_us);
+  AgentActions WorkersStartFailed(const absl::Status& status, Micros now);
   // A worker ended.
-  AgentActions WorkerEnded(const WorkerEnd& end, int64_t now_us);
+  AgentActions WorkerEnded(const WorkerEnd& end, Micros now);
   // Every worker that StartWorkers started has ended and its output is forwarded.
   AgentActions AllWorkersDone();
   // The watchdog found a worker hung (its timer expired, or its heartbeats stopped).
@@ -213,7 +213,7 @@ class AgentLifecycle {
   AgentActions EarlierHangWaitOver();
 
   // The agent received `signal`.
-  AgentActions Signal(int signal, int64_t now_us);
+  AgentActions Signal(int signal, Micros now);
 
   // The Leave asked for has been answered (or failed).
   AgentActions Left(const absl::Status& status);
@@ -239,7 +239,7 @@ class AgentLifecycle {
   bool MayRestart(const AbortEvent& abort) const;
   // Keeps the first reason a rank gave for this node to leave the job.
   void NoteLeaveNode(std::string detail);
-  FailureInfo NewFailure(int64_t now_us) const;
+  FailureInfo NewFailure(Micros now) const;
   std::string RootCause(const AbortEvent& abort) const;
 
   const LifecycleOptions options_;

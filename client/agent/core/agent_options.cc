@@ -97,7 +97,7 @@ bool OneStepOfManyPerNode(const AgentFlags& flags, const SlurmEnv& slurm, bool p
 // allocation. Every step's agent starts with its own step: whichever comes first waits for the
 // others, within --join-timeout.
 absl::Status ResolveOneJobOfSteps(const AgentFlags& flags, const SlurmEnv& slurm, AgentConfig& c) {
-  c.mode = "slurm step per node";
+  c.mode = AgentMode::kSlurmStepPerNode;
   c.join.min_agents = c.join.max_agents = slurm.job_num_nodes;
   c.join.node_list = NodeListForJoin(slurm.job_nodes);
   const auto own = std::find(slurm.job_nodes.begin(), slurm.job_nodes.end(), slurm.node_name);
@@ -147,20 +147,23 @@ absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentC
   if (slurm.tasks_per_node.empty() && slurm.num_tasks > slurm.num_nodes) {
     max_tasks_on_a_node = 2;  // more tasks than nodes: some node runs several
   }
-  std::string mode = flags.mode;
-  if (mode == "auto") mode = max_tasks_on_a_node > 1 ? "task" : "node";
-  if (OneStepOfManyPerNode(flags, slurm, mode == "node" && max_tasks_on_a_node == 1)) {
+  SlurmAgents mode = flags.mode;
+  if (mode == SlurmAgents::kAuto) {
+    mode = max_tasks_on_a_node > 1 ? SlurmAgents::kPerTask : SlurmAgents::kPerNode;
+  }
+  const bool per_node = mode == SlurmAgents::kPerNode;
+  if (OneStepOfManyPerNode(flags, slurm, per_node && max_tasks_on_a_node == 1)) {
     return ResolveOneJobOfSteps(flags, slurm, c);
   }
 
-  if (mode == "node") {
+  if (per_node) {
     if (max_tasks_on_a_node > 1) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "--mode node needs one task per node, but this step runs up to %d on a node; use "
           "srun --ntasks-per-node=1, or --mode task",
           max_tasks_on_a_node));
     }
-    c.mode = "slurm per-node";
+    c.mode = AgentMode::kSlurmPerNode;
     c.join.min_agents = c.join.max_agents = slurm.num_nodes;
     if (!flags.node_rank && static_cast<int>(slurm.nodes.size()) == slurm.num_nodes) {
       PlanGroups(flags.fan_in, slurm.node_id, slurm.nodes, slurm.job_id, slurm.step_id, c);
@@ -171,7 +174,7 @@ absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentC
           "in per-task mode each agent is one rank; drop --nproc-per-node, or launch one task "
           "per node (srun --ntasks-per-node=1) to start several workers per agent");
     }
-    c.mode = "slurm per-task";
+    c.mode = AgentMode::kSlurmPerTask;
     c.join.agent.nproc = 1;
     c.join.agent.order = slurm.proc_id;
     const int tasks = slurm.num_tasks > 0 ? slurm.num_tasks : slurm.num_nodes;
@@ -195,7 +198,7 @@ absl::Status ResolveSlurm(const AgentFlags& flags, const SlurmEnv& slurm, AgentC
              (*flags.nnodes_min != c.join.min_agents || *flags.nnodes_max != c.join.max_agents)) {
     const std::string step =
         absl::StrFormat("the Slurm step, which runs %d %s%s", c.join.max_agents,
-                        mode == "node" ? "node" : "task", c.join.max_agents == 1 ? "" : "s");
+                        per_node ? "node" : "task", c.join.max_agents == 1 ? "" : "s");
     if (slurm.job_num_nodes <= slurm.num_nodes) {
       return absl::InvalidArgumentError(
           absl::StrFormat("--nnodes %d:%d contradicts %s; drop --nnodes inside srun",
@@ -234,7 +237,7 @@ absl::StatusOr<AgentConfig> ResolveExplicit(const AgentFlags& flags, AgentConfig
         "--rdzv-id is required with --rdzv-endpoint so that different jobs never meet; "
         "give all agents of one job the same id, e.g. --rdzv-id exp1");
   }
-  c.mode = "explicit";
+  c.mode = AgentMode::kExplicit;
   c.join.min_agents = *flags.nnodes_min;
   c.join.max_agents = *flags.nnodes_max;
   if (c.join.agent.node_index >= c.join.max_agents) {
@@ -245,9 +248,10 @@ absl::StatusOr<AgentConfig> ResolveExplicit(const AgentFlags& flags, AgentConfig
   return c;
 }
 
-absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& env,
-                                    const LocalProcess& self) {
-  AgentConfig c;
+// What the flags say of the job and of this agent whatever the launch: the join's policies, the
+// timeouts, the workers' command and output.
+absl::Status ResolveJob(const AgentFlags& flags, const EnvLookup& env, const LocalProcess& self,
+                        AgentConfig& c) {
   c.join.job_id = flags.rdzv_id;
   c.join.agent.host =
       !flags.host_name.empty() ? flags.host_name : env("SLURMD_NODENAME").value_or(self.hostname);
@@ -268,7 +272,6 @@ absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& en
   c.hang.auto_floor = flags.hang_timeout_min;
   c.output = {flags.rank_prefix, flags.log_dir, flags.tee, flags.local_ranks_filter};
   c.command = flags.command;
-
   if (c.command.empty()) {
     return absl::InvalidArgumentError(
         "no training command given; put it after --, e.g. rdzv-agent --standalone -- python "
@@ -277,40 +280,43 @@ absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& en
   if (absl::EndsWith(c.command.front(), ".py")) {
     c.command.insert(c.command.begin(), env("RDZV_PYTHON").value_or("python3"));
   }
+  return absl::OkStatus();
+}
 
+// How the agent proves who it is, what its server must prove, and TLS toward an rdzvd.
+absl::Status ResolveAuth(const AgentFlags& flags, const LocalProcess& self, AgentConfig& c) {
   c.auth.mode = flags.auth == "munge"   ? ClientAuth::Mode::kMunge
                 : flags.auth == "token" ? ClientAuth::Mode::kToken
                 : flags.auth == "none"  ? ClientAuth::Mode::kNone
                                         : ClientAuth::Mode::kAuto;
-  c.auth.munge_socket = flags.munge_socket;
+  c.auth.munge_socket = flags.connection.munge_socket;
   // Without an endpoint the server is hosted by this job's agent on node 0, which runs as this
   // user (--standalone needs no proof: its rendezvous is in-process).
   c.auth.server_uid =
-      flags.rdzv_endpoint.empty() ? std::optional<uid_t>(self.uid) : flags.server_uid;
-  c.token_file = flags.token_file;
+      flags.rdzv_endpoint.empty() ? std::optional<uid_t>(self.uid) : flags.connection.server_uid;
+  c.token_file = flags.connection.token_file;
   if (c.auth.mode == ClientAuth::Mode::kToken && c.token_file.empty()) {
     return absl::InvalidArgumentError(
         "--auth token needs the job's token: pass --rdzv-token-file FILE (the same file for "
         "every agent of the job)");
   }
-
-  c.tls = {flags.tls_ca, flags.tls_server_name};
-  if (c.tls.ca_file.empty() && !c.tls.server_name.empty()) {
-    return absl::InvalidArgumentError(
-        "--tls-server-name needs --tls-ca, the CA that signed rdzvd's certificate");
-  }
+  c.tls = {flags.connection.tls_ca, flags.connection.tls_server_name};
+  if (absl::Status s = CheckTlsServerName(c.tls.ca_file, c.tls.server_name); !s.ok()) return s;
   if (!c.tls.ca_file.empty() && flags.rdzv_endpoint.empty() && !flags.standalone) {
     return absl::InvalidArgumentError(
         "--tls-ca (RDZV_TLS_CA) is for an rdzvd that serves TLS, but without --rdzv-endpoint "
         "the job's first agent hosts the rendezvous in plaintext; pass --rdzv-endpoint "
         "HOST:PORT of that rdzvd, or unset --tls-ca/RDZV_TLS_CA");
   }
+  return absl::OkStatus();
+}
 
-  absl::StatusOr<std::optional<SlurmEnv>> slurm = ParseSlurmEnv(env);
-  if (!slurm.ok()) return slurm.status();
+// This node's workers: how many, and what each launch gets on top of torchrun's variables.
+absl::Status ResolveWorkers(const AgentFlags& flags, const std::optional<SlurmEnv>& slurm,
+                            const EnvLookup& env, AgentConfig& c) {
   c.worker_shape =
-      ResolveWorkerShape(flags.slurm_env == "tasks", flags.pass_local_rank, *slurm, env);
-  const int32_t gpus = GpusForWorkers(*slurm, env);
+      ResolveWorkerShape(flags.slurm_env == "tasks", flags.pass_local_rank, slurm, env);
+  const int32_t gpus = GpusForWorkers(slurm, env);
   c.join.agent.nproc = flags.nproc_per_node.value_or(std::max(gpus, 1));
   // The built-in health check makes sure that GPUs a worker count was taken from are there.
   if (!flags.nproc_per_node) c.health.gpus = gpus;
@@ -319,89 +325,108 @@ absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& en
         "%d workers per node (one per GPU or visible device) is over %d; pass --nproc-per-node",
         c.join.agent.nproc, kMaxNprocPerNode));
   }
+  return absl::OkStatus();
+}
 
-  if (flags.standalone) {
-    if (!flags.rdzv_endpoint.empty()) {
-      return absl::InvalidArgumentError(
-          "--standalone hosts its own rendezvous; drop --rdzv-endpoint or --standalone");
-    }
-    if (flags.nnodes_max.value_or(1) != 1) {
-      return absl::InvalidArgumentError(
-          "--standalone runs a single node; drop --nnodes or use --rdzv-endpoint");
-    }
-    c.mode = "standalone";
-    // Under sbatch or salloc the agent's SLURM_NODELIST is the allocation's, of which the
-    // workers of a standalone job see one node, this one.
-    if (*slurm && !(*slurm)->node_name.empty()) c.worker_shape.job_nodes = {(*slurm)->node_name};
-    c.embedded_server = true;
-    c.embedded_listen_host = "127.0.0.1";
-    c.embedded_ports = {0};
-    if (c.join.job_id.empty()) c.join.job_id = absl::StrCat("standalone-", self.pid);
-    c.join.agent.node_index = 0;
-    return c;
-  }
-
+// --standalone: one node, the rendezvous in-process on loopback.
+absl::StatusOr<AgentConfig> ResolveStandalone(const AgentFlags& flags,
+                                              const std::optional<SlurmEnv>& slurm,
+                                              const LocalProcess& self, AgentConfig& c) {
   if (!flags.rdzv_endpoint.empty()) {
-    // One rdzvd, or a list: the primary and its backups, in the order to try them.
-    const std::vector<absl::string_view> list = absl::StrSplit(flags.rdzv_endpoint, ',');
-    for (size_t i = 0; i < list.size(); ++i) {
-      absl::StatusOr<HostPort> hp = ParseHostPort(absl::StripAsciiWhitespace(list[i]), 29400);
-      if (!hp.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--rdzv-endpoint: ", hp.status().message(),
-                         list.size() > 1 ? " (in a list, HOST:PORT,HOST:PORT)" : ""));
-      }
-      if (i == 0) {
-        c.rdzv_host = hp->host;
-        c.rdzv_ports = {hp->port};
-      } else {
-        c.backup_endpoints.push_back(FormatHostPort(hp->host, hp->port));
-      }
+    return absl::InvalidArgumentError(
+        "--standalone hosts its own rendezvous; drop --rdzv-endpoint or --standalone");
+  }
+  if (flags.nnodes_max.value_or(1) != 1) {
+    return absl::InvalidArgumentError(
+        "--standalone runs a single node; drop --nnodes or use --rdzv-endpoint");
+  }
+  c.mode = AgentMode::kStandalone;
+  // Under sbatch or salloc the agent's SLURM_NODELIST is the allocation's, of which the
+  // workers of a standalone job see one node, this one.
+  if (slurm && !slurm->node_name.empty()) c.worker_shape.job_nodes = {slurm->node_name};
+  c.embedded_server = true;
+  c.embedded_listen_host = "127.0.0.1";
+  c.embedded_ports = {0};
+  if (c.join.job_id.empty()) c.join.job_id = absl::StrCat("standalone-", self.pid);
+  c.join.agent.node_index = 0;
+  return c;
+}
+
+// --rdzv-endpoint: one rdzvd, or a list: the primary and its backups, in the order to try them.
+absl::Status ResolveServerList(const AgentFlags& flags, AgentConfig& c) {
+  absl::StatusOr<std::vector<std::string>> list =
+      SplitServerList("--rdzv-endpoint", flags.rdzv_endpoint);
+  if (!list.ok()) return list.status();
+  for (size_t i = 0; i < list->size(); ++i) {
+    absl::StatusOr<HostPort> hp = ParseHostPort((*list)[i], 29400);
+    if (!hp.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--rdzv-endpoint: ", hp.status().message(),
+                       list->size() > 1 ? " (in a list, HOST:PORT,HOST:PORT)" : ""));
     }
-    if (list.size() > kMaxServerList) {
+    if (i == 0) {
+      c.rdzv_host = hp->host;
+      c.rdzv_ports = {hp->port};
+    } else {
+      c.backup_endpoints.push_back(FormatHostPort(hp->host, hp->port));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --rdzv-endpoint outside Slurm, where a launcher (mpirun) may number the nodes and name the job.
+absl::StatusOr<AgentConfig> ResolveLaunched(const AgentFlags& flags, const EnvLookup& env,
+                                            AgentConfig& c) {
+  absl::StatusOr<std::optional<LauncherEnv>> mpi = ParseLauncherEnv(env);
+  if (!mpi.ok()) return mpi.status();
+  AgentFlags f = flags;
+  if (*mpi) {
+    if (!f.node_rank) c.join.agent.node_index = (*mpi)->rank;
+    if (!f.nnodes_max && (*mpi)->size > 0) f.nnodes_min = f.nnodes_max = (*mpi)->size;
+    if (f.rdzv_id.empty() && !(*mpi)->job_id.empty()) {
+      f.rdzv_id = c.join.job_id = absl::StrCat("mpi-", (*mpi)->job_id);
+    }
+    // MPICH's Hydra names no job, and a PMIx launcher other than Open MPI's may give no size:
+    // say what the launcher left out rather than only what is missing.
+    if (!f.nnodes_max) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "--rdzv-endpoint lists %d servers; give at most %d (a primary and its backups)",
-          list.size(), kMaxServerList));
+          "--nnodes is required: %s gives this agent its rank but not how many were started; "
+          "pass the number of agents, e.g. --nnodes 2",
+          (*mpi)->launcher));
     }
+    if (f.rdzv_id.empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--rdzv-id is required: %s gives no job id, and jobs that share rdzvd must not meet; "
+          "pass every agent of the job the same id, e.g. --rdzv-id exp1",
+          (*mpi)->launcher));
+    }
+  }
+  return ResolveExplicit(f, c);
+}
+
+// The flags, resolved in the order their errors are reported: the job and its command, the
+// credentials, the workers, and then where to meet: in-process (--standalone), as an srun step
+// says, or at --rdzv-endpoint.
+absl::StatusOr<AgentConfig> Resolve(const AgentFlags& flags, const EnvLookup& env,
+                                    const LocalProcess& self) {
+  AgentConfig c;
+  if (absl::Status s = ResolveJob(flags, env, self, c); !s.ok()) return s;
+  if (absl::Status s = ResolveAuth(flags, self, c); !s.ok()) return s;
+  absl::StatusOr<std::optional<SlurmEnv>> slurm = ParseSlurmEnv(env);
+  if (!slurm.ok()) return slurm.status();
+  if (absl::Status s = ResolveWorkers(flags, *slurm, env, c); !s.ok()) return s;
+  if (flags.standalone) return ResolveStandalone(flags, *slurm, self, c);
+  if (!flags.rdzv_endpoint.empty()) {
+    if (absl::Status s = ResolveServerList(flags, c); !s.ok()) return s;
   }
   c.failover_after = flags.failover_timeout;
-
   // Inside an srun step Slurm says everything; in a batch script without a step and without an
   // endpoint, ResolveSlurm explains how to launch instead.
   if (*slurm && ((*slurm)->in_step() || flags.rdzv_endpoint.empty())) {
     if (absl::Status s = ResolveSlurm(flags, **slurm, c); !s.ok()) return s;
     return c;
   }
-
-  if (!flags.rdzv_endpoint.empty()) {
-    // Started once per node by mpirun: the launcher numbers the nodes and names the job.
-    absl::StatusOr<std::optional<LauncherEnv>> mpi = ParseLauncherEnv(env);
-    if (!mpi.ok()) return mpi.status();
-    AgentFlags f = flags;
-    if (*mpi) {
-      if (!f.node_rank) c.join.agent.node_index = (*mpi)->rank;
-      if (!f.nnodes_max && (*mpi)->size > 0) f.nnodes_min = f.nnodes_max = (*mpi)->size;
-      if (f.rdzv_id.empty() && !(*mpi)->job_id.empty()) {
-        f.rdzv_id = c.join.job_id = absl::StrCat("mpi-", (*mpi)->job_id);
-      }
-      // MPICH's Hydra names no job, and a PMIx launcher other than Open MPI's may give no size:
-      // say what the launcher left out rather than only what is missing.
-      if (!f.nnodes_max) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "--nnodes is required: %s gives this agent its rank but not how many were started; "
-            "pass the number of agents, e.g. --nnodes 2",
-            (*mpi)->launcher));
-      }
-      if (f.rdzv_id.empty()) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "--rdzv-id is required: %s gives no job id, and jobs that share rdzvd must not meet; "
-            "pass every agent of the job the same id, e.g. --rdzv-id exp1",
-            (*mpi)->launcher));
-      }
-    }
-    return ResolveExplicit(f, c);
-  }
-
+  if (!flags.rdzv_endpoint.empty()) return ResolveLaunched(flags, env, c);
   return absl::InvalidArgumentError(
       "nothing says where to meet the other nodes: pass --rdzv-endpoint HOST:PORT --rdzv-id "
       "JOB --nnodes N, or --standalone for one node (inside a Slurm allocation, srun "
@@ -435,7 +460,7 @@ absl::StatusOr<AgentConfig> ResolveAgentConfig(const AgentFlags& flags, const En
   absl::StatusOr<AgentConfig> c = Resolve(flags, env, self);
   if (!c.ok()) return c;
   // In per-task mode each worker is the launcher's task: its place is the worker's own.
-  const bool per_task = c->mode == "slurm per-task";
+  const bool per_task = c->mode == AgentMode::kSlurmPerTask;
   c->worker_shape.hide_launcher_env = flags.mpi_env == "drop" && !per_task;
   const bool in_slurm =
       !env("SLURM_JOB_ID").value_or("").empty() || !env("SLURM_JOBID").value_or("").empty();

@@ -21,6 +21,7 @@
 #include "client/agent/core/hang_watchdog.h"
 #include "client/agent/core/worker_shape.h"
 #include "client/client.h"
+#include "common/core/connection_flags.h"
 #include "common/core/env.h"
 #include "common/core/rendezvous_state.h"
 #include "common/core/rendezvous_types.h"
@@ -30,10 +31,14 @@ namespace rdzv {
 // The most workers one agent starts: as many as the rendezvous lets one agent run.
 inline constexpr int32_t kMaxNprocPerNode = kMaxWorkersPerAgent;
 
-// What the user asked for, before defaults are filled in from the environment.
 // How many nodes' agents one relay gathers by default in a job of more nodes than that.
 inline constexpr int kDefaultFanIn = 64;
 
+// --mode: under Slurm, one agent per node that starts the node's workers, or one agent per task
+// that is one rank; auto picks per task when a node runs more than one of the step's tasks.
+enum class SlurmAgents { kAuto, kPerNode, kPerTask };
+
+// What the user asked for, before defaults are filled in from the environment.
 struct AgentFlags {
   std::optional<int32_t> nnodes_min, nnodes_max;  // --nnodes N or MIN:MAX
   std::optional<int32_t> nproc_per_node;          // --nproc-per-node
@@ -61,13 +66,9 @@ struct AgentFlags {
   absl::Duration hang_timeout_min = absl::Seconds(30);  // auto's floor
   std::string host_name;  // --host-name: how this node is named in the rendezvous
   std::string log_level = "info";
-  std::string mode = "auto";  // auto, node or task (under Slurm)
-  std::string auth = "auto";  // auto, munge, token or none
-  std::string token_file;     // --rdzv-token-file
-  std::string munge_socket;
-  std::optional<uid_t> server_uid;  // --server-uid: the uid an rdzvd must prove it runs as
-  std::string tls_ca;               // --tls-ca: verify rdzvd's TLS certificate with this CA
-  std::string tls_server_name;      // --tls-server-name
+  SlurmAgents mode = SlurmAgents::kAuto;  // --mode auto, node or task
+  std::string auth = "auto";              // auto, munge, token or none
+  ConnectionFlags connection;             // the token, munged's socket, the server's uid, TLS
   bool rank_prefix = true;
   std::string log_dir;
   bool tee = false;
@@ -105,9 +106,17 @@ struct HealthCheckOptions {
   int32_t gpus = 0;
 };
 
+// How the agent came by its place in the job.
+enum class AgentMode {
+  kStandalone,        // --standalone: one node, the rendezvous in-process
+  kExplicit,          // --rdzv-endpoint, --rdzv-id and --nnodes (or what a launcher says)
+  kSlurmPerNode,      // an srun step with one agent per node
+  kSlurmPerTask,      // an srun step with one agent per task, each one rank
+  kSlurmStepPerNode,  // one of several one-node steps that form one job
+};
+
 struct AgentConfig {
-  // "standalone", "explicit", "slurm per-node", "slurm per-task" or "slurm step per node"
-  std::string mode;
+  AgentMode mode = AgentMode::kExplicit;
   // What this agent asks of the rendezvous, except what only the running agent knows (its agent
   // id, its addresses and master port): the job id, this node, the job's size and policies.
   JoinSpec join;

@@ -14,6 +14,7 @@
 #include "client/agent/core/launcher_env.h"
 #include "client/agent/core/slurm_worker_env.h"
 #include "client/agent/core/worker_env.h"
+#include "common/core/file_names.h"
 
 namespace rdzv {
 namespace {
@@ -194,11 +195,10 @@ WorkerShape ResolveWorkerShape(bool slurm_tasks, bool pass_local_rank,
     const int tasks_here = known_node ? slurm->tasks_per_node[slurm->node_id] : 0;
     if (shape.node_devices == visible && slurm->in_step() && slurm->local_id >= 0 &&
         tasks_here > 1) {
-      std::string name =
-          absl::StrCat("rdzv-gpus-", slurm->job_id, ".", slurm->step_id, "-", slurm->node_name);
-      std::replace(name.begin(), name.end(), '/', '_');
-      const std::string tmp = env("TMPDIR").value_or("");
-      shape.gpu_exchange_dir = absl::StrCat(tmp.empty() ? "/tmp" : tmp, "/", name);
+      shape.gpu_exchange_dir =
+          absl::StrCat(TempDirectory(env), "/",
+                       FileNamePart(absl::StrCat("rdzv-gpus-", slurm->job_id, ".", slurm->step_id,
+                                                 "-", slurm->node_name)));
       shape.local_id = slurm->local_id;
     }
   }

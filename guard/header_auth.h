@@ -7,15 +7,15 @@
 // It installs itself as gRPC core's auth metadata processor on the credentials it makes
 // (Credentials()), plaintext or TLS alike: gRPC's C++ InsecureServerCredentials() cannot take a
 // processor, its C core can. MUNGE credentials are decoded on a few threads of its own, so that
-// a slow munged holds none of gRPC's, and wait for them in shares (server/core/
+// a slow munged holds none of gRPC's, and wait for them in shares (guard/core/
 // credential_queue.h): the share of the user its connection proved with its first decoded call
 // (kept on the connection's auth context), or the one of connections not yet proven; so one
 // user's flood while munged is slow delays only that user's calls.
 //
 // Thread-safe. Must outlive the grpc::Server it serves: Stop() after that server has stopped,
 // then destroy.
-#ifndef RDZV_SERVER_HEADER_AUTH_H_
-#define RDZV_SERVER_HEADER_AUTH_H_
+#ifndef RDZV_GUARD_HEADER_AUTH_H_
+#define RDZV_GUARD_HEADER_AUTH_H_
 
 #include <grpc/grpc_security.h>
 #include <grpcpp/security/server_credentials.h>
@@ -30,16 +30,17 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/tls.h"
-#include "server/authenticator.h"
-#include "server/core/credential_queue.h"
+#include "guard/authenticator.h"
+#include "guard/core/credential_queue.h"
 
 namespace rdzv {
 
 class HeaderAuth {
  public:
-  // Checks with `auth` (not owned; must outlive this). `on_refused` is told the reason of each
-  // refusal (Metrics::kRefused*), from any thread.
-  HeaderAuth(const Authenticator* auth, std::function<void(absl::string_view)> on_refused);
+  // Checks with `auth` (not owned; must outlive this). `on_refused` is told the code of each
+  // refusal (kPermissionDenied for a caller who may not, else why it proved nothing), from any
+  // thread.
+  HeaderAuth(const Authenticator* auth, std::function<void(absl::StatusCode)> on_refused);
   ~HeaderAuth();
   HeaderAuth(const HeaderAuth&) = delete;
   HeaderAuth& operator=(const HeaderAuth&) = delete;
@@ -60,7 +61,7 @@ class HeaderAuth {
   mutable absl::Mutex log_mu_;
   mutable absl::Time last_log_ ABSL_GUARDED_BY(log_mu_) = absl::InfinitePast();
   mutable int64_t unlogged_ ABSL_GUARDED_BY(log_mu_) = 0;
-  const std::function<void(absl::string_view)> on_refused_;
+  const std::function<void(absl::StatusCode)> on_refused_;
   // The decoders' loop: the queue's next credential, in turn, until Stop().
   void Decode();
 
@@ -74,4 +75,4 @@ class HeaderAuth {
 
 }  // namespace rdzv
 
-#endif  // RDZV_SERVER_HEADER_AUTH_H_
+#endif  // RDZV_GUARD_HEADER_AUTH_H_

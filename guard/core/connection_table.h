@@ -19,10 +19,11 @@
 // in Sweep(). Each connection is named by its host and port, as gRPC names a call's peer, and
 // carries the caller's handle for it (a socket and its inode, in rdzvd).
 //
-// Pure: no clock, no I/O, no randomness of its own; the time and a random number are passed in.
+// Pure: no clock, no I/O, no randomness of its own; the time (microseconds of a clock the caller
+// keeps) and a random number are passed in.
 // Not thread-safe.
-#ifndef RDZV_SERVER_CORE_CONNECTION_TABLE_H_
-#define RDZV_SERVER_CORE_CONNECTION_TABLE_H_
+#ifndef RDZV_GUARD_CORE_CONNECTION_TABLE_H_
+#define RDZV_GUARD_CORE_CONNECTION_TABLE_H_
 
 #include <cstdint>
 #include <deque>
@@ -34,6 +35,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/core/rendezvous_types.h"
 
 namespace rdzv {
 
@@ -78,7 +80,7 @@ class ConnectionTable {
   // Records a connection from `host` (its address as text) and `port`, opened at `now`, making
   // room as the class comment says. `random` is any uniformly random number; it picks the one
   // dropped among several candidates.
-  Admission Admit(absl::string_view host, uint16_t port, Handle handle, absl::Time now,
+  Admission Admit(absl::string_view host, uint16_t port, Handle handle, Micros now,
                   const IsOpen& is_open, uint64_t random = 0);
 
   // The connection from `host`:`port` carried a call that rdzvd accepted: it is proven, never
@@ -90,7 +92,7 @@ class ConnectionTable {
 
   // The connections open since before now - first_call_within that carried no accepted call,
   // forgotten here: the caller closes those `is_open` still confirms.
-  std::vector<Handle> TakeOverdue(absl::Time now);
+  std::vector<Handle> TakeOverdue(Micros now);
 
   // Forgets every connection `is_open` no longer confirms. The caller runs it now and then (its
   // cost is one check per recorded connection), so that hosts that have gone leave nothing.
@@ -105,7 +107,7 @@ class ConnectionTable {
  private:
   struct Connection {
     Handle handle;
-    absl::Time opened;
+    Micros opened = 0;
     bool called = false;
   };
   using Ports = absl::flat_hash_map<uint16_t, Connection>;
@@ -120,7 +122,7 @@ class ConnectionTable {
   // Connections in the order they opened, for TakeOverdue: one not found (or found with another
   // handle) has closed or been replaced since.
   struct Opened {
-    absl::Time at;
+    Micros at = 0;
     std::string host;
     uint16_t port;
     Handle handle;
@@ -133,4 +135,4 @@ class ConnectionTable {
 
 }  // namespace rdzv
 
-#endif  // RDZV_SERVER_CORE_CONNECTION_TABLE_H_
+#endif  // RDZV_GUARD_CORE_CONNECTION_TABLE_H_

@@ -5,16 +5,18 @@
 //
 // Runs before the agent's event loop starts: it may block on name resolution, scontrol and
 // munged. Thread-compatible (a free function).
-#ifndef RDZV_CLIENT_AGENT_REMOTE_RENDEZVOUS_H_
-#define RDZV_CLIENT_AGENT_REMOTE_RENDEZVOUS_H_
+#ifndef RDZV_CLIENT_AGENT_CONNECT_RENDEZVOUS_H_
+#define RDZV_CLIENT_AGENT_CONNECT_RENDEZVOUS_H_
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "client/agent/agent_rendezvous.h"
 #include "client/agent/core/agent_options.h"
 #include "client/agent/node_relay.h"
 #include "client/agent/server_locator.h"
+#include "common/clock.h"
 
 namespace rdzv {
 
@@ -27,11 +29,18 @@ struct ConnectedRendezvous {
   std::unique_ptr<AgentRendezvous> rendezvous;
 };
 
+// What the setup takes from the agent's process.
+struct ConnectEnv {
+  Clock clock;           // an in-process rendezvous runs on it
+  std::string temp_dir;  // TempDirectory (common/core/file_names.h): where a relay's socket goes
+};
+
 // The rendezvous for `config`, reporting through `post` (AgentRendezvous). The errors name
 // what to fix: a server that cannot be found or started, a malformed endpoint.
 absl::StatusOr<ConnectedRendezvous> ConnectRendezvous(const AgentConfig& config,
+                                                      const ConnectEnv& env,
                                                       AgentRendezvous::Post post);
 
 }  // namespace rdzv
 
-#endif  // RDZV_CLIENT_AGENT_REMOTE_RENDEZVOUS_H_
+#endif  // RDZV_CLIENT_AGENT_CONNECT_RENDEZVOUS_H_

@@ -1,4 +1,4 @@
-#include "server/connection_guard.h"
+#include "guard/connection_guard.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -25,7 +25,7 @@
 #include "absl/synchronization/mutex.h"
 
 // gRPC's socket mutator, as gRPC 1.51's core defines it (src/core/lib/iomgr/socket_mutator.h,
-// which Debian does not ship): its only hook at a server's accept. server/CMakeLists.txt refuses
+// which Debian does not ship): its only hook at a server's accept. guard/CMakeLists.txt refuses
 // another gRPC version until this is checked against it.
 struct grpc_mutate_socket_info {
   int fd;
@@ -168,7 +168,7 @@ struct ConnectionGuard::State {
     if (!peer || !inode) return;
     absl::MutexLock lock(&mu);
     const ConnectionTable::Admission admission = table.Admit(
-        peer->host, peer->port, {fd, *inode}, absl::Now(), IsOpen, rng());
+        peer->host, peer->port, {fd, *inode}, absl::ToUnixMicros(absl::Now()), IsOpen, rng());
     for (const ConnectionTable::Handle& handle : admission.dropped) ShutDown(handle);
     if (!admission.dropped.empty() &&
         (table.dropped() == 1 || absl::Now() - last_drop_log >= absl::Seconds(10))) {
@@ -263,7 +263,7 @@ void ConnectionGuard::Tick() {
   {
     absl::MutexLock lock(&state_->mu);
     const absl::Time now = absl::Now();
-    overdue = state_->table.TakeOverdue(now);
+    overdue = state_->table.TakeOverdue(absl::ToUnixMicros(now));
     if (now - state_->last_sweep >= kSweepEvery) {
       state_->last_sweep = now;
       state_->table.Sweep(IsOpen);

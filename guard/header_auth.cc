@@ -1,4 +1,4 @@
-#include "server/header_auth.h"
+#include "guard/header_auth.h"
 
 #include <grpc/grpc_security.h>
 #include <spdlog/spdlog.h>
@@ -12,7 +12,6 @@
 #include "absl/strings/str_format.h"
 #include "common/auth.h"
 #include "common/logging.h"
-#include "server/metrics.h"
 
 namespace rdzv {
 namespace {
@@ -81,7 +80,7 @@ grpc_status_code CoreCode(const absl::Status& status) {
 
 }  // namespace
 
-HeaderAuth::HeaderAuth(const Authenticator* auth, std::function<void(absl::string_view)> on_refused)
+HeaderAuth::HeaderAuth(const Authenticator* auth, std::function<void(absl::StatusCode)> on_refused)
     : auth_(auth), on_refused_(std::move(on_refused)), queue_(CredentialQueue::Limits{}) {
   for (size_t i = 0; i < kDecodeThreads; ++i) decoders_.emplace_back([this] { Decode(); });
 }
@@ -210,11 +209,7 @@ void HeaderAuth::Refused(absl::string_view path, const absl::Status& status) con
     spdlog::warn("refused a call of {}: {} ({} more refused in the last second, not logged)",
                  absl::CHexEscape(path), EscapeControl(status.message()), unlogged);
   }
-  if (on_refused_) {
-    on_refused_(status.code() == absl::StatusCode::kPermissionDenied
-                    ? Metrics::kRefusedPermissionDenied
-                    : Metrics::kRefusedUnauthenticated);
-  }
+  if (on_refused_) on_refused_(status.code());
 }
 
 }  // namespace rdzv

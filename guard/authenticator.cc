@@ -1,4 +1,4 @@
-#include "server/authenticator.h"
+#include "guard/authenticator.h"
 
 #include <arpa/inet.h>
 #include <grp.h>

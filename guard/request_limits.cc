@@ -1,4 +1,4 @@
-#include "server/request_limits.h"
+#include "guard/request_limits.h"
 
 #include <limits>
 #include <string>

@@ -9,8 +9,8 @@
 //
 // Pure: no threads, no clock; the items are the caller's (what to run for each credential).
 // Not thread-safe: the caller serialises calls.
-#ifndef RDZV_SERVER_CORE_CREDENTIAL_QUEUE_H_
-#define RDZV_SERVER_CORE_CREDENTIAL_QUEUE_H_
+#ifndef RDZV_GUARD_CORE_CREDENTIAL_QUEUE_H_
+#define RDZV_GUARD_CORE_CREDENTIAL_QUEUE_H_
 
 #include <cstddef>
 #include <deque>
@@ -63,4 +63,4 @@ class CredentialQueue {
 
 }  // namespace rdzv
 
-#endif  // RDZV_SERVER_CORE_CREDENTIAL_QUEUE_H_
+#endif  // RDZV_GUARD_CORE_CREDENTIAL_QUEUE_H_

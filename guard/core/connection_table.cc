@@ -1,4 +1,4 @@
-#include "server/core/connection_table.h"
+#include "guard/core/connection_table.h"
 
 #include <algorithm>
 #include <utility>
@@ -31,7 +31,7 @@ bool ConnectionTable::Full(const Ports& ports) const {
 }
 
 ConnectionTable::Admission ConnectionTable::Admit(absl::string_view host, uint16_t port,
-                                                  Handle handle, absl::Time now,
+                                                  Handle handle, Micros now,
                                                   const IsOpen& is_open, uint64_t random) {
   Admission admission;
   Ports& ports = hosts_[host];
@@ -43,7 +43,7 @@ ConnectionTable::Admission ConnectionTable::Admit(absl::string_view host, uint16
   if (Full(ports)) Prune(ports, is_open);
   while (Full(ports)) {
     // Room is made among the unproven: a random one past its grace, else the oldest.
-    std::vector<std::pair<absl::Time, uint16_t>> unproven;
+    std::vector<std::pair<Micros, uint16_t>> unproven;
     for (const auto& [p, c] : ports) {
       if (!c.called) unproven.emplace_back(c.opened, p);
     }
@@ -53,7 +53,8 @@ ConnectionTable::Admission ConnectionTable::Admit(absl::string_view host, uint16
     }
     std::sort(unproven.begin(), unproven.end());
     size_t past_grace = 0;
-    while (past_grace < unproven.size() && now - unproven[past_grace].first >= limits_.grace) {
+    const Micros grace = absl::ToInt64Microseconds(limits_.grace);
+    while (past_grace < unproven.size() && now - unproven[past_grace].first >= grace) {
       ++past_grace;
     }
     const uint16_t victim =
@@ -89,9 +90,10 @@ std::optional<ConnectionTable::Handle> ConnectionTable::Find(absl::string_view h
   return c->second.handle;
 }
 
-std::vector<ConnectionTable::Handle> ConnectionTable::TakeOverdue(absl::Time now) {
+std::vector<ConnectionTable::Handle> ConnectionTable::TakeOverdue(Micros now) {
   std::vector<Handle> overdue;
-  while (!opened_.empty() && now - opened_.front().at >= limits_.first_call_within) {
+  const Micros within = absl::ToInt64Microseconds(limits_.first_call_within);
+  while (!opened_.empty() && now - opened_.front().at >= within) {
     const Opened& o = opened_.front();
     auto h = hosts_.find(o.host);
     if (h != hosts_.end()) {
