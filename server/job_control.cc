@@ -13,7 +13,7 @@
 #include "common/proto_convert.h"
 #include "server/metrics.h"
 #include "server/rendezvous_service.h"
-#include "server/request_limits.h"
+#include "guard/request_limits.h"
 
 namespace rdzv {
 namespace {

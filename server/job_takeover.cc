@@ -13,7 +13,7 @@
 #include "common/grpc_status.h"
 #include "server/metrics.h"
 #include "server/rendezvous_service.h"
-#include "server/request_limits.h"
+#include "guard/request_limits.h"
 
 namespace rdzv {
 static_assert(absl::Microseconds(JobClaims::kConcedeFor) > PeerServers::kAskTimeout,

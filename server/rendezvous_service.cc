@@ -21,7 +21,7 @@
 #include "common/logging.h"
 #include "common/proto_convert.h"
 #include "server/event_batches.h"
-#include "server/request_limits.h"
+#include "guard/request_limits.h"
 #include "server/status_reply.h"
 
 namespace rdzv {

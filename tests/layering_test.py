@@ -49,13 +49,6 @@ ALLOWED = {
                "grpc/health/v1"},
 }
 
-# Headers that stand in server/ for the guard's, and the files that may still include them by
-# that path: the rendezvous service's. Everything else includes guard/.
-MOVED_TO_GUARD = {"server/authenticator.h", "server/connection_guard.h",
-                  "server/request_limits.h"}
-STILL_NAMING_THE_OLD_PATH = {"server/rendezvous_service.h", "server/rendezvous_service.cc",
-                             "server/job_control.cc", "server/job_takeover.cc"}
-
 
 def folder_of(path):
     return os.path.dirname(path)
@@ -110,17 +103,6 @@ class LayeringTest(unittest.TestCase):
                     if not allowed(folder_of(path), target):
                         crossings.append(f'{path}: "{target}"')
         self.assertEqual(crossings, [], "includes that climb to a product above")
-
-    def test_the_guard_is_included_from_guard(self):
-        old_path = []
-        for path in sources():
-            if path in STILL_NAMING_THE_OLD_PATH:
-                continue
-            with open(os.path.join(SOURCE_DIR, path)) as f:
-                for kind, target in INCLUDE.findall(f.read()):
-                    if kind == '"' and target in MOVED_TO_GUARD and path != target:
-                        old_path.append(f'{path}: "{target}"')
-        self.assertEqual(old_path, [], "include guard/ itself")
 
 
 if __name__ == "__main__":

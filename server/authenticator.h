@@ -1,8 +1,0 @@
-// guard/authenticator.h, by the path the rendezvous service's files still name it by; new code
-// includes guard/ itself (tests/layering_test.py lists who may use this path).
-#ifndef RDZV_SERVER_AUTHENTICATOR_H_
-#define RDZV_SERVER_AUTHENTICATOR_H_
-
-#include "guard/authenticator.h"
-
-#endif  // RDZV_SERVER_AUTHENTICATOR_H_
