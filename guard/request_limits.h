@@ -2,7 +2,7 @@
 // and list in a request has a bound; a request over one is refused with INVALID_ARGUMENT naming
 // the field and the bound. Names (ids, host names, addresses) with a control character are
 // refused alike, and so is a failure report whose exit code, signal or ranks are out of range (a
-// join's numbers are checked by ValidateJoinSpec, common/core/rendezvous_state.h). A failure
+// join's numbers are checked by ValidateJoinSpec, common/core/join_validation.h). A failure
 // report's text (stderr tail, error message, hang detail) is not refused but cut to a fixed size
 // here, once, so that the Abort every agent of the job receives stays small whatever a worker
 // wrote.

@@ -33,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/core/agent_table.h"
+#include "common/core/join_validation.h"
 #include "common/core/rank_assignment.h"
 #include "common/core/rendezvous_types.h"
 
@@ -86,17 +87,6 @@ struct Decisions {
   // The event `send` delivers as its stream receives it: an assignment with its own part.
   Event EventOf(const Send& send) const;
 };
-
-// The most workers one agent may run; rdzv-agent caps --nproc-per-node at the same
-// (kMaxNprocPerNode).
-inline constexpr int32_t kMaxWorkersPerAgent = 4096;
-// The longest span a join may carry (its last-call window, its longest heartbeat interval).
-inline constexpr Micros kMaxJoinSpan = Micros{365} * 24 * 3600 * 1'000'000;
-
-// Why `spec` can join no job at all, or OK: the checks that need no job, every id and number of
-// the spec against its range. Join applies it; rdzvd applies it as soon as a join arrives, and
-// rdzv-agent to its configuration before it starts.
-absl::Status ValidateJoinSpec(const JoinSpec& spec);
 
 struct StateOptions {
   // How often a waiting agent hears how the round is filling.
@@ -213,8 +203,29 @@ class RendezvousState {
   void AwaitedGone(Job& job, Micros now, Index awaited, GoneHow how, Decisions& out);
   // Ends the streams of the last run that agents awaited for `job`'s restart still hold.
   void DropAwaited(Job& job, const absl::Status& status, Decisions& out);
+  // ---- Join's steps (rendezvous_state.cc). Each refusal is a Close of `stream` in `out`.
+  // A join of a job that ended: tells a member or a peer of the run how it ended, or opens the
+  // next round (a restart, or the job id starting afresh). True when the join goes on into it.
+  bool JoinEnded(Job& job, Micros now, StreamId stream, const JoinSpec& spec, Decisions& out);
+  // Member `i` joins again (a retried join): `stream` replaces its old one.
+  void Rejoin(Job& job, Index i, StreamId stream, const JoinSpec& spec, Decisions& out);
+  // A fresh join of a job rebuilt from resuming agents: it waits for its ranks (FillRebuilt).
+  void JoinRebuilt(Job& job, Micros now, StreamId stream, const JoinSpec& spec, Decisions& out);
+  // Why the newcomer `spec` may not wait in `job`'s filling round (it ranks differently from its
+  // members, contradicts their master endpoint, claims a taken position, or is one too many).
+  absl::Status MayJoinRound(const Job& job, const JoinSpec& spec) const;
+  // Adds the newcomer `spec` to `job`'s filling round, which forms once it is full.
+  void AddWaiting(Job& job, Micros now, StreamId stream, const JoinSpec& spec,
+                  const CallerInfo& caller, Decisions& out);
+  // A join that resumes the assignment it holds (`spec.resume`).
   void Resume(Micros now, StreamId stream, const JoinSpec& spec, const CallerInfo& caller,
               Decisions& out);
+  // The job `spec` resumes: the one known here, made (or remade) from `spec`'s assignment when
+  // no round of it formed here.
+  Job& JobToResume(Micros now, const JoinSpec& spec, Decisions& out);
+  // The member of `job`'s running round that the resuming `spec` is, or kNone when it is
+  // refused.
+  Index ResumedMember(Job& job, StreamId stream, const JoinSpec& spec, Decisions& out);
   // Makes `job` the running round that the resuming `spec` holds, waiting (resume_window) for
   // the rest of its agents; members it has already wait for their ranks.
   void Rebuild(Job& job, Micros now, const JoinSpec& spec);
