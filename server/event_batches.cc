@@ -2,6 +2,8 @@
 
 #include <google/protobuf/unknown_field_set.h>
 
+#include "common/proto_convert.h"
+
 namespace rdzv {
 namespace {
 
@@ -73,6 +75,29 @@ std::vector<EventBatches::Message> EventBatches::Take() {
   batches_.clear();
   order_.clear();
   return messages;
+}
+
+const std::shared_ptr<const v1::JoinEvent>& EventMessages::Message(uint32_t event) {
+  if (messages_[event] == nullptr) {
+    messages_[event] = std::make_shared<const v1::JoinEvent>(ToProto(decisions_.events[event]));
+  }
+  return messages_[event];
+}
+
+const std::string& EventMessages::Serialized(uint32_t event) {
+  if (bytes_[event].empty()) bytes_[event] = Message(event)->SerializeAsString();
+  return bytes_[event];
+}
+
+void EventMessages::AssignmentInto(const Decisions::Send& send, v1::JoinEvent& out) {
+  out.Clear();
+  v1::Assignment* a = out.mutable_assignment();
+  *a = Message(send.event)->assignment();
+  a->set_rank_offset(send.slot.rank_offset);
+  a->set_group_rank(send.slot.group_rank);
+  a->set_local_rank_offset(send.slot.local_rank_offset);
+  a->set_local_world_size(send.slot.local_world_size);
+  a->set_spare(send.spare);
 }
 
 }  // namespace rdzv

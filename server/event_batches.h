@@ -8,6 +8,8 @@
 // would. A round of 100,000 agents in groups then waits as about 60 bytes a member rather than
 // some 300 bytes of message objects, and makes no allocation per member.
 //
+// EventMessages: the messages of one round of decisions' events, each made once.
+//
 // Not thread-safe.
 #ifndef RDZV_SERVER_EVENT_BATCHES_H_
 #define RDZV_SERVER_EVENT_BATCHES_H_
@@ -49,6 +51,30 @@ class EventBatches {
   };
   absl::flat_hash_map<StreamId, Batch> batches_;
   std::vector<StreamId> order_;
+};
+
+// The messages of one round of decisions' events, each made once: one that every queue shares (an
+// abort, progress) and its serialized bytes for group batches; for a round's assignments, the
+// parts every member shares, which each member's copy starts from. Holds `decisions`, which must
+// outlive it.
+class EventMessages {
+ public:
+  explicit EventMessages(const Decisions& decisions)
+      : decisions_(decisions),
+        messages_(decisions.events.size()),
+        bytes_(decisions.events.size()) {}
+
+  const std::shared_ptr<const v1::JoinEvent>& Message(uint32_t event);
+  int64_t Bytes(uint32_t event) { return static_cast<int64_t>(Serialized(event).size()); }
+  const std::string& Serialized(uint32_t event);
+
+  // `send`'s assignment, the round's message with the agent's own part, into `out` (cleared).
+  void AssignmentInto(const Decisions::Send& send, v1::JoinEvent& out);
+
+ private:
+  const Decisions& decisions_;
+  std::vector<std::shared_ptr<const v1::JoinEvent>> messages_;
+  std::vector<std::string> bytes_;
 };
 
 }  // namespace rdzv

@@ -11,9 +11,9 @@
 #include "absl/strings/str_format.h"
 #include "common/auth.h"
 #include "common/grpc_status.h"
+#include "guard/request_limits.h"
 #include "server/metrics.h"
 #include "server/rendezvous_service.h"
-#include "guard/request_limits.h"
 
 namespace rdzv {
 static_assert(absl::Microseconds(JobClaims::kConcedeFor) > PeerServers::kAskTimeout,
@@ -33,7 +33,7 @@ void RendezvousService::ParkLocked(StreamId id, RendezvousState& state, const Ca
     it->second.owner = caller.owner;
     it->second.job_id = request.job_id();
     ask = PeerQuestion{request.job_id(), caller.owner};
-    ++parked_jobs_[&state];
+    ledger_.JobParked(&state);
   }
   it->second.joins.push_back(ParkedJoin{id, request, peer});
 }
@@ -53,9 +53,7 @@ void RendezvousService::PeersAnswered(const std::string& key, const std::string&
     Parked parked = std::move(it->second);
     parked_.erase(it);
     if (shut_down_) return;
-    if (auto n = parked_jobs_.find(parked.state); n != parked_jobs_.end() && --n->second <= 0) {
-      parked_jobs_.erase(n);
-    }
+    ledger_.JobUnparked(parked.state);
     const JobClaims::Verdict verdict = claims_->Decide(key, !holder.empty(), clock_());
     Decisions decisions;
     if (verdict != JobClaims::Verdict::kTakeUp) {

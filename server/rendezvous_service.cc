@@ -6,12 +6,9 @@
 
 #include <algorithm>
 #include <limits>
-#include <asio/post.hpp>
-#include <list>
 #include <optional>
 
 #include "absl/algorithm/container.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
@@ -20,196 +17,11 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/proto_convert.h"
-#include "server/event_batches.h"
 #include "guard/request_limits.h"
+#include "server/join_stream.h"
 #include "server/status_reply.h"
 
 namespace rdzv {
-
-// One agent's Join stream. gRPC allows one write in flight per stream, so events queue here
-// and go out one after another; a requested finish waits until the queue has drained. The queue
-// is a list: it is almost always empty, and an empty std::deque still costs half a KiB, which
-// thousands of idle streams pay.
-//
-// Events and closes are queued under the service's lock, which fixes their order (Push,
-// PushClose), but the write or finish that sends them is started by a writer thread
-// (StartWrites): started from a thread that is not gRPC's, a write runs to the socket inline, and
-// a broadcast to thousands of streams would otherwise hold the lock, or a gRPC thread, for as
-// long. A Push that asks for StartWrites holds the stream alive until that call is over.
-//
-// Owned by gRPC: it deletes itself once OnDone has run and no StartWrites is pending.
-class RendezvousService::JoinStream final : public grpc::ServerWriteReactor<v1::JoinEvent> {
- public:
-  JoinStream(RendezvousService* service, StreamId id) : service_(service), id_(id) {}
-
-  // Counts `bytes`, and from now on the events queued here, against `user` and `total` until
-  // the stream is done. Call once, before the first Push.
-  void Charge(std::shared_ptr<Usage> user, std::shared_ptr<Usage> total, int64_t bytes,
-              int64_t max_queued) {
-    absl::MutexLock lock(&mu_);
-    user_ = std::move(user);
-    total_ = std::move(total);
-    max_queued_ = max_queued;
-    AddLocked(bytes);
-  }
-
-  enum class Pushed { kQueued, kStartWrites, kOverfull, kOverfullStartWrites };
-
-  // Queues `event` (`bytes` long). kStartWrites when the caller must have StartWrites() called
-  // (outside the service's lock); kOverfull* when the queue has passed its bound: the queue is
-  // dropped, the stream ends with RESOURCE_EXHAUSTED once the write in flight is done, and the
-  // caller must forget the stream (and, for kOverfullStartWrites, call StartWrites()).
-  Pushed Push(std::shared_ptr<const v1::JoinEvent> event, int64_t bytes) {
-    absl::MutexLock lock(&mu_);
-    if (finishing_) return Pushed::kQueued;
-    // Progress is a snapshot: a newer one replaces one still waiting (not the one in flight).
-    if (event->has_progress() && queue_.size() > (writing_ ? 1u : 0u) &&
-        queue_.back().first->has_progress()) {
-      AddLocked(bytes - queue_.back().second);
-      queue_.back() = {std::move(event), bytes};
-      return Pushed::kQueued;
-    }
-    queue_.emplace_back(std::move(event), bytes);
-    queued_bytes_ += bytes;
-    AddLocked(bytes);
-    if (max_queued_ > 0 && queued_bytes_ > max_queued_) {
-      DropQueueLocked();
-      finishing_ = true;
-      pending_finish_ = grpc::Status(
-          grpc::StatusCode::RESOURCE_EXHAUSTED,
-          "this agent did not read its messages from the rendezvous server; its stream ended");
-      return Hold() ? Pushed::kOverfullStartWrites : Pushed::kOverfull;
-    }
-    return Hold() ? Pushed::kStartWrites : Pushed::kQueued;
-  }
-
-  // Ends the stream with `status` once what is queued has been written. True when the caller
-  // must have StartWrites() called.
-  bool PushClose(const grpc::Status& status) {
-    absl::MutexLock lock(&mu_);
-    if (finishing_) return false;
-    finishing_ = true;
-    pending_finish_ = status;
-    return Hold();
-  }
-
-  // Starts writing the queue (or the finish) unless a write is already in flight; ends the hold
-  // of a Push.
-  void StartWrites() {
-    bool last;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!done_ && !writing_) WriteNextLocked();
-      last = --holds_ == 0 && done_;
-    }
-    if (last) delete this;
-  }
-
-  void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    queued_bytes_ -= queue_.front().second;
-    AddLocked(-queue_.front().second);
-    queue_.pop_front();
-    writing_ = false;
-    if (!ok) {
-      // The client is gone; OnCancel/OnDone will follow.
-      DropQueueLocked();
-      if (!finishing_) {
-        finishing_ = true;
-        pending_finish_ = grpc::Status::CANCELLED;
-      }
-    }
-    WriteNextLocked();
-  }
-
-  void OnCancel() override {
-    {
-      absl::MutexLock lock(&mu_);
-      if (!finishing_) {
-        finishing_ = true;
-        pending_finish_ = grpc::Status::CANCELLED;
-        if (!writing_ && queue_.empty()) WriteNextLocked();
-      }
-    }
-    service_->StreamDone(id_, /*cancelled=*/true);
-  }
-
-  void OnDone() override {
-    service_->StreamDone(id_, /*cancelled=*/false);
-    bool last;
-    {
-      absl::MutexLock lock(&mu_);
-      done_ = true;
-      AddLocked(-charged_);
-      last = holds_ == 0;
-    }
-    if (last) delete this;
-  }
-
- private:
-  bool Hold() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (writing_) return false;  // OnWriteDone goes on with the queue
-    ++holds_;
-    return true;
-  }
-
-  void AddLocked(int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (user_ == nullptr || bytes == 0) return;
-    charged_ += bytes;
-    user_->bytes.fetch_add(bytes, std::memory_order_relaxed);
-    total_->bytes.fetch_add(bytes, std::memory_order_relaxed);
-  }
-
-  // Drops what is queued but not being written.
-  void DropQueueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const size_t keep = writing_ ? 1 : 0;
-    while (queue_.size() > keep) {
-      queued_bytes_ -= queue_.back().second;
-      AddLocked(-queue_.back().second);
-      queue_.pop_back();
-    }
-  }
-
-  // The next write, or the finish once the queue is empty and one was asked for.
-  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_) return;
-    if (!queue_.empty()) {
-      writing_ = true;
-      StartWrite(queue_.front().first.get());
-    } else if (pending_finish_) {
-      finished_ = true;
-      Finish(*pending_finish_);
-      pending_finish_.reset();
-    }
-  }
-
-  RendezvousService* const service_;
-  const StreamId id_;
-  absl::Mutex mu_;
-  // Shared: a broadcast's one message sits in every stream's queue. With its size, as counted.
-  std::list<std::pair<std::shared_ptr<const v1::JoinEvent>, int64_t>> queue_ ABSL_GUARDED_BY(mu_);
-  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t max_queued_ ABSL_GUARDED_BY(mu_) = 0;
-  // Where this stream's bytes are counted (null: nowhere), and how many it counts there now.
-  std::shared_ptr<Usage> user_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<Usage> total_ ABSL_GUARDED_BY(mu_);
-  int64_t charged_ ABSL_GUARDED_BY(mu_) = 0;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finishing_ ABSL_GUARDED_BY(mu_) = false;  // a finish is asked for: queue no more
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;   // Finish has been called
-  std::optional<grpc::Status> pending_finish_ ABSL_GUARDED_BY(mu_);
-  int holds_ ABSL_GUARDED_BY(mu_) = 0;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-};
-
-// A broadcast's writes, spread over the writer threads: a round's assignment or a job's abort
-// to thousands of agents is thousands of writes of a few dozen microseconds each, and the last
-// agent hears it sooner when several threads share them (10,000 agents on two cores: an abort
-// reached all in about 480 ms from one thread, about 390 ms from four). From 256 writes on they
-// are shared: 1,000 agents heard an abort in 43 ms (median of 3) against 54 ms from one thread.
-constexpr size_t kWriterThreads = 4;
-constexpr size_t kWritesPerTask = 256;
-
 namespace {
 
 // One uid's calls waiting for their handler may hold as much as its memory share (each call's
@@ -231,6 +43,8 @@ RendezvousService::RendezvousService(Clock clock, ServiceOptions options)
     : clock_(std::move(clock)),
       options_(std::move(options)),
       auth_(WithPendingBound(options_.auth, options_.max_memory_per_user_bytes)),
+      ledger_(LedgerLimits{options_.max_jobs_per_user, options_.max_agents_per_user,
+                           options_.max_memory_per_user_bytes, options_.max_memory_bytes}),
       writer_pool_(kWriterThreads) {
   if (!options_.peers.empty()) {
     absl::StatusOr<std::unique_ptr<PeerServers>> peers = PeerServers::Create(
@@ -368,8 +182,7 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
   RendezvousState& state = StateOf(caller.owner);
   const bool group = request->members_size() > 0;
   const int64_t agents = group ? request->members_size() : 1;
-  const int64_t join_bytes = kAgentBaseBytes + (agents - 1) * kGroupMemberBytes +
-                             static_cast<int64_t>(request->ByteSizeLong());
+  const int64_t join_bytes = JoinBytes(agents, static_cast<int64_t>(request->ByteSizeLong()));
   if (absl::Status limit = CheckUserLimits(caller, state, request->job_id(), join_bytes, agents);
       !limit.ok()) {
     spdlog::warn("refused a join of job {}: {}", absl::CHexEscape(request->job_id()),
@@ -390,7 +203,7 @@ RendezvousService::JoinStream* RendezvousService::JoinLocked(grpc::CallbackServe
   streams_.emplace(id, Stream{stream, &state, context->peer(), agents,
                               group ? std::make_unique<Group>() : nullptr});
   agents_joined_ += agents;
-  streams_per_user_[&state] += agents;
+  ledger_.StreamOpened(&state, agents);
   std::shared_ptr<Usage>& usage = usage_[&state];
   if (usage == nullptr) usage = std::make_shared<Usage>();
   stream->Charge(usage, total_usage_, join_bytes, options_.max_queued_bytes_per_stream);
@@ -410,7 +223,7 @@ void RendezvousService::JoinStateLocked(StreamId id, RendezvousState& state,
                                         const v1::JoinRequest& request, const std::string& peer,
                                         const JoinSpec* converted, Decisions& decisions) {
   if (request.members_size() > 0) {
-    JoinMembersLocked(id, state, request, peer, decisions);
+    JoinMembersLocked(id, state, request, PeerAddress(peer), decisions);
     return;
   }
   const Micros now = clock_();
@@ -425,11 +238,8 @@ void RendezvousService::JoinStateLocked(StreamId id, RendezvousState& state,
 }
 
 void RendezvousService::ChargeExcluded(const RendezvousState& state) {
-  const int64_t now_held = state.excluded_agents();
-  int64_t& charged = charged_excluded_[&state];
-  if (now_held == charged) return;
-  const int64_t bytes = (now_held - charged) * kExcludedAgentBytes;
-  charged = now_held;
+  const int64_t bytes = ledger_.ChargeExcluded(&state, state.excluded_agents());
+  if (bytes == 0) return;
   std::shared_ptr<Usage>& usage = usage_[&state];
   if (usage == nullptr) usage = std::make_shared<Usage>();
   usage->bytes.fetch_add(bytes, std::memory_order_relaxed);
@@ -441,69 +251,6 @@ void RendezvousService::LogUnhealthy(const JoinSpec& spec) {
       "job {}: {} reports itself unhealthy: {}", EscapeControl(spec.job_id),
       EscapeControl(spec.agent.host),
       EscapeControl(DescribeExcluded({spec.agent.host, spec.agent.node_index, *spec.unhealthy})));
-}
-
-void RendezvousService::JoinMembersLocked(StreamId id, RendezvousState& state,
-                                          const v1::JoinRequest& request, const std::string& peer,
-                                          Decisions& decisions) {
-  const Micros now = clock_();
-  Group& group = *streams_.at(id).group;
-  const auto count = static_cast<size_t>(request.members_size());
-  // The members' ids in one block, found from any of them by the block's start.
-  group.first = next_stream_;
-  next_stream_ += count;
-  groups_by_member_[group.first] = id;
-  group.ends.reserve(count);
-  group.members.reserve(count);
-  for (const v1::JoinRequest& member : request.members()) {
-    group.ids.append(member.agent_id());
-    group.ends.push_back(static_cast<uint32_t>(group.ids.size()));
-    group.members.push_back(Group::Member::kJoined);
-  }
-  group.live = count;
-  const std::string client = PeerAddress(peer);
-  JoinSpec spec;
-  for (size_t k = 0; k < count; ++k) {
-    FromProto(request.members(static_cast<int>(k)), &spec);
-    spec.job_id = request.job_id();
-    const StreamId member_id = group.first + k;
-    // A member out of range is refused alone: the others of its node go on.
-    if (absl::Status invalid = ValidateJoinSpec(spec); !invalid.ok()) {
-      if (options_.metrics != nullptr) options_.metrics->OnRefused(Metrics::kRefusedInvalid);
-      group.members[k] = Group::Member::kRefused;
-      decisions.closes.push_back({member_id, invalid});
-      continue;
-    }
-    // The metrics count each member as an agent attached on the group's stream.
-    if (options_.metrics != nullptr) options_.metrics->OnJoin(now, id, spec);
-    if (spec.unhealthy) LogUnhealthy(spec);
-    state.Join(now, member_id, spec, CallerInfo{client}, decisions);
-  }
-}
-
-RendezvousService::MemberRef RendezvousService::FindMember(StreamId id) {
-  auto block = groups_by_member_.upper_bound(id);
-  if (block == groups_by_member_.begin()) return {};
-  --block;
-  auto it = streams_.find(block->second);
-  if (it == streams_.end() || it->second.group == nullptr) return {};
-  const Group& group = *it->second.group;
-  if (id < group.first || id - group.first >= group.members.size()) return {};
-  return MemberRef{it->first, &it->second, static_cast<size_t>(id - group.first)};
-}
-
-StreamId RendezvousService::CountedOn(StreamId id) {
-  if (streams_.contains(id)) return id;
-  const MemberRef member = FindMember(id);
-  if (member.stream == nullptr) return id;
-  return member.state() == Group::Member::kRefused ? 0 : member.group_id;
-}
-
-void RendezvousService::EraseMember(StreamId id) {
-  const MemberRef member = FindMember(id);
-  if (member.stream == nullptr || member.state() == Group::Member::kGone) return;
-  member.group().members[member.index] = Group::Member::kGone;
-  --member.group().live;
 }
 
 bool RendezvousService::MayReattach(StreamId id) {
@@ -521,18 +268,6 @@ bool RendezvousService::MayReattach(StreamId id) {
   return options_.connections->ConnectionUp(peer);
 }
 
-bool RendezvousService::RelayAlive(StreamId id) {
-  if (options_.connections == nullptr) return false;
-  std::string peer;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = streams_.find(id);
-    if (it == streams_.end() || it->second.group == nullptr) return false;
-    peer = it->second.peer;
-  }
-  return options_.connections->ConnectionUp(peer);
-}
-
 void RendezvousService::StreamDone(StreamId id, bool cancelled) {
   const bool may_reattach = cancelled && MayReattach(id);
   const bool relay_alive = cancelled && RelayAlive(id);
@@ -545,8 +280,8 @@ void RendezvousService::StreamDone(StreamId id, bool cancelled) {
     if (may_reattach && !it->second.state->Runs(id)) {
       // An agent the ended job still counts on (it may restart), whose process is alive: it
       // comes back, leaves, or is lost when its connection closes; until then it is not lost.
-      reattaching_[id] = Reattaching{it->second.state, it->second.peer,
-                                     std::numeric_limits<Micros>::max()};
+      reattaching_[id] =
+          Reattaching{it->second.state, it->second.peer, std::numeric_limits<Micros>::max()};
       EraseStream(it);
       return;
     }
@@ -569,252 +304,8 @@ void RendezvousService::StreamDone(StreamId id, bool cancelled) {
   StartWrites(std::move(writers));
 }
 
-void RendezvousService::LoseStreamLocked(absl::flat_hash_map<StreamId, Stream>::iterator it,
-                                         Micros now, Decisions& decisions, bool relay_alive) {
-  const StreamId id = it->first;
-  RendezvousState* state = it->second.state;
-  // Every member of a group still on it is lost with it, as its own stream would have been.
-  std::vector<StreamId> lost;
-  if (const Group* group = it->second.group.get(); group != nullptr) {
-    lost.reserve(group->live);
-    for (size_t k = 0; k < group->members.size(); ++k) {
-      if (group->members[k] == Group::Member::kJoined) lost.push_back(group->first + k);
-    }
-  } else {
-    lost.push_back(id);
-  }
-  // A group's stream takes its count in the metrics with it (EraseStream).
-  if (options_.metrics != nullptr && it->second.group == nullptr) {
-    options_.metrics->OnStreamGone(now, id);
-  }
-  EraseStream(it);
-  for (const StreamId member : lost) {
-    if (relay_alive && !state->Runs(member) && state->Awaits(member)) continue;
-    state->StreamClosed(now, member, decisions);
-  }
-}
-
-namespace {
-
-// The messages of one Apply's events, each made once: one that every queue shares (an abort,
-// progress) and its serialized bytes for group batches; for a round's assignments, the parts
-// every member shares, which each member's copy starts from.
-class EventMessages {
- public:
-  explicit EventMessages(const Decisions& decisions)
-      : decisions_(decisions),
-        messages_(decisions.events.size()),
-        bytes_(decisions.events.size()) {}
-
-  const std::shared_ptr<const v1::JoinEvent>& Message(uint32_t event) {
-    if (messages_[event] == nullptr) {
-      messages_[event] = std::make_shared<const v1::JoinEvent>(ToProto(decisions_.events[event]));
-    }
-    return messages_[event];
-  }
-  int64_t Bytes(uint32_t event) { return static_cast<int64_t>(Serialized(event).size()); }
-  const std::string& Serialized(uint32_t event) {
-    if (bytes_[event].empty()) bytes_[event] = Message(event)->SerializeAsString();
-    return bytes_[event];
-  }
-
-  // `send`'s assignment, the round's message with the agent's own part, into `out` (cleared).
-  void AssignmentInto(const Decisions::Send& send, v1::JoinEvent& out) {
-    out.Clear();
-    v1::Assignment* a = out.mutable_assignment();
-    *a = Message(send.event)->assignment();
-    a->set_rank_offset(send.slot.rank_offset);
-    a->set_group_rank(send.slot.group_rank);
-    a->set_local_rank_offset(send.slot.local_rank_offset);
-    a->set_local_world_size(send.slot.local_world_size);
-    a->set_spare(send.spare);
-  }
-
- private:
-  const Decisions& decisions_;
-  std::vector<std::shared_ptr<const v1::JoinEvent>> messages_;
-  std::vector<std::string> bytes_;
-};
-
-}  // namespace
-
-void RendezvousService::Apply(Decisions& decisions, std::vector<JoinStream*>& writers) {
-  if (options_.metrics != nullptr) {
-    options_.metrics->OnDecisions(clock_(), decisions,
-                                  [this](StreamId id)
-                                      ABSL_NO_THREAD_SAFETY_ANALYSIS { return CountedOn(id); });
-  }
-  for (const std::string& job : decisions.taken_up) {
-    // Counted in rdzv_failovers_total, with or without --peers.
-    spdlog::warn(
-        "job {}: taken up from its resuming agents (this rdzvd restarted, or the one that ran it "
-        "was lost)",
-        EscapeControl(job));
-  }
-  std::vector<StreamId> overfull;
-  const auto push = [&](StreamId id, JoinStream* stream, std::shared_ptr<const v1::JoinEvent> event,
-                        int64_t bytes) {
-    switch (stream->Push(std::move(event), bytes)) {
-      case JoinStream::Pushed::kQueued:
-        break;
-      case JoinStream::Pushed::kStartWrites:
-        writers.push_back(stream);
-        break;
-      case JoinStream::Pushed::kOverfullStartWrites:
-        writers.push_back(stream);
-        [[fallthrough]];
-      case JoinStream::Pushed::kOverfull:
-        overfull.push_back(id);
-        break;
-    }
-  };
-  // The member a send or close names, looked up once per group of consecutive members (a round's
-  // sends go out member after member, a group's together).
-  MemberRef last_member;
-  const auto member_of = [&](StreamId id) -> MemberRef {
-    if (last_member.stream != nullptr) {
-      const Group& g = last_member.group();
-      if (id >= g.first && id - g.first < g.members.size()) {
-        last_member.index = static_cast<size_t>(id - g.first);
-        return last_member;
-      }
-    }
-    last_member = FindMember(id);
-    return last_member;
-  };
-  // A job's abort that every member of a group gets goes once, for all of them, as progress
-  // does: per group, the first abort and how many of its members get that same one.
-  struct GroupAbort {
-    uint32_t event = 0;
-    size_t members = 0;
-    bool same = true;
-  };
-  absl::flat_hash_map<StreamId, GroupAbort> group_aborts;
-  for (const Decisions::Send& send : decisions.sends) {
-    if (!std::holds_alternative<AbortEvent>(decisions.events[send.event]) ||
-        streams_.contains(send.stream)) {
-      continue;
-    }
-    const MemberRef member = member_of(send.stream);
-    if (member.stream == nullptr || member.state() != Group::Member::kJoined) continue;
-    auto [g, fresh] = group_aborts.try_emplace(member.group_id);
-    if (fresh) g->second.event = send.event;
-    g->second.same = g->second.same && g->second.event == send.event;
-    ++g->second.members;
-  }
-  const auto whole_group_abort = [&](const MemberRef& member) -> std::optional<uint32_t> {
-    auto g = group_aborts.find(member.group_id);
-    if (g == group_aborts.end() || !g->second.same || g->second.members != member.group().live) {
-      return std::nullopt;
-    }
-    return g->second.event;
-  };
-  EventMessages messages(decisions);
-  // A group's events go out as one message per group stream, in order.
-  EventBatches batches;
-  absl::flat_hash_set<StreamId> progressed;
-  absl::flat_hash_set<StreamId> aborted;
-  v1::JoinEvent scratch;  // one member's event, made over and over
-  std::string scratch_bytes;
-  for (const Decisions::Send& send : decisions.sends) {
-    const Event& event = decisions.events[send.event];
-    const bool assignment = std::holds_alternative<AssignmentEvent>(event);
-    auto it = streams_.find(send.stream);
-    if (it != streams_.end()) {
-      if (!assignment) {
-        push(send.stream, it->second.stream, messages.Message(send.event),
-             messages.Bytes(send.event));
-        continue;
-      }
-      auto own = std::make_shared<v1::JoinEvent>();
-      messages.AssignmentInto(send, *own);
-      const auto bytes = static_cast<int64_t>(own->ByteSizeLong());
-      push(send.stream, it->second.stream, std::move(own), bytes);
-      continue;
-    }
-    const MemberRef member = member_of(send.stream);
-    if (member.stream == nullptr || member.state() != Group::Member::kJoined) continue;
-    // Progress is the same for every waiting member: the group hears it once, for all; so does a
-    // job's abort that all of them get.
-    if (std::holds_alternative<ProgressEvent>(event)) {
-      if (progressed.insert(member.group_id).second) {
-        batches.Add(member.group_id, messages.Serialized(send.event), "");
-      }
-      continue;
-    }
-    if (const std::optional<uint32_t> once = whole_group_abort(member); once.has_value()) {
-      if (*once == send.event && aborted.insert(member.group_id).second) {
-        batches.Add(member.group_id, messages.Serialized(send.event), "");
-      }
-      continue;
-    }
-    if (!assignment) {
-      batches.Add(member.group_id, messages.Serialized(send.event), member.agent_id());
-      continue;
-    }
-    messages.AssignmentInto(send, scratch);
-    scratch.SerializeToString(&scratch_bytes);
-    batches.Add(member.group_id, scratch_bytes, member.agent_id());
-  }
-  for (const Decisions::Close& close : decisions.closes) {
-    auto it = streams_.find(close.stream);
-    const MemberRef member = it == streams_.end() ? member_of(close.stream) : MemberRef{};
-    const bool known = it != streams_.end() ||
-                       (member.stream != nullptr && member.state() != Group::Member::kGone);
-    if (options_.log_jobs && !close.status.ok() && !absl::IsAborted(close.status) && known) {
-      spdlog::info("refused a join: {}", EscapeControl(close.status.message()));
-    }
-    if (it == streams_.end()) {
-      if (!known) continue;
-      // The member's own stream would have ended here: its group hears how, under its name.
-      scratch.Clear();
-      scratch.mutable_member_end()->set_code(static_cast<int32_t>(close.status.code()));
-      scratch.mutable_member_end()->set_message(std::string(close.status.message()));
-      scratch.SerializeToString(&scratch_bytes);
-      batches.Add(member.group_id, scratch_bytes, member.agent_id());
-      EraseMember(close.stream);
-      continue;
-    }
-    if (it->second.stream->PushClose(ToGrpcStatus(close.status))) {
-      writers.push_back(it->second.stream);
-    }
-    // The stream is finished from our side: the state already forgot it.
-    EraseStream(it);
-    last_member = MemberRef{};  // it may have been the group it points into
-  }
-  for (EventBatches::Message& message : batches.Take()) {
-    auto it = streams_.find(message.group);
-    if (it == streams_.end()) continue;
-    push(message.group, it->second.stream, std::move(message.event), message.bytes);
-    // A group with no member left on it is over.
-    if (it->second.group != nullptr && it->second.group->live == 0) {
-      if (it->second.stream->PushClose(grpc::Status::OK)) writers.push_back(it->second.stream);
-      EraseStream(it);
-    }
-  }
-  if (!overfull.empty()) EndOverfull(overfull, writers);
-}
-
-void RendezvousService::EndOverfull(const std::vector<StreamId>& overfull,
-                                    std::vector<JoinStream*>& writers) {
-  const Micros now = clock_();
-  Decisions decisions;
-  for (const StreamId id : overfull) {
-    auto it = streams_.find(id);
-    if (it == streams_.end()) continue;
-    spdlog::warn("ended a join stream whose agent did not read its messages ({} bytes queued)",
-                 options_.max_queued_bytes_per_stream);
-    LoseStreamLocked(it, now, decisions);
-  }
-  // What the loss of those agents decides (their jobs' aborts) goes to the others.
-  if (!decisions.sends.empty() || !decisions.closes.empty()) Apply(decisions, writers);
-}
-
 void RendezvousService::EraseStream(absl::flat_hash_map<StreamId, Stream>::iterator it) {
-  auto count = streams_per_user_.find(it->second.state);
-  if (count != streams_per_user_.end() && (count->second -= it->second.agents) <= 0) {
-    streams_per_user_.erase(count);
-  }
+  ledger_.StreamClosed(it->second.state, it->second.agents);
   if (const Group* group = it->second.group.get(); group != nullptr) {
     if (group->first != 0) groups_by_member_.erase(group->first);
     // The metrics count a group's agents on its stream, which goes with them.
@@ -826,54 +317,29 @@ void RendezvousService::EraseStream(absl::flat_hash_map<StreamId, Stream>::itera
 absl::Status RendezvousService::CheckUserLimits(const Caller& caller, const RendezvousState& state,
                                                 const std::string& job_id, int64_t join_bytes,
                                                 int64_t agents) const {
-  const bool auth_none = options_.auth.mode == AuthMode::kNone;
-  // Jobs held while the peers are asked count as jobs: each is a question to every peer.
-  auto parked = parked_jobs_.find(&state);
-  const int64_t jobs =
-      static_cast<int64_t>(state.job_count()) + (parked == parked_jobs_.end() ? 0 : parked->second);
-  if (!state.has_job(job_id) && !parked_.contains(ParkKey(caller.owner, job_id)) &&
-      jobs >= options_.max_jobs_per_user) {
-    return UserCapError(UserCap::kJobs, auth_none, caller.name, jobs, options_.max_jobs_per_user);
-  }
-  auto count = streams_per_user_.find(&state);
-  if (count != streams_per_user_.end() && count->second + agents > options_.max_agents_per_user) {
-    return UserCapError(UserCap::kAgents, auth_none, caller.name, count->second,
-                        options_.max_agents_per_user);
-  }
+  const bool new_job = !state.has_job(job_id) && !parked_.contains(ParkKey(caller.owner, job_id));
+  std::optional<int64_t> user_bytes;
   if (auto usage = usage_.find(&state); usage != usage_.end()) {
-    const int64_t held = usage->second->bytes.load(std::memory_order_relaxed);
-    if (options_.max_memory_per_user_bytes > 0 &&
-        held + join_bytes > options_.max_memory_per_user_bytes) {
-      return MemoryCapError(auth_none, caller.name, held, options_.max_memory_per_user_bytes,
-                            /*all_users=*/false);
-    }
+    user_bytes = usage->second->bytes.load(std::memory_order_relaxed);
   }
-  const int64_t total = total_usage_->bytes.load(std::memory_order_relaxed);
-  if (options_.max_memory_bytes > 0 && total + join_bytes > options_.max_memory_bytes) {
-    return MemoryCapError(auth_none, caller.name, total, options_.max_memory_bytes,
-                          /*all_users=*/true);
+  const std::optional<LimitBreach> breach = ledger_.CheckJoin(
+      &state, new_job, static_cast<int64_t>(state.job_count()), agents, join_bytes, user_bytes,
+      total_usage_->bytes.load(std::memory_order_relaxed));
+  if (!breach) return absl::OkStatus();
+  const bool auth_none = options_.auth.mode == AuthMode::kNone;
+  switch (breach->limit) {
+    case LimitBreach::Limit::kJobs:
+      return UserCapError(UserCap::kJobs, auth_none, caller.name, breach->held, breach->most);
+    case LimitBreach::Limit::kAgents:
+      return UserCapError(UserCap::kAgents, auth_none, caller.name, breach->held, breach->most);
+    case LimitBreach::Limit::kUserMemory:
+      return MemoryCapError(auth_none, caller.name, breach->held, breach->most,
+                            /*all_users=*/false);
+    case LimitBreach::Limit::kAllMemory:
+      return MemoryCapError(auth_none, caller.name, breach->held, breach->most,
+                            /*all_users=*/true);
   }
   return absl::OkStatus();
-}
-
-void RendezvousService::StartWrites(std::vector<JoinStream*> writers) {
-  if (writers.empty()) return;
-  const size_t tasks =
-      std::min(kWriterThreads, (writers.size() + kWritesPerTask - 1) / kWritesPerTask);
-  if (tasks <= 1) {
-    asio::post(writer_pool_, [writers = std::move(writers)] {
-      for (JoinStream* stream : writers) stream->StartWrites();
-    });
-    return;
-  }
-  const size_t chunk = (writers.size() + tasks - 1) / tasks;
-  for (size_t begin = 0; begin < writers.size(); begin += chunk) {
-    std::vector<JoinStream*> part(writers.begin() + begin,
-                                  writers.begin() + std::min(writers.size(), begin + chunk));
-    asio::post(writer_pool_, [part = std::move(part)] {
-      for (JoinStream* stream : part) stream->StartWrites();
-    });
-  }
 }
 
 grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerContext* context,
@@ -903,20 +369,11 @@ grpc::ServerUnaryReactor* RendezvousService::ReportExit(grpc::CallbackServerCont
             absl::StrFormat("job %s has no agent %s on a group stream of this caller",
                             EscapeControl(request->job_id()), EscapeControl(request->agent_id())));
       } else {
-        const StreamId id = member.group().first + member.index;
         const StreamId group = member.group_id;
-        const Micros now = clock_();
         Decisions decisions;
-        if (options_.metrics != nullptr) options_.metrics->OnAgentGone(now, group);
-        EraseMember(id);
-        owner->second->StreamClosed(now, id, decisions);
+        LoseMemberLocked(member, decisions);
         Apply(decisions, writers);
-        // A group with no member left on it is over.
-        if (auto it = streams_.find(group);
-            it != streams_.end() && it->second.group != nullptr && it->second.group->live == 0) {
-          if (it->second.stream->PushClose(grpc::Status::OK)) writers.push_back(it->second.stream);
-          EraseStream(it);
-        }
+        EndIfEmpty(group, writers);
       }
     } else if (request->has_failure()) {
       Decisions decisions;
@@ -1053,7 +510,7 @@ void RendezvousService::Shutdown() {
     }
     streams_.clear();
     parked_.clear();
-    parked_jobs_.clear();
+    ledger_.ClearParked();
   }
   StartWrites(std::move(writers));
 }

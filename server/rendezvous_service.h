@@ -28,10 +28,11 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/core/rendezvous_state.h"
-#include "rdzv/v1/rdzv.grpc.pb.h"
 #include "guard/authenticator.h"
 #include "guard/connection_guard.h"
+#include "rdzv/v1/rdzv.grpc.pb.h"
 #include "server/core/job_claims.h"
+#include "server/core/service_ledger.h"
 #include "server/peer_servers.h"
 #include "server/service_metrics.h"
 
@@ -83,18 +84,6 @@ struct ServiceOptions {
   // PEM of the CA that signed the peers' certificates, when they serve TLS.
   std::string peer_tls_ca_pem;
 };
-
-// What one attached agent costs the server beyond its request and its queued events: measured
-// at 10,000 agents (README, Performance), nearly all of it gRPC's.
-inline constexpr int64_t kAgentBaseBytes = 36 * 1024;
-// What each member of a group join (JoinRequest.members) costs beyond the first, which counts as
-// kAgentBaseBytes: the job state's record (agent_table.h), its member bookkeeping here, and its
-// share of the events at their peak, the round's assignments. Measured at about 450 bytes, with
-// 100,000 agents in groups of 64 and 80,000 in groups of 8 (README, Performance).
-inline constexpr int64_t kGroupMemberBytes = 512;
-// What the record of one agent left out of its job (a failed health check) costs, charged to its
-// user while the job keeps it: its entries in the job's sets, its host name at the longest.
-inline constexpr int64_t kExcludedAgentBytes = 512;
 
 class RendezvousService final : public v1::Rendezvous::CallbackService {
  public:
@@ -184,19 +173,31 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   void JoinStateLocked(StreamId id, RendezvousState& state, const v1::JoinRequest& request,
                        const std::string& peer, const JoinSpec* converted, Decisions& decisions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ---- Group joins (group_streams.cc).
   // The members of a group join (JoinRequest.members), each joined to the state as an agent of
-  // its own on an id of its own, all answered on `id`'s stream.
+  // its own on an id of its own, all answered on `id`'s stream; `client` is the address the
+  // group's relay connected from.
   void JoinMembersLocked(StreamId id, RendezvousState& state, const v1::JoinRequest& request,
-                         const std::string& peer, Decisions& decisions)
+                         const std::string& client, Decisions& decisions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the group member `id`: its group no longer answers for it.
   void EraseMember(StreamId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Logs an agent's report that its node is unhealthy.
   static void LogUnhealthy(const JoinSpec& spec);
+  // ---- Delivery (deliver_decisions.cc).
   // Queues the decisions' events and closes on their streams; `writers` receives the streams
   // whose writes must be started with StartWrites once mu_ is released.
   void Apply(Decisions& decisions, std::vector<JoinStream*>& writers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Apply's steps, in order: which groups get an abort for all their members
+  // (GroupBatching::CountAbort); the sends, queued on agents' streams or added to their groups'
+  // batches; the closes (a member's as its group's member_end); the batches, one message per
+  // group.
+  struct Outbox;
+  void CountGroupAborts(const Decisions& decisions, Outbox& box) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QueueSends(const Decisions& decisions, Outbox& box) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QueueCloses(const Decisions& decisions, Outbox& box) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QueueBatches(Outbox& box) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands the streams to the writer threads, which start their writes.
   void StartWrites(std::vector<JoinStream*> writers) ABSL_LOCKS_EXCLUDED(mu_);
   // Stream `id` is over: `cancelled` when it ended without the server finishing it (its agent,
@@ -256,6 +257,15 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
     absl::string_view agent_id() const { return group().agent_id(index); }
   };
   MemberRef FindMember(StreamId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FindMember, through the member `box` found last (a round's sends name a group's members one
+  // after another).
+  MemberRef MemberOf(Outbox& box, StreamId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The relay of `member`'s group lost it: as if its own stream had dropped.
+  void LoseMemberLocked(const MemberRef& member, Decisions& decisions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the stream of `group` when no member is left on it.
+  void EndIfEmpty(StreamId group, std::vector<JoinStream*>& writers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The stream the metrics counted the agent on stream `id` on: its own, its group's for a
   // member, or 0 for a member refused before it was counted.
   StreamId CountedOn(StreamId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -300,18 +310,17 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   const ServiceOptions options_;
   mutable absl::Mutex mu_;
   const Authenticator auth_;
+  // Each owner's streams, parked jobs and left-out agents, by the state of its jobs, against
+  // the per-user limits.
+  ServiceLedger ledger_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<RendezvousState>> states_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<StreamId, Stream> streams_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<StreamId, Reattaching> reattaching_ ABSL_GUARDED_BY(mu_);
   // The open groups by their first member's id (FindMember): one entry per group, not per member.
   absl::btree_map<StreamId, StreamId> groups_by_member_ ABSL_GUARDED_BY(mu_);
-  // Open streams by the owner's state they joined (for max_agents_per_user).
-  absl::flat_hash_map<const RendezvousState*, int64_t> streams_per_user_ ABSL_GUARDED_BY(mu_);
   // Memory held per owner's state, and by all (ServiceOptions::max_memory_per_user_bytes).
   absl::flat_hash_map<const RendezvousState*, std::shared_ptr<Usage>> usage_ ABSL_GUARDED_BY(mu_);
   const std::shared_ptr<Usage> total_usage_ = std::make_shared<Usage>();
-  // The left-out agents charged so far, per owner's state (ChargeExcluded).
-  absl::flat_hash_map<const RendezvousState*, int64_t> charged_excluded_ ABSL_GUARDED_BY(mu_);
   StreamId next_stream_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t agents_joined_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
@@ -333,8 +342,6 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
                          std::vector<std::pair<size_t, AbortEvent>>& aborts)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::flat_hash_map<std::string, Parked> parked_ ABSL_GUARDED_BY(mu_);
-  // How many of parked_'s jobs each owner's state has (for max_jobs_per_user).
-  absl::flat_hash_map<const RendezvousState*, int64_t> parked_jobs_ ABSL_GUARDED_BY(mu_);
   // Which server of the list takes up a job asked about from both sides (with peers only). Tick()
   // forgets its past concessions.
   std::optional<JobClaims> claims_ ABSL_GUARDED_BY(mu_);
