@@ -8,6 +8,13 @@
 // under the mutex, so that a broadcast to thousands of streams holds neither a gRPC thread nor
 // the lock. The pool's threads are made once, with the service.
 //
+// What the service decides beyond the state is pure and apart: whether a join fits its user's
+// limits and what each user holds (server/core/service_ledger.h), and which of a group's events
+// its stream carries once for all its members (server/core/group_batching.h). The members are
+// defined by concern: the calls here (rendezvous_service.cc), group joins (group_streams.cc),
+// queueing the decisions on streams (deliver_decisions.cc, with JoinStream in join_stream.h),
+// the operator's calls (job_control.cc) and taking up jobs with peers (job_takeover.cc).
+//
 // Thread-safe. Call Shutdown() before shutting down the grpc::Server that serves it, and
 // StopWriters() after that server has stopped, before destroying either.
 #ifndef RDZV_SERVER_RENDEZVOUS_SERVICE_H_
