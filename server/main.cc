@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "common/logging.h"
 #include "common/process_env.h"
+#include "common/program_info.h"
 #include "common/tls.h"
 #include "guard/authenticator.h"
 #include "server/metrics_http.h"
@@ -35,12 +36,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<rdzv::ServerFlags> flags =
       rdzv::ParseServerFlags(std::vector<std::string>(argv + 1, argv + argc), rdzv::ProcessEnv());
   if (!flags.ok()) return Fail(flags.status().message());
-  if (flags->help) {
-    std::printf("%s", rdzv::ServerHelp().c_str());
-    return 0;
-  }
-  if (flags->version) {
-    std::printf("rdzvd %s\n", RDZV_VERSION);
+  if (rdzv::AnsweredHelpOrVersion(flags->help, flags->version, "rdzvd", RDZV_VERSION,
+                                  rdzv::ServerHelp)) {
     return 0;
   }
   absl::Status s = rdzv::SetUpLogging("rdzvd", flags->log_level);

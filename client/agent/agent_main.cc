@@ -16,6 +16,7 @@
 #include "common/host_name.h"
 #include "common/logging.h"
 #include "common/process_env.h"
+#include "common/program_info.h"
 #include "common/site_config.h"
 #include "common/tls.h"
 
@@ -38,12 +39,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<rdzv::AgentFlags> flags =
       rdzv::ParseAgentFlags(std::vector<std::string>(argv + 1, argv + argc), env);
   if (!flags.ok()) return Fail(flags.status().message(), kUsageError);
-  if (flags->help) {
-    std::printf("%s", rdzv::AgentHelp().c_str());
-    return 0;
-  }
-  if (flags->version) {
-    std::printf("rdzv-agent %s\n", RDZV_VERSION);
+  if (rdzv::AnsweredHelpOrVersion(flags->help, flags->version, "rdzv-agent", RDZV_VERSION,
+                                  rdzv::AgentHelp)) {
     return 0;
   }
   if (absl::Status s = rdzv::SetUpLogging("rdzv-agent", flags->log_level); !s.ok()) {

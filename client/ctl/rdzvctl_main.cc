@@ -8,6 +8,7 @@
 #include "client/ctl/ctl_options.h"
 #include "common/logging.h"
 #include "common/process_env.h"
+#include "common/program_info.h"
 #include "common/site_config.h"
 #include "common/tls.h"
 
@@ -24,12 +25,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rdzvctl: %s\n", std::string(options.status().message()).c_str());
     return 2;
   }
-  if (options->help) {
-    std::printf("%s", rdzv::CtlHelp().c_str());
-    return 0;
-  }
-  if (options->version) {
-    std::printf("rdzvctl %s\n", RDZV_VERSION);
+  if (rdzv::AnsweredHelpOrVersion(options->help, options->version, "rdzvctl", RDZV_VERSION,
+                                  rdzv::CtlHelp)) {
     return 0;
   }
   // gRPC's own log lines (a failed TLS handshake, say) go below the level shown: rdzvctl prints
