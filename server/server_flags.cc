@@ -146,10 +146,7 @@ FlagParser MakeParser(ServerFlags& f, Converted& c) {
          "what gRPC reads ahead on one stream before the server asks for it (default 16)",
          CountSetter(&c.stream_window_kb, 1, 1024)});
   // A value is ignored, as it always was: --help=no still prints the help.
-  p.Add({"help", "", "", "print this help", [&f](absl::string_view) {
-           f.help = true;
-           return absl::OkStatus();
-         }});
+  p.Add({"help", "", "", "print this help", SetWhateverTheValue(&f.help)});
   p.Add({"version", "", "", "print the version", BoolSetter(&f.version)});
   return p;
 }

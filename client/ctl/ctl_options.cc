@@ -64,10 +64,7 @@ FlagParser MakeParser(CtlOptions& o) {
          BoolSetter(&o.all)});
   p.Add({"reason", "", "TEXT", "abort: why, in a few words (the agents print it)",
          StringSetter(&o.reason)});
-  p.Add({"help", "", "", "print this help", [&o](absl::string_view) {
-           o.help = true;
-           return absl::OkStatus();
-         }});
+  p.Add({"help", "", "", "print this help", SetWhateverTheValue(&o.help)});
   p.Add({"version", "", "", "print the version", BoolSetter(&o.version)});
   return p;
 }

@@ -150,6 +150,13 @@ FlagSetter BoolSetter(bool* target) {
   };
 }
 
+FlagSetter SetWhateverTheValue(bool* target) {
+  return [target](absl::string_view) {
+    *target = true;
+    return absl::OkStatus();
+  };
+}
+
 FlagSetter DurationSetter(absl::Duration* target) {
   return [target](absl::string_view v) {
     double seconds;

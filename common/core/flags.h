@@ -85,6 +85,9 @@ FlagSetter StringSetter(std::string* target);
 // ParseBool's result.
 FlagSetter BoolSetter(bool* target);
 
+// Sets `*target` whatever the value: a flag such as --help, which --help=no still asks for.
+FlagSetter SetWhateverTheValue(bool* target);
+
 // ParseInt's result; `min` and `max` must fit in T (which may be a std::optional of an integer).
 // `expected` as for ParseInt.
 template <typename T>

@@ -78,12 +78,7 @@ void RendezvousState::OpenRound(Job& job, const JoinSpec& spec, bool fresh, Deci
     }
     job.last_run_end = job.abort;
   }
-  for (Index i : job.members) Detach(job, i);
-  job.members.Clear();
-  job.ClearJoining();
-  job.ClearOverrides();
-  job.left = 0;
-  job.claims.clear();
+  ForgetMembers(job);
   job.spares = 0;
   job.spares_left = 0;
   if (fresh) {
@@ -371,12 +366,7 @@ void RendezvousState::CompleteRound(Job& job, Micros now, Decisions& out) {
       if (job.members[i].stream != 0) out.closes.push_back({job.members[i].stream, table.status()});
     }
     // Nobody can use this round: forget it so that corrected agents can start over.
-    for (Index i : job.members) Detach(job, i);
-    job.members.Clear();
-    job.ClearJoining();
-    job.ClearOverrides();
-    job.left = 0;
-    job.claims.clear();
+    ForgetMembers(job);
     return;
   }
 

@@ -42,6 +42,15 @@ void RendezvousState::Detach(Job& job, Index i) {
   --job.attached;
 }
 
+void RendezvousState::ForgetMembers(Job& job) {
+  for (Index i : job.members) Detach(job, i);
+  job.members.Clear();
+  job.ClearJoining();
+  job.ClearOverrides();
+  job.left = 0;
+  job.claims.clear();
+}
+
 void RendezvousState::EraseWaiting(Job& job, Index i) {
   const AgentRecord& member = job.members[i];
   job.claims.erase(ClaimKey(member));

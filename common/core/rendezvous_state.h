@@ -238,6 +238,8 @@ class RendezvousState {
   // Makes `stream` member `i`'s (detaching any earlier one).
   void Attach(Job& job, Index i, StreamId stream);
   void Detach(Job& job, Index i);
+  // Forgets the round's members, with what they claimed and offered; a later round starts empty.
+  void ForgetMembers(Job& job);
   // Forgets member `i` of a round that fills (its claim, its part of the master endpoint).
   void EraseWaiting(Job& job, Index i);
   void EraseIfDone(const std::string& job_id);
