@@ -46,8 +46,7 @@ void NoteProven(grpc_auth_context* context, uid_t uid) {
   grpc_auth_property_iterator it =
       grpc_auth_context_find_properties_by_name(context, kProvenUidProperty);
   if (grpc_auth_property_iterator_next(&it) != nullptr) return;
-  grpc_auth_context_add_cstring_property(context, kProvenUidProperty,
-                                         absl::StrCat(uid).c_str());
+  grpc_auth_context_add_cstring_property(context, kProvenUidProperty, absl::StrCat(uid).c_str());
 }
 constexpr char kHealthPrefix[] = "/grpc.health.v1.Health/";
 

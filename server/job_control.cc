@@ -11,9 +11,9 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/proto_convert.h"
+#include "guard/request_limits.h"
 #include "server/metrics.h"
 #include "server/rendezvous_service.h"
-#include "guard/request_limits.h"
 
 namespace rdzv {
 namespace {

@@ -119,7 +119,6 @@ void ServiceMetrics::DropAgent(Micros now, StreamId stream) {
 
 void ServiceMetrics::OnRefused(absl::string_view reason) { metrics_->refused_calls(reason).Inc(); }
 
-
 void ServiceMetrics::OnPeerRefusal() { metrics_->peer_refusals().Inc(); }
 
 void ServiceMetrics::DropStream(Micros now, StreamId stream) {

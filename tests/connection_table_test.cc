@@ -178,7 +178,8 @@ TEST(ConnectionTableTest, NoBoundWithZero) {
   ConnectionTable table(0, absl::ZeroDuration());
   OpenSockets open;
   for (int i = 0; i < 5000; ++i) {
-    ASSERT_TRUE(table.Admit("127.0.0.1", static_cast<uint16_t>(i), {i, 0}, kStart, open.check()).admitted);
+    ASSERT_TRUE(
+        table.Admit("127.0.0.1", static_cast<uint16_t>(i), {i, 0}, kStart, open.check()).admitted);
   }
   EXPECT_EQ(table.refused(), 0);
 }

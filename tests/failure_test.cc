@@ -850,7 +850,7 @@ TEST_F(FailoverTest, AnAgentWhoseAssignmentWasLostWithThePrimaryGetsItsRanksOnTh
   ASSERT_NO_FATAL_FAILURE(StartPair());
   testing::TcpProxy proxy(a_port_);
   const std::vector<std::string> flags = {"--nproc-per-node", "1", "--failover-timeout", "1s",
-                                          "--join-timeout", "60"};
+                                          "--join-timeout",   "60"};
   const std::string finish = absl::StrCat(AwaitFile("go"), "exit 0");
   // Node 2 reaches the primary through the proxy, and is in the round first.
   const std::string list = endpoint_;
@@ -889,8 +889,8 @@ TEST_F(FailoverTest, ASpareFollowsItsJobToTheBackupAndTakesALostNodesPlace) {
   ASSERT_NO_FATAL_FAILURE(StartPair());
   const std::vector<Subprocess*> agents = StartAgents(
       3, "fo-spare", "3",
-      {"--nproc-per-node", "1", "--spare-nodes", "1", "--max-restarts", "1",
-       "--failover-timeout", "1s"},
+      {"--nproc-per-node", "1", "--spare-nodes", "1", "--max-restarts", "1", "--failover-timeout",
+       "1s"},
       absl::StrCat("if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then ", SleepLong(), "; fi; exit 0"));
   WaitForWorkers(0, 2);
   a_->Kill();

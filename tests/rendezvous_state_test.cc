@@ -2080,8 +2080,9 @@ TEST_F(GoneTest, ARestartThatNeedsAFinishedNodeEndsAtOnceNamingTheFailureAndTheN
   EXPECT_EQ(end.cause, AbortCause::kWorkerFailed);
   ASSERT_TRUE(end.first_failure.has_value());
   EXPECT_EQ(end.first_failure->stderr_tail, "Segmentation fault");
-  EXPECT_TRUE(absl::StrContains(end.reason, "rank 1 (local rank 0, node 1) on n1 exited with "
-                                            "code 3"))
+  EXPECT_TRUE(absl::StrContains(end.reason,
+                                "rank 1 (local rank 0, node 1) on n1 exited with "
+                                "code 3"))
       << end.reason;
   EXPECT_TRUE(absl::StrContains(end.reason, "n0 (node 0) had already finished")) << end.reason;
   EXPECT_TRUE(absl::StrContains(end.reason, "needs 2 agents but can now have at most 1"))
@@ -2135,8 +2136,9 @@ TEST_F(GoneTest, AnElasticRestartBelowItsMinimumEndsAtOnce) {
   Run(Nodes(3, 2), {0, 1}, 2);
   const AbortEvent end = EndOf(Join(4 * kSecond, 13, Nodes(3, 2, 1)[2]), 13);
   EXPECT_EQ(end.exit_code, 3);
-  EXPECT_TRUE(absl::StrContains(end.reason, "had already finished (its workers succeeded and its "
-                                            "agent left) (and 1 more agents)"))
+  EXPECT_TRUE(absl::StrContains(end.reason,
+                                "had already finished (its workers succeeded and its "
+                                "agent left) (and 1 more agents)"))
       << end.reason;
   EXPECT_TRUE(absl::StrContains(end.reason, "needs 2 agents but can now have at most 1"))
       << end.reason;

@@ -21,9 +21,8 @@ void ConnectionTable::Prune(Ports& ports, const IsOpen& is_open) {
 bool ConnectionTable::Full(const Ports& ports) const {
   const size_t all = limits_.max_per_host > 0 ? static_cast<size_t>(limits_.max_per_host) : 0;
   if (all > 0 && ports.size() >= all) return true;
-  const size_t unproven_bound = limits_.max_unproven_per_host > 0
-                                    ? static_cast<size_t>(limits_.max_unproven_per_host)
-                                    : all;
+  const size_t unproven_bound =
+      limits_.max_unproven_per_host > 0 ? static_cast<size_t>(limits_.max_unproven_per_host) : all;
   if (unproven_bound == 0 || ports.size() < unproven_bound) return false;
   size_t unproven = 0;
   for (const auto& [port, c] : ports) unproven += c.called ? 0 : 1;
@@ -31,8 +30,8 @@ bool ConnectionTable::Full(const Ports& ports) const {
 }
 
 ConnectionTable::Admission ConnectionTable::Admit(absl::string_view host, uint16_t port,
-                                                  Handle handle, Micros now,
-                                                  const IsOpen& is_open, uint64_t random) {
+                                                  Handle handle, Micros now, const IsOpen& is_open,
+                                                  uint64_t random) {
   Admission admission;
   Ports& ports = hosts_[host];
   // A port seen before belongs to a connection that has closed: the host reuses it.

@@ -28,9 +28,9 @@ class CredentialQueue {
   using Item = std::function<void()>;
 
   struct Limits {
-    size_t total = 20'000;     // every share together
-    size_t per_user = 8'192;   // one proven user's share
-    size_t unproven = 4'096;   // the share of connections not yet proven
+    size_t total = 20'000;    // every share together
+    size_t per_user = 8'192;  // one proven user's share
+    size_t unproven = 4'096;  // the share of connections not yet proven
   };
   // The share of connections that have not yet proven a user.
   static constexpr absl::string_view kUnproven = "";
