@@ -64,7 +64,7 @@ RelayActions RelayMembers::Gone(MemberId id) {
     // A join on its way up for members that are all gone (a server that does not answer would
     // hold it to the join timeout, and the relay's node with it) ends now.
     if (std::find(sending_.begin(), sending_.end(), id) != sending_.end() && AllGone(sending_)) {
-      actions.emplace_back(std::in_place_type<relay_action::CancelSendingUp>);
+      actions.push_back(relay_action::CancelSendingUp{});
     }
     Forget(id);
     return actions;
@@ -183,7 +183,7 @@ RelayActions RelayMembers::Event(GroupId group, absl::string_view agent_id,
     const bool listening = m.attached && !m.ended;
     if (agent_id.empty()) {
       // Progress, or the job's abort: the same for every member still on the stream.
-      if (listening) actions.emplace_back(std::in_place_type<relay_action::Push>, id);
+      if (listening) actions.push_back(relay_action::Push{id});
       continue;
     }
     if (m.join.agent_id != agent_id) continue;
@@ -196,7 +196,7 @@ RelayActions RelayMembers::Event(GroupId group, absl::string_view agent_id,
       m.ended = true;
       MaybeRetire(group, actions);
     } else if (listening) {
-      actions.emplace_back(std::in_place_type<relay_action::Push>, id);
+      actions.push_back(relay_action::Push{id});
     }
     break;
   }
@@ -253,7 +253,7 @@ void RelayMembers::MaybeRetire(GroupId group, RelayActions& actions) const {
     const Member& m = members_.at(id);
     if (m.group == group && !m.ended && !m.superseded) return;
   }
-  actions.emplace_back(std::in_place_type<relay_action::CancelGroup>, group);
+  actions.push_back(relay_action::CancelGroup{group});
 }
 
 void RelayMembers::Forget(MemberId id) {

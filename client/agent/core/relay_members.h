@@ -73,11 +73,13 @@ struct Push {
 };
 // End the member's local stream with `status`.
 struct End {
+  End(MemberId member, absl::Status status) : member(member), status(std::move(status)) {}
   MemberId member;
   absl::Status status;
 };
 // Tell the server that agent `agent_id` of this relay is lost (ReportExitRequest.member_lost).
 struct ReportLost {
+  explicit ReportLost(std::string agent_id) : agent_id(std::move(agent_id)) {}
   std::string agent_id;
 };
 // Cancel the group stream: it carries no member any more.
