@@ -21,12 +21,12 @@
 namespace rdzv {
 
 // What one attached agent costs the server beyond its request and its queued events: measured
-// at 10,000 agents (README, Performance), nearly all of it gRPC's.
+// at 10,000 agents (docs/performance.md), nearly all of it gRPC's.
 inline constexpr int64_t kAgentBaseBytes = 36 * 1024;
 // What each member of a group join (JoinRequest.members) costs beyond the first, which counts as
 // kAgentBaseBytes: the job state's record (agent_table.h), its member bookkeeping here, and its
 // share of the events at their peak, the round's assignments. Measured at about 450 bytes, with
-// 100,000 agents in groups of 64 and 80,000 in groups of 8 (README, Performance).
+// 100,000 agents in groups of 64 and 80,000 in groups of 8 (docs/performance.md).
 inline constexpr int64_t kGroupMemberBytes = 512;
 // What the record of one agent left out of its job (a failed health check) costs, charged to its
 // user while the job keeps it: its entries in the job's sets, its host name at the longest.
