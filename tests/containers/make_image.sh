@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# A foreign container image for the container tests: Debian 11 (bullseye, glibc 2.31, Python 3.9)
-# with its own python3-torch 1.7 (gloo), made by debootstrap from Debian's archive. It stands in
-# for an image someone else built (NGC's, pytorch/pytorch): nothing of rdzv is in it, and its
-# libraries are older than the build machine's.
+# A foreign container image for the container tests, made by debootstrap from Debian's archive
+# with Debian's own python3-torch (gloo). It stands in for an image someone else built (NGC's,
+# pytorch/pytorch): nothing of rdzv is in it. Two suites:
+#   bullseye  Debian 11: glibc 2.31, Python 3.9, torch 1.7 (older libraries than the build's)
+#   trixie    Debian 13: glibc 2.41, Python 3.13, torch 2.6 (today's torch; built without libuv)
 #
-#   tests/containers/make_image.sh [DIR]     # as root; prints DIR when it is ready
+#   tests/containers/make_image.sh [SUITE] [DIR]   # as root; prints DIR when it is ready
 #
-# DIR defaults to $RDZV_TEST_IMAGE_DIR, else /var/cache/rdzv-test-images/bullseye-torch. Built
-# once (about 2 minutes and 1.1 GB) and kept: a later call finds DIR/.rdzv-image-ready and
+# SUITE defaults to bullseye. DIR defaults to $RDZV_TEST_IMAGE_DIR for bullseye, else
+# /var/cache/rdzv-test-images/SUITE-torch. Built once (bullseye about 2 minutes and 1.1 GB,
+# trixie about 4 minutes and 1.5 GB) and kept: a later call finds DIR/.rdzv-image-ready and
 # returns at once. Calls at the same time wait for one another (flock). A failed build leaves no
 # DIR behind.
 #
@@ -16,8 +18,16 @@
 # writable overlay; the tests' runtimes mount the image read-only.
 set -euo pipefail
 
-dir=${1:-${RDZV_TEST_IMAGE_DIR:-/var/cache/rdzv-test-images/bullseye-torch}}
 suite=bullseye
+case ${1:-} in
+  bullseye | trixie) suite=$1; shift ;;
+  */*) ;;
+  ?*) echo "make_image: unknown suite '$1'; expected bullseye or trixie (or a DIR with a /)" >&2
+    exit 2 ;;
+esac
+default_dir=/var/cache/rdzv-test-images/$suite-torch
+[ "$suite" = bullseye ] && default_dir=${RDZV_TEST_IMAGE_DIR:-$default_dir}
+dir=${1:-$default_dir}
 mirror=${RDZV_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # python3-torch pulls OpenCV and GTK, whose dconf-service depends on "a D-Bus session bus",
 # which debootstrap does not resolve by itself: dbus-x11 provides one.
@@ -44,7 +54,7 @@ fi
 rm -rf "$dir" "$dir.partial"
 log=$(mktemp /tmp/rdzv-make-image.XXXXXX)
 trap 'rm -f "$log"' EXIT
-echo "make_image: debootstrap $suite ($packages) into $dir, about 2 minutes" >&2
+echo "make_image: debootstrap $suite ($packages) into $dir, a few minutes" >&2
 start=$(date +%s)
 if ! debootstrap --variant=minbase --include="$packages" "$suite" "$dir.partial" "$mirror" \
     >"$log" 2>&1; then
